@@ -1,0 +1,40 @@
+"""What one forward pass computes: a mixed batch of prefill chunks and decode tokens.
+
+The engine's model runner builds it from the scheduler's output; the model and the attention
+backends read it. Tokens of all sequences are flattened into one dimension T:
+
+    input_ids:  [ r0 chunk (q0 tokens) | r1 decode (1) | r2 chunk (q2 tokens) | ... ]   T tokens
+    seq i attends to KV positions [0, context_lens[i]); its queries sit at positions
+    [context_lens[i] - query_lens[i], context_lens[i]) (causal within the chunk).
+
+KV slots are flat indices into the paged pool: slot = block_id * block_size + offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SeqSpan:
+    """One sequence of the batch (a prefill chunk, or one decode token)."""
+
+    query_start: int  # index of its first token in the flat batch
+    query_len: int  # tokens computed this pass
+    context_len: int  # KV length after this pass (cached prefix + this chunk)
+    block_table: tuple[int, ...]  # device blocks holding positions [0, context_len)
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: where each token's K/V is written
+    seqs: tuple[SeqSpan, ...]
+    logits_indices: torch.Tensor  # [S] int64: rows of the flat batch whose logits are wanted
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])

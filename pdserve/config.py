@@ -1,0 +1,48 @@
+"""Frozen configuration, built once from CLI flags and environment, passed down explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int = 2048  # device KV blocks (the KV pool)
+    num_host_blocks: int = 2048  # host swap pool blocks
+    watermark: float = 0.05  # fraction of device blocks kept free for running decodes
+    prefix_cache: bool = True  # radix prefix cache, or none
+
+
+@dataclass(frozen=True)
+class PreemptionConfig:
+    """Recompute-or-swap by cost. Below/above the two thresholds the choice is fixed (the seed's
+    rule); in between the cost model compares recompute time against swap out + in time."""
+
+    recompute_below_tokens: int = 2048
+    swap_above_tokens: int = 16384
+    prefill_tokens_per_s: float = 5000.0  # measured at start-up where possible
+    host_link_bytes_per_s: float = 8e9  # memcpy on CPU, PCIe on GPU
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "chunked"  # fcfs | decode-first | chunked
+    token_budget: int = 2048  # tokens per step (decodes + prefill chunks)
+    max_chunk_tokens: int = 1024  # one request's share of a step's prefill
+    max_running: int = 256  # requests holding device blocks
+    max_waiting: int = 4096  # bounded queue; beyond it new requests are refused
+    aging_seconds: float | None = 30.0  # a request waiting this long rises one class; None = off
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # HF folder or .gguf file; None = the embedded SmolLM2
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention_backend: str = "auto"  # auto | torch | flashinfer
+    max_model_len: int | None = None  # default: the model's max positions
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,64 @@
+"""The paged KV pool: one tensor of fixed-size blocks, owned by the worker that allocated it.
+
+Layout, block-major so that one block (all layers, K and V) is one contiguous byte range and
+runs of consecutive block ids merge into one transfer or one swap copy:
+
+    data: [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]
+
+Mechanism only: which block belongs to whom is decided by the KV manager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+
+    def block_numel(self) -> int:
+        return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
+
+
+class KVCache:
+    def __init__(self, shape: KVShape, num_blocks: int, dtype: torch.dtype, device: str | torch.device):
+        self.shape = shape
+        self.num_blocks = num_blocks
+        self.data = torch.zeros(
+            (num_blocks, shape.num_layers, 2, shape.block_size, shape.num_kv_heads, shape.head_dim),
+            dtype=dtype,
+            device=device,
+        )
+
+    @property
+    def block_size(self) -> int:
+        return self.shape.block_size
+
+    @property
+    def block_nbytes(self) -> int:
+        return self.shape.block_numel() * self.data.element_size()
+
+    def layer(self, layer: int) -> torch.Tensor:
+        """[num_blocks, 2, block_size, num_kv_heads, head_dim], a strided view of one layer."""
+        return self.data[:, layer]
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [T, num_kv_heads, head_dim] written at flat slots [T]."""
+        blocks = torch.div(slot_mapping, self.block_size, rounding_mode="floor")
+        offsets = slot_mapping % self.block_size
+        self.data[blocks, layer, 0, offsets] = k
+        self.data[blocks, layer, 1, offsets] = v
+
+    def copy_blocks_to(self, dst: "KVCache", pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks src_id -> dst_id into another pool (swap out / swap in)."""
+        if not pairs:
+            return
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=self.data.device)
+        dst_ids = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=dst.data.device)
+        dst.data[dst_ids] = self.data[src].to(dst.data.device, non_blocking=True)

@@ -1,0 +1,105 @@
+"""A request's life inside one engine: its tokens, sampling settings, priority and state.
+
+Pure Python: no tensors, no wire types. The scheduler, the KV manager, the engine and the
+simulator all share this one type.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Priority(enum.IntEnum):
+    """Lower value is served first. VIP is never preempted; BATCH is the preemptible cushion."""
+
+    VIP = 0
+    NORMAL = 1
+    BATCH = 2
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+class RequestState(enum.IntEnum):
+    """Ordered: every state after RUNNING is terminal."""
+
+    WAITING = 0  # never admitted, or preempted by recompute (KV freed)
+    SWAPPED = 1  # preempted by swap: KV lives in the host pool
+    RUNNING = 2  # holds device blocks; prefilling or decoding
+    FINISHED = 3
+
+
+class PreemptionMode(enum.Enum):
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Validated sampling settings. `temperature == 0` means greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request as an engine sees it.
+
+    NOTE: `num_computed_tokens` counts the leading tokens of `all_token_ids` whose KV is in
+    device blocks (including prefix-cache hits). A request needs a forward pass over
+    `all_token_ids[num_computed_tokens:]`; when that reaches the end, a token is sampled.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: Priority = Priority.NORMAL
+    arrival_time: float = 0.0
+    eos_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    state: RequestState = RequestState.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first admission
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    # Set by the scheduler: order of first arrival (queue place survives preemption) and of the
+    # latest admission (victim choice: most recently admitted first).
+    arrival_seq: int = -1
+    admit_seq: int = -1
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state == RequestState.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True while more than one token lacks KV (a decode step computes exactly one)."""
+        return self.num_tokens - self.num_computed_tokens > 1

@@ -1,0 +1,64 @@
+"""What the scheduler hands the executor each step. Typed, tensor-free.
+
+The executor (engine model runner, or the simulator's cost model) must, in this order:
+  1. copy `swap_out` block pairs device -> host, then `swap_in` pairs host -> device;
+  2. run one forward pass over `chunks` (decodes are chunks of one token);
+  3. sample one token for each chunk with `samples=True`;
+  4. call `Scheduler.update(output, sampled)` with those tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.requests import PreemptionMode, Request
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute `request.all_token_ids[start:start + num_tokens]` this step."""
+
+    request: Request
+    start: int
+    num_tokens: int
+    block_table: tuple[int, ...]  # device blocks covering [0, start + num_tokens)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when the chunk reaches the last known token: a new token is sampled."""
+        return self.end == self.request.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.start == self.request.num_tokens - 1 and bool(
+            self.request.output_token_ids
+        )
+
+
+@dataclass(frozen=True)
+class Preemption:
+    request: Request
+    mode: PreemptionMode
+    reason: str  # "out_of_blocks" | "higher_priority_waiting"
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: tuple[ScheduledChunk, ...] = ()
+    preempted: tuple[Preemption, ...] = ()
+    swap_out: tuple[tuple[int, int], ...] = ()  # (device block, host block)
+    swap_in: tuple[tuple[int, int], ...] = ()  # (host block, device block)
+    resumed: tuple[Request, ...] = ()  # swapped-in or re-admitted after preemption
+    finished: tuple[Request, ...] = field(default=())  # aborted/finished before this step ran
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks and not self.swap_out and not self.swap_in
