@@ -1,0 +1,42 @@
+"""Turns the scheduler's chunks into one flat ForwardBatch (see pdserve/attention/batch.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pdserve.attention.batch import ForwardBatch, SeqSpan
+from pdserve.scheduler.output import ScheduledChunk
+
+
+def slots_for(block_table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+    """Flat KV slots of positions [start, end): block_table[p // bs] * bs + p % bs."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device) -> ForwardBatch:
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    seqs: list[SeqSpan] = []
+    logits_rows: list[int] = []
+    for chunk in chunks:
+        query_start = len(ids)
+        ids.extend(chunk.request.all_token_ids[chunk.start : chunk.end])
+        positions.extend(range(chunk.start, chunk.end))
+        slots.extend(slots_for(chunk.block_table, chunk.start, chunk.end, block_size))
+        seqs.append(SeqSpan(query_start, chunk.num_tokens, chunk.end, tuple(chunk.block_table)))
+        if chunk.samples:
+            logits_rows.append(len(ids) - 1)
+    return ForwardBatch(
+        input_ids=_long(ids, device),
+        positions=_long(positions, device),
+        slot_mapping=_long(slots, device),
+        seqs=tuple(seqs),
+        logits_indices=_long(logits_rows, device),
+    )
+
+
+def _long(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)

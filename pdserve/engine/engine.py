@@ -1,0 +1,126 @@
+"""The in-process engine: add requests, step, read new tokens, abort.
+
+    loop:  output = scheduler.schedule()      # policy: who runs, who is preempted
+           sampled = runner.execute(output)   # mechanism: swaps, forward, sampling
+           finished = scheduler.update(output, sampled)
+
+Token level only; text in and out lives in pdserve/engine/llm.py and in the router.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from pdserve.attention import make_attention_backend
+from pdserve.config import EngineConfig
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.engine.model_runner import ModelRunner
+from pdserve.engine.outputs import RequestOutput, StepResult
+from pdserve.kv.kv_cache import KVCache
+from pdserve.model.loader import LoadedModel, load_model
+from pdserve.requests import FinishReason, Priority, Request, SamplingParams
+from pdserve.sampling.validate import InvalidSamplingParams, validate_sampling
+from pdserve.scheduler import QueueFullError, make_scheduler
+from pdserve.scheduler.output import SchedulerOutput
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        dtype = getattr(torch, config.dtype)
+        self.loaded = loaded or load_model(config.model, device=config.device, dtype=dtype)
+        self.model_config = self.loaded.config
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings)
+        shape = self.model_config.kv_shape(config.cache.block_size)
+        self.kv = KVCache(shape, config.cache.num_blocks, dtype, config.device)
+        self.host_kv = KVCache(shape, config.cache.num_host_blocks, dtype, "cpu")
+        attn = make_attention_backend(config.attention_backend, torch.device(config.device))
+        self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed)
+        self.scheduler = make_scheduler(
+            config.scheduler, config.cache, self.kv_bytes_per_token, self.max_model_len, clock
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv.block_nbytes // self.kv.block_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.model_config.eos_token_ids)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams = SamplingParams(),
+        priority: Priority = Priority.NORMAL,
+    ) -> Request:
+        """Validate and queue a request. Raises InvalidRequestError, DuplicateRequestError,
+        OverloadedError; nothing else in the engine changes when it raises."""
+        request = self.make_request(request_id, prompt_token_ids, sampling, priority)
+        try:
+            self.scheduler.add(request)
+        except QueueFullError as exc:
+            raise OverloadedError(str(exc)) from exc
+        return request
+
+    def make_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
+                     priority: Priority) -> Request:
+        if self.scheduler.get(request_id) is not None:
+            raise DuplicateRequestError(f"request_id {request_id!r} is already running")
+        self.validate(list(prompt_token_ids), sampling)
+        return Request(request_id, list(prompt_token_ids), sampling, Priority(priority),
+                       arrival_time=self.clock(), eos_token_ids=self.eos_token_ids)
+
+    def validate(self, prompt: list[int], sampling: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+        try:
+            validate_sampling(sampling, vocab)
+        except InvalidSamplingParams as exc:
+            raise InvalidRequestError(str(exc)) from exc
+        total = len(prompt) + sampling.max_tokens
+        if total > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({sampling.max_tokens}) = {total} exceeds "
+                f"the model's context of {self.max_model_len} tokens")
+        capacity = self.config.cache.num_blocks * self.config.cache.block_size
+        if total > capacity:
+            raise InvalidRequestError(
+                f"prompt + max_tokens = {total} tokens exceeds this worker's KV pool of {capacity} tokens")
+
+    def step(self) -> StepResult:
+        started = time.perf_counter()
+        output = self.scheduler.schedule()
+        sampled = self.runner.execute(output)
+        finished = self.scheduler.update(output, sampled)
+        outputs = self._outputs(output, sampled, finished)
+        return StepResult(outputs, output.preempted, output.resumed, output.chunks, output.num_tokens,
+                          time.perf_counter() - started)
+
+    def _outputs(self, output: SchedulerOutput, sampled: dict[str, int], finished: list[Request]) -> tuple[RequestOutput, ...]:
+        done = {r.request_id for r in finished} | {r.request_id for r in output.finished}
+        results = [RequestOutput(c.request, (sampled[c.request.request_id],), c.request.request_id in done)
+                   for c in output.chunks if c.request.request_id in sampled]
+        seen = {r.request_id for r in results}
+        results += [RequestOutput(r, (), True) for r in (*output.finished, *finished) if r.request_id not in seen]
+        return tuple(results)
+
+    def finish(self, request_id: str, reason: FinishReason) -> None:
+        """End a request for a reason found above the token level (a stop string)."""
+        self.scheduler.finish(request_id, reason)
+
+    def abort(self, request_id: str) -> bool:
+        return self.scheduler.abort(request_id) is not None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()

@@ -1,0 +1,51 @@
+"""Executes one SchedulerOutput on the model: swaps, one forward pass, sampling. Never decides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.attention.base import AttentionBackend
+from pdserve.engine.batch_builder import build_forward_batch
+from pdserve.kv.kv_cache import KVCache
+from pdserve.model.loader import LoadedModel
+from pdserve.sampling.sampler import Sampler
+from pdserve.scheduler.output import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    swap_s: float
+    forward_s: float
+
+
+class ModelRunner:
+    """Owns the device KV pool and the host swap pool of one worker."""
+
+    def __init__(self, loaded: LoadedModel, kv: KVCache, host_kv: KVCache, attn: AttentionBackend, seed: int):
+        self.model = loaded.model
+        self.kv = kv
+        self.host_kv = host_kv
+        self.attn = attn
+        self.sampler = Sampler()
+        self.device = kv.data.device
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def execute(self, output: SchedulerOutput) -> dict[str, int]:
+        """Run the step; return the sampled token of every chunk that samples."""
+        self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
+        self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))
+        if not output.chunks:
+            return {}
+        batch = build_forward_batch(output.chunks, self.kv.block_size, self.device)
+        with torch.inference_mode():
+            logits = self.model.forward(batch, self.kv, self.attn)
+        sampling = [c for c in output.chunks if c.samples]
+        tokens = self.sampler.sample(
+            logits.float().cpu(),
+            [c.request.sampling for c in sampling],
+            [len(c.request.output_token_ids) for c in sampling],
+            self.generator,
+        )
+        return {c.request.request_id: t for c, t in zip(sampling, tokens)}

@@ -1,0 +1,31 @@
+"""What one engine step reports back to its caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.requests import Request
+from pdserve.scheduler.output import Preemption, ScheduledChunk
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """New tokens of one request this step; `finished` on its last output."""
+
+    request: Request
+    new_token_ids: tuple[int, ...]
+    finished: bool
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass(frozen=True)
+class StepResult:
+    outputs: tuple[RequestOutput, ...]
+    preemptions: tuple[Preemption, ...]
+    resumed: tuple[Request, ...]
+    chunks: tuple[ScheduledChunk, ...]  # what went through the model (prefill workers stream its KV)
+    num_tokens: int  # tokens through the model this step
+    seconds: float
