@@ -1,0 +1,72 @@
+"""Choosing the next token of every row in a batch.
+
+Greedy rows (temperature 0) take the argmax, ties to the lowest id. The other rows go through
+`filters.filtered_probs` and then inverse-CDF sampling in vocabulary order:
+
+    cdf[i]  = p[0] + ... + p[i]                     (float64)
+    token   = first i with cdf[i] > u * cdf[V-1]    u = the row's uniform in [0, 1)
+
+which never picks a token of probability 0, and makes the choice a pure function of the row's
+probabilities and its one uniform (see `uniforms`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pdserve.requests import SamplingParams
+from pdserve.sampling.filters import SamplingTensors, filtered_probs
+from pdserve.sampling.uniforms import draw_uniforms
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """probs: [R, V] (rows need not sum to 1, each has some mass); uniforms: [R] in [0, 1).
+    Returns [R] int64 token ids."""
+    cdf = probs.double().cumsum(dim=-1)  # [R, V]
+    total = cdf[:, -1:]  # [R, 1]
+    target = torch.minimum(uniforms.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    chosen = torch.searchsorted(cdf, target, right=True).squeeze(1)  # [R]
+    return chosen.clamp_(max=probs.shape[-1] - 1)
+
+
+class Sampler:
+    """Stateless; one per engine. Randomness comes in through the arguments."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        token_indices: Sequence[int],
+        generator: torch.Generator,
+    ) -> list[int]:
+        """logits: [S, V] float32, row i for params[i]. token_indices[i]: how many tokens row i's
+        request has generated before this one (its seeded draw's index). Returns S token ids.
+
+        All-greedy batches cost one argmax; sampled rows are filtered and drawn together.
+        """
+        if len(params) != logits.shape[0] or len(token_indices) != logits.shape[0]:
+            raise ValueError(
+                f"logits have {logits.shape[0]} rows but got {len(params)} params and {len(token_indices)} indices"
+            )
+        tokens = logits.argmax(dim=-1)  # [S]
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        if rows:
+            tokens[torch.tensor(rows, device=logits.device)] = self._sample_rows(
+                logits[rows], [params[i] for i in rows], [token_indices[i] for i in rows], generator
+            )
+        return tokens.tolist()
+
+    def _sample_rows(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        token_indices: list[int],
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """logits: [R, V] of non-greedy rows -> [R] int64."""
+        settings = SamplingTensors.from_params(params, logits.device)
+        probs = filtered_probs(logits.float(), settings)  # [R, V]
+        uniforms = draw_uniforms(params, token_indices, generator, logits.device)  # [R]
+        return inverse_cdf(probs, uniforms)

@@ -1,0 +1,79 @@
+"""The tokenizer interface the engine talks to, and the types around it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a conversation, as the chat template sees it."""
+
+    role: str
+    content: str
+
+
+MessageLike = ChatMessage | Mapping[str, object]
+
+
+class ChatTemplateError(ValueError):
+    """The conversation cannot be rendered: a malformed message, a role the template rejects,
+    a broken template, or a model without a chat template."""
+
+
+class UnsupportedTokenizerError(ValueError):
+    """The model names a tokenizer kind this package cannot build."""
+
+
+class Tokenizer(ABC):
+    """Text <-> token ids for one model, plus its chat template.
+
+    Implementations are immutable after construction and safe to share between threads.
+    """
+
+    @abstractmethod
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`. Special-token strings in `text` (e.g. `<|im_start|>`) become their
+        ids; `add_special_tokens` adds what the model's post-processor adds (BOS for some)."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`; invalid UTF-8 byte runs come out as U+FFFD."""
+
+    @abstractmethod
+    def render_chat(self, messages: Sequence[MessageLike], add_generation_prompt: bool = True) -> str:
+        """The conversation as prompt text, through the model's chat template.
+
+        Raises ChatTemplateError for a malformed message, a template error (including the
+        template's own `raise_exception`), or a model without a chat template: there is no
+        fallback format, because a guessed one silently degrades answers.
+        """
+
+    def apply_chat_template(
+        self, messages: Sequence[MessageLike], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of `render_chat(...)`. The template writes its own special tokens, so none
+        are added on top."""
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+
+    @property
+    @abstractmethod
+    def bos_token_id(self) -> int | None:
+        """Beginning-of-sequence id, or None when the model has none."""
+
+    @property
+    @abstractmethod
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends a generation (EOS, end-of-turn), first the primary EOS."""
+
+    @property
+    @abstractmethod
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids that `decode(..., skip_special_tokens=True)` leaves out."""
