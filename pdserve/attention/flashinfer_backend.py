@@ -1,0 +1,119 @@
+"""Paged attention on flashinfer's batch prefill kernel (CUDA only; flashinfer imported lazily).
+
+One `BatchPrefillWithPagedKVCacheWrapper` serves the whole mixed batch: a decode token is a
+sequence with qo_len 1, a prefill chunk one with qo_len > 1; `causal=True` aligns each
+sequence's queries to the end of its KV (bottom-right), which is this project's convention.
+
+The pool's per-layer view `kv.layer(l)` is [num_blocks, 2, block_size, kv_heads, head_dim]
+(NHD) and strided in the block dimension (the layers of one block sit between two blocks of
+one layer). flashinfer >= 0.2 reads the page, token and head strides from the tensor (it only
+requires K and V to share strides, which they do), so the view is passed without a copy.
+
+flashinfer computes in float16/bfloat16 only; a float32 pool is refused at `begin`.
+The plan needs the number of query heads, which first shows in `forward`: the wrapper is
+planned on the pass's first layer and reused by the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.attention.base import AttentionBackend
+from pdserve.attention.batch import ForwardBatch
+from pdserve.kv.kv_cache import KVCache
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """flashinfer's CSR description of a batch, int32. The indptrs and last-page lengths stay on
+    the host (plan reads them there without a device sync); the page ids go to the device."""
+
+    qo_indptr: torch.Tensor  # [S + 1] query rows of sequence i: [qo_indptr[i], qo_indptr[i+1])
+    kv_indptr: torch.Tensor  # [S + 1] pages of sequence i: kv_indices[kv_indptr[i]:kv_indptr[i+1]]
+    kv_indices: torch.Tensor  # [total pages] block ids
+    kv_last_page_len: torch.Tensor  # [S] tokens used in each sequence's last page, 1..block_size
+    row_order: torch.Tensor | None  # [T] flat rows in sequence order; None when already in order
+
+
+def paged_layout(batch: ForwardBatch, block_size: int, device: torch.device) -> PagedLayout:
+    """The batch's sequences as flashinfer's page tables (pure torch: testable without CUDA)."""
+    seqs = sorted(batch.seqs, key=lambda s: s.query_start)
+    pages = [-(-s.context_len // block_size) for s in seqs]
+    indices = [b for s, n in zip(seqs, pages) for b in s.block_table[:n]]
+    last = [s.context_len - (n - 1) * block_size for s, n in zip(seqs, pages)]
+    starts = [s.query_start for s in seqs]
+    lens = [s.query_len for s in seqs]
+    in_order = starts == _prefix_sums(lens)[:-1] and sum(lens) == batch.num_tokens
+    order = None if in_order else torch.cat([torch.arange(st, st + n) for st, n in zip(starts, lens)])
+    return PagedLayout(
+        qo_indptr=_int32(_prefix_sums(lens), "cpu"),
+        kv_indptr=_int32(_prefix_sums(pages), "cpu"),
+        kv_indices=_int32(indices, device),
+        kv_last_page_len=_int32(last, "cpu"),
+        row_order=None if order is None else order.to(device),
+    )
+
+
+class FlashInferBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(self, device: str | torch.device):
+        import flashinfer
+
+        self._device = torch.device(device)
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
+        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+        self._layout: PagedLayout | None = None
+        self._slot_mapping: torch.Tensor | None = None
+        self._planned = False
+
+    def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
+        if kv.data.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"flashinfer attention needs a float16/bfloat16 KV pool, got {kv.data.dtype}")
+        self._layout = paged_layout(batch, kv.block_size, kv.data.device)
+        self._slot_mapping = batch.slot_mapping
+        self._planned = False
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        layout = self._layout
+        assert layout is not None, "begin() must be called before forward()"
+        kv.write(layer, self._slot_mapping, k, v)
+        if not self._planned:
+            self._plan(layout, q, kv)
+        queries = q if layout.row_order is None else q[layout.row_order]
+        out = self._wrapper.run(queries.contiguous(), kv.layer(layer))  # [T, H, D]
+        if layout.row_order is None:
+            return out
+        return torch.empty_like(out).index_copy_(0, layout.row_order, out)
+
+    def _plan(self, layout: PagedLayout, q: torch.Tensor, kv: KVCache) -> None:
+        self._wrapper.plan(
+            layout.qo_indptr,
+            layout.kv_indptr,
+            layout.kv_indices,
+            layout.kv_last_page_len,
+            num_qo_heads=q.shape[1],
+            num_kv_heads=kv.shape.num_kv_heads,
+            head_dim_qk=kv.shape.head_dim,
+            page_size=kv.block_size,
+            causal=True,
+            q_data_type=q.dtype,
+            kv_data_type=kv.data.dtype,
+        )
+        self._planned = True
+
+
+def _prefix_sums(values: list[int]) -> list[int]:
+    sums = [0]
+    for value in values:
+        sums.append(sums[-1] + value)
+    return sums
+
+
+def _int32(values: list[int], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)

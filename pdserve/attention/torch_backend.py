@@ -1,0 +1,150 @@
+"""Reference attention on torch's scaled_dot_product_attention; runs on CPU and GPU.
+
+The pass is split into two kinds of work, planned once in `begin`:
+
+  * every 1-token sequence (decodes, 1-token chunks) in one padded SDPA call: its block table
+    gathered to [B, max_blocks * block_size] keys, padding masked out. GQA is folded into the
+    query length (the G query heads of one KV head act as G queries at the same position), so
+    no KV head is ever repeated;
+  * every longer chunk alone: a fresh prompt (context == chunk) attends its own k/v with
+    `is_causal`; a chunk after a cached prefix reads its whole context from the pool with a
+    bottom-right causal mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pdserve.attention.base import AttentionBackend
+from pdserve.attention.batch import ForwardBatch, SeqSpan
+from pdserve.kv.kv_cache import KVCache
+
+Rows = slice | torch.Tensor
+
+
+@dataclass(frozen=True)
+class _DecodeGroup:
+    rows: Rows  # B flat-batch rows, one per sequence
+    block_table: torch.Tensor  # [B, max_blocks] int64, padded with block 0
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] additive: 0 or -inf
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    rows: slice  # the chunk's query_len rows
+    context_len: int
+    blocks: torch.Tensor | None  # [ceil(context_len / block_size)]; None: fresh prompt, own k/v
+    mask: torch.Tensor | None  # [query_len, context_len] additive, bottom-right causal
+
+
+@dataclass(frozen=True)
+class _Plan:
+    slot_mapping: torch.Tensor
+    decode: _DecodeGroup | None
+    chunks: tuple[_Chunk, ...]
+    covers_all: bool  # one piece of work holds every row: return its output as is
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
+
+    def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
+        device, dtype = kv.data.device, kv.data.dtype
+        singles = [s for s in batch.seqs if s.query_len == 1]
+        decode = _plan_decode(singles, kv.block_size, device, dtype) if singles else None
+        chunks = tuple(_plan_chunk(s, kv.block_size, device, dtype) for s in batch.seqs if s.query_len > 1)
+        covers_all = len(chunks) + (decode is not None) == 1 and _rows_cover(decode, chunks, batch.num_tokens)
+        self._plan = _Plan(batch.slot_mapping, decode, chunks, covers_all)
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        plan = self._plan
+        assert plan is not None, "begin() must be called before forward()"
+        kv.write(layer, plan.slot_mapping, k, v)
+        cache = kv.layer(layer)  # [num_blocks, 2, block_size, kv_heads, head_dim]
+        if plan.covers_all:
+            return _decode(q, cache, plan.decode) if plan.decode else _chunk(q, k, v, cache, plan.chunks[0])
+        out = torch.empty_like(q)
+        if plan.decode is not None:
+            out[plan.decode.rows] = _decode(q, cache, plan.decode)
+        for chunk in plan.chunks:
+            out[chunk.rows] = _chunk(q, k, v, cache, chunk)
+        return out
+
+
+def _plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dtype: torch.dtype) -> _DecodeGroup:
+    max_blocks = max(-(-s.context_len // block_size) for s in seqs)
+    table = torch.zeros((len(seqs), max_blocks), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        used = s.block_table[: -(-s.context_len // block_size)]
+        table[i, : len(used)] = torch.tensor(used, dtype=torch.long)
+    lengths = torch.tensor([s.context_len for s in seqs])
+    valid = torch.arange(max_blocks * block_size)[None, :] < lengths[:, None]  # [B, L]
+    mask = _additive(valid, dtype)[:, None, None, :]
+    rows = _as_rows([s.query_start for s in seqs])
+    return _DecodeGroup(_to(rows, device), table.to(device), mask.to(device))
+
+
+def _plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torch.dtype) -> _Chunk:
+    rows = slice(seq.query_start, seq.query_start + seq.query_len)
+    if seq.context_len == seq.query_len:
+        return _Chunk(rows, seq.context_len, None, None)
+    used = seq.block_table[: -(-seq.context_len // block_size)]
+    first = seq.context_len - seq.query_len
+    query_pos = torch.arange(first, seq.context_len)[:, None]  # [Q, 1]
+    visible = torch.arange(seq.context_len)[None, :] <= query_pos  # [Q, C]
+    blocks = torch.tensor(used, dtype=torch.long, device=device)
+    return _Chunk(rows, seq.context_len, blocks, _additive(visible, dtype).to(device))
+
+
+def _decode(q: torch.Tensor, cache: torch.Tensor, group: _DecodeGroup) -> torch.Tensor:
+    batch, num_heads, head_dim = group.block_table.shape[0], q.shape[1], q.shape[2]
+    kv_heads = cache.shape[3]
+    keys = cache[:, 0][group.block_table].view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
+    values = cache[:, 1][group.block_table].view(batch, -1, kv_heads, head_dim).transpose(1, 2)
+    queries = q[group.rows].view(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask)  # [B, Hkv, G, D]
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def _chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
+    queries = q[chunk.rows].transpose(0, 1)[None]  # [1, H, Q, D]
+    if chunk.blocks is None:
+        keys, values = k[chunk.rows], v[chunk.rows]  # [C, Hkv, D]
+    else:
+        kv_heads, head_dim = cache.shape[3], cache.shape[4]
+        keys = cache[:, 0][chunk.blocks].view(-1, kv_heads, head_dim)[: chunk.context_len]
+        values = cache[:, 1][chunk.blocks].view(-1, kv_heads, head_dim)[: chunk.context_len]
+    out = F.scaled_dot_product_attention(
+        queries,
+        keys.transpose(0, 1)[None],
+        values.transpose(0, 1)[None],
+        attn_mask=chunk.mask,
+        is_causal=chunk.mask is None,
+        enable_gqa=True,
+    )  # [1, H, Q, D]
+    return out[0].transpose(0, 1)
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+
+
+def _as_rows(starts: list[int]) -> Rows:
+    if starts == list(range(starts[0], starts[0] + len(starts))):
+        return slice(starts[0], starts[0] + len(starts))
+    return torch.tensor(starts, dtype=torch.long)
+
+
+def _to(rows: Rows, device: torch.device) -> Rows:
+    return rows if isinstance(rows, slice) else rows.to(device)
+
+
+def _rows_cover(decode: _DecodeGroup | None, chunks: tuple[_Chunk, ...], num_tokens: int) -> bool:
+    rows = decode.rows if decode is not None else chunks[0].rows
+    return isinstance(rows, slice) and rows.start == 0 and rows.stop == num_tokens

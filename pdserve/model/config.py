@@ -1,0 +1,156 @@
+"""What the model code needs to know about a checkpoint, read once from config.json or GGUF metadata.
+
+NOTE: sliding-window models (Mistral) are run with full attention and their usable context capped
+to the window: within the window the two are identical, so `max_position_embeddings` is
+min(max positions, window) and `sliding_window` keeps the original value for reference.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from pdserve.kv.kv_cache import KVShape
+from pdserve.model.errors import ModelLoadError, UnsupportedModelError
+from pdserve.model.rope import (
+    Llama3RopeScaling,
+    LinearRopeScaling,
+    NoRopeScaling,
+    RopeScaling,
+)
+
+
+class Architecture(str, enum.Enum):
+    LLAMA = "LlamaForCausalLM"
+    MISTRAL = "MistralForCausalLM"
+    QWEN2 = "Qwen2ForCausalLM"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: Architecture
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    name: str
+    o_proj_bias: bool = False  # Llama with attention_bias=true also biases o_proj
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"{self.name}: {self.num_heads} heads not divisible by {self.num_kv_heads} KV heads")
+        if self.head_dim % 2:
+            raise ModelLoadError(f"{self.name}: head_dim {self.head_dim} must be even for rotary embedding")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def kv_shape(self, block_size: int) -> KVShape:
+        return KVShape(self.num_layers, self.num_kv_heads, self.head_dim, block_size)
+
+
+def config_from_hf(raw: dict[str, Any], name: str, extra_eos: tuple[int, ...] = ()) -> ModelConfig:
+    """Parse a transformers config.json (old `rope_scaling` and new `rope_parameters` forms)."""
+    arch = _architecture(raw)
+    heads = _need(raw, "num_attention_heads", name)
+    hidden = _need(raw, "hidden_size", name)
+    if raw.get("mlp_bias"):
+        raise UnsupportedModelError(f"{name}: mlp_bias=true is not supported")
+    llama_bias = bool(raw.get("attention_bias", False)) and arch is not Architecture.QWEN2
+    window = _sliding_window(raw, arch)
+    max_pos = int(raw.get("max_position_embeddings", 4096))
+    theta, scaling = _hf_rope(raw, name)
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=_need(raw, "vocab_size", name),
+        hidden_size=hidden,
+        intermediate_size=_need(raw, "intermediate_size", name),
+        num_layers=_need(raw, "num_hidden_layers", name),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=min(max_pos, window) if window else max_pos,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=arch is Architecture.QWEN2 or llama_bias,
+        o_proj_bias=llama_bias,
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=_merge_ids(_as_ids(raw.get("eos_token_id")), extra_eos),
+        name=name,
+        sliding_window=window,
+    )
+
+
+def _architecture(raw: dict[str, Any]) -> Architecture:
+    names = raw.get("architectures") or []
+    for candidate in names:
+        try:
+            return Architecture(candidate)
+        except ValueError:
+            continue
+    shown = ", ".join(names) if names else f"model_type={raw.get('model_type')!r}"
+    supported = ", ".join(a.value for a in Architecture)
+    raise UnsupportedModelError(f"unsupported architecture {shown}; supported: {supported}")
+
+
+def _need(raw: dict[str, Any], key: str, name: str) -> int:
+    if key not in raw:
+        raise ModelLoadError(f"{name}: config.json lacks {key!r}")
+    return int(raw[key])
+
+
+def _sliding_window(raw: dict[str, Any], arch: Architecture) -> int | None:
+    window = raw.get("sliding_window")
+    enabled = arch is Architecture.MISTRAL or bool(raw.get("use_sliding_window"))
+    return int(window) if window and enabled else None
+
+
+def _hf_rope(raw: dict[str, Any], name: str) -> tuple[float, RopeScaling]:
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, NoRopeScaling()
+    if kind == "linear":
+        return theta, LinearRopeScaling(float(params["factor"]))
+    if kind == "llama3":
+        scaling = Llama3RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+        return theta, scaling
+    raise UnsupportedModelError(f"{name}: rope scaling {kind!r} is not supported (default, linear, llama3 are)")
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def _merge_ids(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(first + second))

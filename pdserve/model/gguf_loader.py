@@ -1,0 +1,155 @@
+"""A llama.cpp GGUF file: metadata -> ModelConfig, tensors dequantized to float.
+
+GGUF stores the Llama q/k projections with their rows permuted for an interleaved (GPT-J) rotary
+layout; this project rotates halves (rotate-half), so the permutation is undone on load:
+
+    rows of one head, GGUF:        [x0 y0 x1 y1 ... ]   pairs interleaved
+    rows of one head, rotate-half: [x0 x1 ... y0 y1 ...]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pdserve.model.config import Architecture, ModelConfig
+from pdserve.model.errors import ModelLoadError, UnsupportedModelError
+from pdserve.model.llama import LlamaForCausalLM
+from pdserve.model.rope import FreqFactorRopeScaling, LinearRopeScaling, NoRopeScaling, RopeScaling
+from pdserve.model.weights import build_model
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def load_gguf_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> tuple[ModelConfig, LlamaForCausalLM]:
+    reader = open_gguf(path)
+    tensors = {_hf_name(t.name): t for t in reader.tensors}
+    config = gguf_config(gguf_metadata(reader), tensors, fallback_name=path.stem)
+
+    def fetch(name: str) -> torch.Tensor:
+        weight = _dequantize(tensors[name], path)
+        heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}.get(name.split(".")[-2])
+        return weight if heads is None else unpermute_rows(weight, heads)
+
+    return config, build_model(config, fetch, str(path), device, dtype)
+
+
+def open_gguf(path: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as exc:  # the reader raises assorted errors on damaged files
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def gguf_metadata(reader: Any) -> dict[str, Any]:
+    """Key -> value for every scalar, string and list field (the token table included)."""
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def gguf_config(meta: dict[str, Any], tensors: dict[str, Any], fallback_name: str) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    key = _keyed(meta, arch)
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedModelError(f"{fallback_name}: partial rotary embedding is not supported")
+    max_pos = int(meta.get(f"{arch}.context_length", 4096))
+    return ModelConfig(
+        architecture=Architecture.LLAMA,
+        vocab_size=int(meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=_gguf_rope(meta, arch, tensors),
+        max_position_embeddings=max_pos,
+        tie_word_embeddings="lm_head.weight" not in tensors,
+        attention_bias=False,
+        bos_token_id=_optional_int(meta.get("tokenizer.ggml.bos_token_id")),
+        eos_token_ids=_eos_ids(meta),
+        name=str(meta.get("general.name") or fallback_name),
+    )
+
+
+def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[rows, cols] in GGUF's interleaved pair order -> rotate-half order, per head."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, -1).transpose(1, 2).reshape(weight.shape)
+
+
+def _keyed(meta: dict[str, Any], arch: str):
+    def key(suffix: str) -> Any:
+        name = f"{arch}.{suffix}"
+        if name not in meta:
+            raise ModelLoadError(f"GGUF metadata lacks {name!r}")
+        return meta[name]
+
+    return key
+
+
+def _gguf_rope(meta: dict[str, Any], arch: str, tensors: dict[str, Any]) -> RopeScaling:
+    if "rope_freqs.weight" in tensors:
+        factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float32)
+        return FreqFactorRopeScaling(tuple(float(f) for f in factors))
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return NoRopeScaling()
+    if kind == "linear":
+        return LinearRopeScaling(float(meta[f"{arch}.rope.scaling.factor"]))
+    raise UnsupportedModelError(f"GGUF rope scaling {kind!r} is not supported (none, linear, rope_freqs are)")
+
+
+def _eos_ids(meta: dict[str, Any]) -> tuple[int, ...]:
+    ids = [meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")]
+    return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return gguf_name
+
+
+def _dequantize(tensor: Any, path: Path) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise UnsupportedModelError(f"{path}: tensor {tensor.name} type {tensor.tensor_type.name}: {exc}") from exc
+    return torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: the file is mapped read-only

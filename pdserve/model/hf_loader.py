@@ -1,0 +1,102 @@
+"""A transformers checkpoint folder: config.json + *.safetensors (one file, or shards with an index).
+
+Reads local files only; never contacts a hub.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from pdserve.model.config import ModelConfig, config_from_hf
+from pdserve.model.errors import ModelLoadError
+from pdserve.model.llama import LlamaForCausalLM
+from pdserve.model.weights import build_model
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    raw = _read_json(folder / "config.json", "config.json")
+    generation = folder / "generation_config.json"
+    extra_eos = ()
+    if generation.is_file():
+        eos = _read_json(generation, "generation_config.json").get("eos_token_id")
+        extra_eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    return config_from_hf(raw, name=folder.name, extra_eos=tuple(int(e) for e in extra_eos))
+
+
+def load_hf_model(folder: Path, device: str | torch.device, dtype: torch.dtype) -> tuple[ModelConfig, LlamaForCausalLM]:
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"{folder}: no config.json (expected a transformers checkpoint folder or a .gguf file)")
+    config = read_hf_config(folder)
+    index = _tensor_index(folder)
+    with _ShardSet(folder) as shards:
+        model = build_model(config, lambda name: shards.get(index, name), str(folder), device, dtype)
+    return config, model
+
+
+def _tensor_index(folder: Path) -> dict[str, str]:
+    """Tensor name -> file name, from the shard index or by listing every safetensors file."""
+    if (folder / INDEX_FILE).is_file():
+        weight_map = _read_json(folder / INDEX_FILE, INDEX_FILE).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelLoadError(f"{folder / INDEX_FILE}: no weight_map")
+        return dict(weight_map)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder}: no *.safetensors weights (other weight formats are not read)")
+    index: dict[str, str] = {}
+    for file in files:
+        with _open(file) as handle:
+            index.update(dict.fromkeys(handle.keys(), file.name))
+    return index
+
+
+class _ShardSet:
+    """Opens each shard once, on first use; closes all on exit."""
+
+    def __init__(self, folder: Path):
+        self._folder = folder
+        self._open: dict[str, Any] = {}
+
+    def __enter__(self) -> "_ShardSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._open.values():
+            handle.__exit__(None, None, None)
+        self._open.clear()
+
+    def get(self, index: dict[str, str], name: str) -> torch.Tensor:
+        file = index[name]
+        if file not in self._open:
+            path = self._folder / file
+            if not path.is_file():
+                raise ModelLoadError(f"{self._folder}: shard {file} listed in the index is missing")
+            self._open[file] = _open(path).__enter__()
+        try:
+            return self._open[file].get_tensor(name)
+        except SafetensorError as exc:
+            raise ModelLoadError(f"{self._folder / file}: cannot read tensor {name!r}: {exc}") from exc
+
+
+def _open(path: Path) -> Any:
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as exc:
+        raise ModelLoadError(f"{path}: not a readable safetensors file: {exc}") from exc
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read {what}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: {what} is not a JSON object")
+    return data

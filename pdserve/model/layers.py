@@ -1,0 +1,78 @@
+"""The building blocks of a Llama decoder layer, on a flat token dimension T (no batch axis)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdserve.attention.base import AttentionBackend
+from pdserve.kv.kv_cache import KVCache
+from pdserve.model.config import ModelConfig
+from pdserve.model.rope import apply_rope
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, dim] -> [T, dim]; normalised in float32, scaled by the learned weight."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with rotary positions; q, k, v come from one fused matmul."""
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, attn: AttentionBackend
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) * D]
+        qk = qkv[:, : (self.num_heads + self.num_kv_heads) * self.head_dim]
+        qk = apply_rope(qk.view(tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, H, D], [T, Hkv, D]
+        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim :].view(tokens, self.num_kv_heads, self.head_dim)
+        out = attn.forward(self.layer, q, k, v, kv)  # [T, H, D]
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one fused matmul."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, attn: AttentionBackend
+    ) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden], pre-norm residual blocks."""
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, attn)
+        return h + self.mlp(self.post_attention_layernorm(h))

@@ -1,0 +1,95 @@
+"""Checkpoint tensors (transformers names) -> a ready LlamaForCausalLM.
+
+Both loaders present their tensors under the transformers names; this module checks every shape,
+fuses q/k/v and gate/up into one matrix each, and assigns them to a model built on `meta`
+(no memory is allocated or initialised for weights that are about to be replaced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from pdserve.model.config import ModelConfig
+from pdserve.model.errors import ModelLoadError
+from pdserve.model.llama import LlamaForCausalLM
+
+TensorFetch = Callable[[str], torch.Tensor]  # transformers name -> tensor; KeyError when absent
+
+
+@dataclass(frozen=True)
+class Part:
+    source: str  # transformers tensor name
+    shape: tuple[int, ...]
+
+
+def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[Part, ...]]:
+    """Model parameter name -> the checkpoint tensors concatenated (dim 0) to form it."""
+    c = config
+    layout = {"embed_tokens.weight": (Part("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)),)}
+    for i in range(c.num_layers):
+        layout.update(_layer_layout(c, i))
+    layout["norm.weight"] = (Part("model.norm.weight", (c.hidden_size,)),)
+    if not c.tie_word_embeddings:
+        layout["lm_head.weight"] = (Part("lm_head.weight", (c.vocab_size, c.hidden_size)),)
+    return layout
+
+
+def _layer_layout(c: ModelConfig, i: int) -> dict[str, tuple[Part, ...]]:
+    src, dst = f"model.layers.{i}.", f"layers.{i}."
+    qkv_rows = {"q": c.q_size, "k": c.kv_size, "v": c.kv_size}
+    layout = {
+        dst + "input_layernorm.weight": (Part(src + "input_layernorm.weight", (c.hidden_size,)),),
+        dst + "self_attn.qkv_proj.weight": tuple(
+            Part(f"{src}self_attn.{n}_proj.weight", (rows, c.hidden_size)) for n, rows in qkv_rows.items()
+        ),
+        dst + "self_attn.o_proj.weight": (Part(src + "self_attn.o_proj.weight", (c.hidden_size, c.q_size)),),
+        dst + "post_attention_layernorm.weight": (Part(src + "post_attention_layernorm.weight", (c.hidden_size,)),),
+        dst + "mlp.gate_up_proj.weight": tuple(
+            Part(f"{src}mlp.{n}_proj.weight", (c.intermediate_size, c.hidden_size)) for n in ("gate", "up")
+        ),
+        dst + "mlp.down_proj.weight": (Part(src + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),),
+    }
+    if c.attention_bias:
+        layout[dst + "self_attn.qkv_proj.bias"] = tuple(
+            Part(f"{src}self_attn.{n}_proj.bias", (rows,)) for n, rows in qkv_rows.items()
+        )
+    if c.o_proj_bias:
+        layout[dst + "self_attn.o_proj.bias"] = (Part(src + "self_attn.o_proj.bias", (c.hidden_size,)),)
+    return layout
+
+
+def build_model(
+    config: ModelConfig, fetch: TensorFetch, origin: str, device: str | torch.device, dtype: torch.dtype
+) -> LlamaForCausalLM:
+    """Raises ModelLoadError naming the first missing or misshapen tensor (and `origin`)."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = {
+        name: _assemble(parts, fetch, origin).to(device=device, dtype=dtype)
+        for name, parts in checkpoint_layout(config).items()
+    }
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{origin}: weights do not fit the model: {exc}") from exc
+    return model.to(device).eval()
+
+
+def _assemble(parts: tuple[Part, ...], fetch: TensorFetch, origin: str) -> torch.Tensor:
+    tensors = [_fetch_checked(part, fetch, origin) for part in parts]
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+
+
+def _fetch_checked(part: Part, fetch: TensorFetch, origin: str) -> torch.Tensor:
+    try:
+        tensor = fetch(part.source)
+    except KeyError:
+        raise ModelLoadError(f"{origin}: missing tensor {part.source!r}") from None
+    if tuple(tensor.shape) != part.shape:
+        raise ModelLoadError(
+            f"{origin}: tensor {part.source!r} has shape {tuple(tensor.shape)}, the config implies {part.shape}"
+        )
+    return tensor

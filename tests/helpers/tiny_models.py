@@ -1,0 +1,148 @@
+"""Tiny random-weight checkpoints saved with transformers, each with a working tokenizer.
+
+Every builder writes a complete model folder (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json with a ChatML template, generation_config.json) and returns its path.
+Everything is seeded: the same call writes the same weights and the same tokenizer.
+
+Weights are drawn wider than transformers' default initialisation (std 0.02 would make every
+logit nearly equal): greedy decoding then has clear winners and parity tests are not decided by
+rounding. Biases, which transformers initialises to zero, are filled with random values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
+BOS_ID, EOS_ID = 1, 2
+VOCAB_SIZE = 384
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "What is the capital of France? The capital of France is Paris.",
+    "Tiny models speak in random tokens, but their tokenizers must still work end to end.",
+    "Once upon a time, a scheduler split long prompts into chunks and served everyone.",
+    "def add(a, b):\n    return a + b\n",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000; symbols: !?.,;:-_()[]{}<>/\\'\"",
+    "user\nassistant\nsystem\nHello! How are you today? I am fine, thank you.",
+]
+
+
+def build_tokenizer(folder: Path) -> None:
+    """A byte-level BPE trained on a fixed corpus, saved as tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=SPECIAL_TOKENS[BOS_ID],
+        eos_token=SPECIAL_TOKENS[EOS_ID],
+        pad_token=SPECIAL_TOKENS[0],
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    wrapped.save_pretrained(str(folder))
+
+
+def _common(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        initializer_range=0.15,
+    )
+    base.update(overrides)
+    return base
+
+
+def _save(folder: Path, config, model_class, seed: int) -> Path:
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.5)
+            elif "norm" in name:
+                param.uniform_(0.5, 1.5)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    build_tokenizer(folder)
+    return folder
+
+
+def tiny_llama_gqa_llama3(folder: Path, seed: int = 0) -> Path:
+    """Llama, 4 query heads over 2 KV heads, llama3 rope scaling with all three frequency bands
+    (original context 64 tokens), tied embeddings."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    config = LlamaConfig(**_common(rope_parameters=rope, tie_word_embeddings=True))
+    return _save(folder, config, LlamaForCausalLM, seed)
+
+
+def tiny_qwen2_bias(folder: Path, seed: int = 1) -> Path:
+    """Qwen2: q/k/v projections with (random) biases, tied embeddings, rope theta 1e6."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**_common(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True))
+    return _save(folder, config, Qwen2ForCausalLM, seed)
+
+
+def tiny_llama_untied(folder: Path, seed: int = 2) -> Path:
+    """Llama with a separate lm_head, plain multi-head attention (as many KV heads as heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**_common(num_key_value_heads=4, num_hidden_layers=3, tie_word_embeddings=False))
+    return _save(folder, config, LlamaForCausalLM, seed)
+
+
+def tiny_mistral(folder: Path, seed: int = 3) -> Path:
+    """Mistral: head_dim 32 (heads x head_dim != hidden), 4 heads over 1 KV head, sliding window
+    128 below 1024 max positions (this project caps the context to the window)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        **_common(num_key_value_heads=1, head_dim=32, sliding_window=128, max_position_embeddings=1024)
+    )
+    return _save(folder, config, MistralForCausalLM, seed)
+
+
+TINY_MODELS: dict[str, Callable[[Path], Path]] = {
+    "llama_gqa_llama3": tiny_llama_gqa_llama3,
+    "qwen2_bias": tiny_qwen2_bias,
+    "llama_untied": tiny_llama_untied,
+    "mistral": tiny_mistral,
+}
+
+
+def build_all(root: Path) -> dict[str, Path]:
+    return {name: builder(root / name) for name, builder in TINY_MODELS.items()}
