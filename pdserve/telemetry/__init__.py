@@ -1,0 +1,29 @@
+"""Traces (OpenTelemetry, OTLP export) and metrics (Prometheus) for pdserve processes.
+
+Pure library code: no servicers, no wire types. gRPC code passes metadata as plain
+`(key, value)` tuples to `extract_context` / `inject_metadata`.
+"""
+
+from pdserve.telemetry.latency import Percentiles, TimelineSummary, TokenTimeline, summarize
+from pdserve.telemetry.metrics import Metrics, MetricsServer
+from pdserve.telemetry.propagation import extract_context, inject_metadata
+from pdserve.telemetry.tracing import NoopTracing, SdkTracing, Tracing, setup_tracing
+from pdserve.telemetry.tracing_config import OtlpProtocol, TracingConfig, resolve_tracing_config
+
+__all__ = [
+    "Metrics",
+    "MetricsServer",
+    "NoopTracing",
+    "OtlpProtocol",
+    "Percentiles",
+    "SdkTracing",
+    "TimelineSummary",
+    "TokenTimeline",
+    "Tracing",
+    "TracingConfig",
+    "extract_context",
+    "inject_metadata",
+    "resolve_tracing_config",
+    "setup_tracing",
+    "summarize",
+]

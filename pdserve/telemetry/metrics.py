@@ -1,0 +1,185 @@
+"""Prometheus metrics of one pdserve process, on a registry the `Metrics` object owns.
+
+Every process (router, prefill, decode) builds one `Metrics`, records with plain Python values
+and serves `/metrics` with `serve(port)`. Label values: enums are labelled by their lowercase
+name (Priority.VIP -> "vip", FinishReason.STOP -> "stop", PreemptionMode.SWAP -> "swap"),
+strings as given.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import start_http_server
+
+from pdserve.telemetry.latency import TokenTimeline
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # seconds: TTFT, end-to-end, queue time
+TOKEN_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+)  # seconds between tokens of one stream
+TRANSFER_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # seconds per KV transfer
+KV_BLOCK_STATES = ("free", "active", "cached", "swapped")
+
+Label = enum.Enum | str
+
+
+def label(value: Label) -> str:
+    return value.name.lower() if isinstance(value, enum.Enum) else value
+
+
+@dataclass(frozen=True)
+class MetricsServer:
+    """A running `/metrics` HTTP endpoint; `port` is the bound one (useful with port 0)."""
+
+    host: str
+    port: int
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5.0)
+
+
+class Metrics:
+    """The metric set every pdserve process exports (a role leaves unused ones at zero)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._histograms()
+        self._counters()
+        self._gauges()
+
+    def _histograms(self) -> None:
+        r = self.registry
+        self.ttft = Histogram(
+            "pdserve_time_to_first_token_seconds", "Arrival to first generated token.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.itl = Histogram(
+            "pdserve_inter_token_latency_seconds", "Gap between consecutive token deliveries.",
+            buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+        )
+        self.e2e = Histogram(
+            "pdserve_e2e_request_latency_seconds", "Arrival to the last token.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.queue_time = Histogram(
+            "pdserve_request_queue_time_seconds", "Arrival to first admission by the scheduler.",
+            ["priority"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.kv_transfer = Histogram(
+            "pdserve_kv_transfer_seconds", "Duration of one request's KV transfer.",
+            buckets=TRANSFER_BUCKETS, registry=r,
+        )
+
+    def _counters(self) -> None:
+        r = self.registry
+        self.requests = Counter(
+            "pdserve_requests_total", "Finished requests.", ["priority", "finish_reason"],
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "pdserve_preemptions_total", "Preemptions by recovery mode.", ["mode"], registry=r,
+        )
+        self.kv_transfer_bytes = Counter(
+            "pdserve_kv_transfer_bytes_total", "KV bytes moved between workers.", registry=r,
+        )
+        self.prefix_cache_hit_tokens = Counter(
+            "pdserve_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "pdserve_prompt_tokens_total", "Prompt tokens of admitted requests.", registry=r,
+        )
+        self.generation_tokens = Counter(
+            "pdserve_generation_tokens_total", "Generated tokens.", registry=r,
+        )
+
+    def _gauges(self) -> None:
+        r = self.registry
+        self.kv_blocks = Gauge(
+            "pdserve_kv_blocks", "KV cache blocks by state.", ["state"], registry=r,
+        )
+        self.running = Gauge(
+            "pdserve_requests_running", "Requests holding device KV blocks.", registry=r,
+        )
+        self.waiting = Gauge(
+            "pdserve_requests_waiting", "Requests waiting for admission (incl. swapped).",
+            registry=r,
+        )
+        for state in KV_BLOCK_STATES:
+            self.kv_blocks.labels(state=state).set(0)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def observe_inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def observe_e2e(self, seconds: float) -> None:
+        self.e2e.observe(seconds)
+
+    def observe_queue_time(self, seconds: float, priority: Label) -> None:
+        self.queue_time.labels(priority=label(priority)).observe(seconds)
+
+    def observe_timeline(self, timeline: TokenTimeline) -> None:
+        """TTFT, every inter-token gap and (when finished) end-to-end time of one request."""
+        if timeline.ttft is not None:
+            self.observe_ttft(timeline.ttft)
+        for gap in timeline.inter_token_latencies():
+            self.observe_inter_token(gap)
+        if timeline.e2e is not None:
+            self.observe_e2e(timeline.e2e)
+
+    def observe_kv_transfer(self, seconds: float, nbytes: int) -> None:
+        self.kv_transfer.observe(seconds)
+        self.kv_transfer_bytes.inc(nbytes)
+
+    def count_request(self, priority: Label, finish_reason: Label) -> None:
+        self.requests.labels(priority=label(priority), finish_reason=label(finish_reason)).inc()
+
+    def count_preemption(self, mode: Label, n: int = 1) -> None:
+        self.preemptions.labels(mode=label(mode)).inc(n)
+
+    def add_prompt_tokens(self, n: int) -> None:
+        self.prompt_tokens.inc(n)
+
+    def add_generation_tokens(self, n: int) -> None:
+        self.generation_tokens.inc(n)
+
+    def add_prefix_cache_hit_tokens(self, n: int) -> None:
+        self.prefix_cache_hit_tokens.inc(n)
+
+    def set_kv_blocks(self, *, free: int, active: int, cached: int, swapped: int) -> None:
+        for state, count in zip(KV_BLOCK_STATES, (free, active, cached, swapped)):
+            self.kv_blocks.labels(state=state).set(count)
+
+    def set_queue_sizes(self, *, running: int, waiting: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format, as served on /metrics."""
+        return generate_latest(self.registry)
+
+    def serve(self, port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve /metrics from a daemon thread; port 0 picks a free port."""
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        return MetricsServer(host=host, port=server.server_address[1], _server=server, _thread=thread)

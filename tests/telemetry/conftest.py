@@ -1,0 +1,16 @@
+import pytest
+from otlp_receivers import GrpcReceiver, HttpReceiver
+
+
+@pytest.fixture
+def grpc_receiver():
+    receiver = GrpcReceiver()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture
+def http_receiver():
+    receiver = HttpReceiver()
+    yield receiver
+    receiver.stop()
