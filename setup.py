@@ -13,10 +13,11 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+GENERATOR = ROOT / "tools" / "gen_protos.py"
 
 
 def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_protos", ROOT / "tools" / "gen_protos.py")
+    spec = importlib.util.spec_from_file_location("gen_protos", GENERATOR)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -31,6 +32,8 @@ class BuildPyWithProtos(build_py):
     """`build_py` that generates every protos/**/*.proto into its package first."""
 
     def run(self):
+        if not GENERATOR.exists():  # an sdist built without tools/: stubs shipped pre-generated
+            return super().run()
         generator = _load_generator()
         generator.generate(ROOT)
         layout = generator.ProtoLayout(proto_root=ROOT / "protos", out_root=ROOT)
