@@ -2,7 +2,7 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO_ROOT
+from proto_helpers import REPO_ROOT
 
 
 def _copy_protos(tmp_path):

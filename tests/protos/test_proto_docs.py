@@ -5,7 +5,7 @@ import importlib.resources
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
-from conftest import REPO_ROOT
+from proto_helpers import REPO_ROOT
 
 # FileDescriptorProto / DescriptorProto / ... field numbers used in SourceCodeInfo paths.
 MESSAGE, ENUM, SERVICE = 4, 5, 6
