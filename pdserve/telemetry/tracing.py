@@ -10,6 +10,10 @@ With nothing configured (no flag, no OTEL_EXPORTER_OTLP_*ENDPOINT) `setup_tracin
 `NoopTracing`: the API's no-op tracer, no SDK provider, no span processor, no thread. A
 no-op span still carries an extracted parent, so trace context passes through a process that
 does not record. The global tracer provider is never touched: callers use `tracing.tracer()`.
+
+Resource: service.name (see tracing_config), service.namespace "pdserve", a fresh
+service.instance.id per SdkTracing, plus OTEL_RESOURCE_ATTRIBUTES from the process
+environment (k8s.pod.name, ...), which cannot override those three.
 """
 
 from __future__ import annotations

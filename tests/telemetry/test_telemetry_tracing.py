@@ -131,3 +131,14 @@ def test_unreachable_collector_delays_shutdown_by_the_exporter_timeout_only(monk
     started = time.monotonic()
     tracing.shutdown()
     assert time.monotonic() - started < 5.0
+
+
+def test_resource_attributes_env_is_merged(monkeypatch):
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=router-0,service.name=ignored")
+    exporter = InMemorySpanExporter()
+    tracing = setup_tracing("pdserve-router", env={}, exporter=exporter)
+    _emit(tracing)
+    resource = exporter.get_finished_spans()[0].resource.attributes
+    assert resource["k8s.pod.name"] == "router-0"
+    assert resource["service.name"] == "pdserve-router"
+    tracing.shutdown()
