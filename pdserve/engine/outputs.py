@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.requests import Request
 from pdserve.scheduler.output import Preemption, ScheduledChunk
@@ -29,3 +29,17 @@ class StepResult:
     chunks: tuple[ScheduledChunk, ...]  # what went through the model (prefill workers stream its KV)
     num_tokens: int  # tokens through the model this step
     seconds: float
+    reserved: tuple[Reservation, ...] = ()  # remote requests whose blocks were just allocated
+    holds: dict = field(default_factory=dict)  # request_id -> BlockHold taken after this step
+
+    @property
+    def is_idle(self) -> bool:
+        return not (self.outputs or self.chunks or self.preemptions or self.reserved or self.resumed)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Device blocks allocated for a request whose prompt KV arrives from a prefill worker."""
+
+    request: Request
+    block_ids: tuple[int, ...]

@@ -1,0 +1,44 @@
+"""`pdserve` command line: one subcommand per module, each with add_parser() and run()."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+SUBCOMMANDS = {
+    "generate": "pdserve.cli.generate",
+    "up": "pdserve.cli.up",
+    "router": "pdserve.cli.services",
+    "prefill": "pdserve.cli.services",
+    "decode": "pdserve.cli.services",
+    "bench": "pdserve.cli.bench",
+    "simulate": "pdserve.cli.simulate",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdserve", description="Disaggregated LLM inference service")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module in SUBCOMMANDS.items():
+        try:
+            importlib.import_module(module).add_parser(sub, name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

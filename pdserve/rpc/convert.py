@@ -1,0 +1,75 @@
+"""Proto <-> core conversions, in one place. Unset optional fields take documented defaults."""
+
+from __future__ import annotations
+
+from pdserve.requests import FinishReason, Priority, SamplingParams
+from pdserve.v1 import generation_pb2 as pb
+
+DEFAULT_SAMPLING = SamplingParams()
+
+_PRIORITY_FROM_PB = {
+    pb.PRIORITY_UNSPECIFIED: Priority.NORMAL,
+    pb.PRIORITY_VIP: Priority.VIP,
+    pb.PRIORITY_NORMAL: Priority.NORMAL,
+    pb.PRIORITY_BATCH: Priority.BATCH,
+}
+_PRIORITY_TO_PB = {Priority.VIP: pb.PRIORITY_VIP, Priority.NORMAL: pb.PRIORITY_NORMAL, Priority.BATCH: pb.PRIORITY_BATCH}
+_FINISH_TO_PB = {
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
+}
+_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+
+
+class WireError(ValueError):
+    """A message that cannot be turned into a core value (maps to INVALID_ARGUMENT)."""
+
+
+def priority_from_pb(value: int) -> Priority:
+    try:
+        return _PRIORITY_FROM_PB[value]
+    except KeyError:
+        raise WireError(f"unknown priority value {value}; use PRIORITY_VIP, PRIORITY_NORMAL or PRIORITY_BATCH") from None
+
+
+def priority_to_pb(priority: Priority) -> int:
+    return _PRIORITY_TO_PB[priority]
+
+
+def finish_to_pb(reason: FinishReason | None) -> int:
+    return _FINISH_TO_PB[reason] if reason else pb.FINISH_REASON_UNSPECIFIED
+
+
+def finish_from_pb(value: int) -> FinishReason:
+    return _FINISH_FROM_PB.get(value, FinishReason.ABORT)
+
+
+def _opt(msg: pb.SamplingParams, name: str, default):
+    return getattr(msg, name) if msg.HasField(name) else default
+
+
+def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
+    d = DEFAULT_SAMPLING
+    return SamplingParams(
+        max_tokens=int(_opt(msg, "max_tokens", d.max_tokens)),
+        temperature=float(_opt(msg, "temperature", d.temperature)),
+        top_p=float(_opt(msg, "top_p", d.top_p)),
+        top_k=int(_opt(msg, "top_k", d.top_k)),
+        min_p=float(_opt(msg, "min_p", d.min_p)),
+        seed=int(msg.seed) if msg.HasField("seed") else None,
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=bool(msg.ignore_eos),
+    )
+
+
+def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
+    msg = pb.SamplingParams(
+        max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+        top_k=params.top_k, min_p=params.min_p, stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids), ignore_eos=params.ignore_eos,
+    )
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg

@@ -1,0 +1,94 @@
+"""Exceptions to gRPC status codes, once, as a server interceptor.
+
+Handlers raise core exceptions; this maps them. A handler that already aborted with a status
+passes through untouched. Anything unexpected becomes INTERNAL with its message, logged once,
+and the server keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.rpc.convert import WireError
+from pdserve.sampling.validate import InvalidSamplingParams
+from pdserve.tokenizer.base import ChatTemplateError
+
+log = logging.getLogger(__name__)
+
+
+class Unavailable(RuntimeError):
+    """No worker can take the request now, or the one serving it died (maps to UNAVAILABLE)."""
+
+
+class Unauthenticated(RuntimeError):
+    """Missing or wrong credentials (maps to UNAUTHENTICATED)."""
+
+
+STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (DuplicateRequestError, grpc.StatusCode.ALREADY_EXISTS),
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidSamplingParams, grpc.StatusCode.INVALID_ARGUMENT),
+    (ChatTemplateError, grpc.StatusCode.INVALID_ARGUMENT),
+    (WireError, grpc.StatusCode.INVALID_ARGUMENT),
+    (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode:
+    for kind, code in STATUS_OF:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    code = status_of(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("unexpected error in handler", exc_info=exc)
+    await context.abort(code, str(exc) or type(exc).__name__)
+
+
+def _wrap_unary(fn: Callable) -> Callable:
+    async def handler(request, context):
+        try:
+            return await fn(request, context)
+        except (grpc.aio.AbortError, grpc.RpcError):
+            raise
+        except Exception as exc:
+            await _abort_with(context, exc)
+
+    return handler
+
+
+def _wrap_stream(fn: Callable) -> Callable:
+    async def handler(request, context):
+        try:
+            async for item in fn(request, context):
+                yield item
+        except (grpc.aio.AbortError, grpc.RpcError):
+            raise
+        except Exception as exc:
+            await _abort_with(context, exc)
+
+    return handler
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
+        return handler

@@ -1,0 +1,70 @@
+"""Boots one grpc.aio server with health checking, reflection and the shared interceptors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pdserve.rpc.errors import ErrorInterceptor
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+)
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """A servicer, the generated function that registers it, and its full service name."""
+
+    add_to_server: Callable[[object, grpc.aio.Server], None]
+    servicer: object
+    full_name: str
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+    service_names: tuple[str, ...]
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float | None = 1.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+
+async def start_server(
+    bindings: Sequence[ServiceBinding],
+    host: str,
+    port: int,
+    credentials: grpc.ServerCredentials | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> RunningServer:
+    server = grpc.aio.server(interceptors=(*interceptors, ErrorInterceptor()), options=SERVER_OPTIONS)
+    for binding in bindings:
+        binding.add_to_server(binding.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = tuple(b.full_name for b in bindings)
+    reflection.enable_server_reflection((*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                         reflection.SERVICE_NAME), server)
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    running = RunningServer(server, health_servicer, bound, names)
+    await running.set_serving(False)
+    return running
