@@ -1,0 +1,2 @@
+"""What the worker services share beneath their servicers: sessions that turn engine steps into
+per-request event streams, and the glue between the engine thread and the KV transport."""

@@ -1,0 +1,206 @@
+"""The prefill worker beneath its servicer: chunked prefill, KV streamed as chunks complete.
+
+    router --Prefill(request, reservation)--> prefill()   engine: add (max_tokens 1, holds on)
+    every step: on_step() -> new complete blocks of each request -> a piece:
+        decode.PushKV(piece descriptors)  then  sender.send(blocks)     (overlaps the next step)
+    last chunk samples the first token -> last piece -> decode.CompleteKV(first token)
+           <-- ChunkDone ... PrefillDone(first token) --
+
+The engine holds every block of a request that a piece still has to read (BlockHold) until
+the send finished, so preemption or eviction can never recycle blocks under a transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
+from pdserve.engine.outputs import StepResult
+from pdserve.requests import Priority, SamplingParams
+from pdserve.scheduler.output import ScheduledChunk
+from pdserve.transfer import KVSender
+from pdserve.worker.events import ChunkDone, PrefillDone
+from pdserve.worker.session import Session, SessionTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The decode worker's reservation for this request."""
+
+    transfer_id: str
+    kv_address: bytes
+    block_ids: tuple[int, ...]
+    block_size: int
+    block_nbytes: int
+    decode_endpoint: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    transfer_id: str
+    seq: int
+    block_index: int
+    src_block_ids: tuple[int, ...]
+    timeout_s: float
+
+
+class DecodePeer:
+    """The control-plane calls a prefill worker makes on a decode worker (wire side injects it)."""
+
+    push_kv: Callable[[str, Piece], Awaitable[None]]
+    complete_kv: Callable[[str, str, int, int], Awaitable[None]]
+
+
+@dataclass
+class PrefillJob:
+    request_id: str
+    prompt_len: int
+    target: Target
+    session: Session
+    kv_timeout_s: float
+    sent_blocks: int = 0
+    seq: int = 0
+    kv_bytes: int = 0
+    kv_descriptors: int = 0
+    kv_seconds: float = 0.0
+    cached_tokens: int = 0
+    queue_seconds: float = 0.0
+    failed: bool = False
+    chain: asyncio.Future | None = None
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+
+class PrefillWorker:
+    def __init__(self, engine: AsyncEngine, sender: KVSender, peer: DecodePeer, block_size: int, block_nbytes: int):
+        self.engine = engine
+        self.sender = sender
+        self.peer = peer
+        self.block_size = block_size
+        self.block_nbytes = block_nbytes
+        self.sessions = SessionTable()
+        self.jobs: dict[str, PrefillJob] = {}
+        engine.add_listener(self.on_step)
+
+    async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
+                   target: Target, kv_timeout_s: float) -> Session:
+        self._check_target(target, len(prompt))
+        if request_id in self.sessions:
+            raise DuplicateRequestError(f"request_id {request_id!r} is already running")
+        session = self.sessions.open(request_id)
+        job = PrefillJob(request_id, len(prompt), target, session, kv_timeout_s)
+        self.jobs[request_id] = job
+        first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": 1, "stop": ()})
+        try:
+            await self.engine.call(lambda e: e.add_request(request_id, prompt, first_only, priority))
+        except BaseException:
+            self._forget(request_id)
+            raise
+        return session
+
+    def _check_target(self, target: Target, prompt_len: int) -> None:
+        if target.block_size != self.block_size or target.block_nbytes != self.block_nbytes:
+            raise InvalidRequestError(
+                f"KV layout mismatch: decode blocks are {target.block_size} tokens / {target.block_nbytes} bytes, "
+                f"here {self.block_size} / {self.block_nbytes} (same model and block size needed)")
+        if len(target.block_ids) * self.block_size < prompt_len:
+            raise InvalidRequestError(f"reservation of {len(target.block_ids)} blocks is too small for "
+                                      f"{prompt_len} prompt tokens")
+
+    async def close(self, session: Session) -> None:
+        job = self.jobs.get(session.request_id)
+        self._forget(session.request_id)
+        if job is not None and not session.closed:
+            for task in job.tasks:
+                task.cancel()
+            await self.engine.call(lambda e: e.abort(session.request_id))
+
+    def _forget(self, request_id: str) -> None:
+        self.sessions.close(request_id)
+        self.jobs.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> bool:
+        session = self.sessions.get(request_id)
+        if session is None:
+            return False
+        session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
+        return True
+
+    # ---- engine steps -> pieces ----
+
+    def on_step(self, result: StepResult) -> None:
+        for chunk in result.chunks:
+            hold = result.holds.get(chunk.request.request_id)
+            job = self.jobs.get(chunk.request.request_id)
+            if job is None:
+                if hold is not None:
+                    self.engine.call_nowait(lambda e, h=hold: e.release(h))
+                continue
+            self._on_chunk(job, chunk, hold, result.seconds)
+
+    def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold, step_s: float) -> None:
+        request = chunk.request
+        job.cached_tokens = request.num_cached_tokens
+        if job.seq == 0 and job.sent_blocks == 0:
+            job.queue_seconds = max(0.0, (request.first_scheduled_time or request.arrival_time) - request.arrival_time)
+        job.session.push(ChunkDone(chunk.start, chunk.num_tokens, request.num_cached_tokens, step_s))
+        final = chunk.samples
+        complete = -(-job.prompt_len // self.block_size) if final else chunk.end // self.block_size
+        blocks = hold.blocks if hold is not None else chunk.block_table
+        piece = None
+        if complete > job.sent_blocks:
+            piece = Piece(job.target.transfer_id, job.seq, job.sent_blocks, tuple(blocks[job.sent_blocks:complete]),
+                          job.kv_timeout_s)
+            job.seq += 1
+            job.sent_blocks = complete
+        first = request.output_token_ids[0] if final and request.output_token_ids else None
+        self._chain(job, self._ship(job, piece, hold, first))
+
+    def _chain(self, job: PrefillJob, work: Awaitable[None]) -> None:
+        """Pieces of one request go out in order; other requests' pieces proceed in parallel."""
+        previous = job.chain
+
+        async def run() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])
+            await work
+
+        task = asyncio.ensure_future(run())
+        task.add_done_callback(lambda t: self._shipped(job, t))
+        job.chain = task
+        job.tasks.append(task)
+
+    async def _ship(self, job: PrefillJob, piece: Piece | None, hold, first_token: int | None) -> None:
+        try:
+            if piece is not None and not job.failed:
+                await self._send_piece(job, piece)
+        finally:
+            if hold is not None:
+                self.engine.call_nowait(lambda e: e.release(hold))
+        if first_token is not None and not job.failed:
+            await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token)
+            job.session.push(PrefillDone(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
+                                         job.kv_descriptors, job.kv_seconds, job.queue_seconds))
+
+    async def _send_piece(self, job: PrefillJob, piece: Piece) -> None:
+        started = time.perf_counter()
+        await self.peer.push_kv(job.target.decode_endpoint, piece)
+        pairs = list(zip(piece.src_block_ids, job.target.block_ids[piece.block_index:]))
+        result = await self.sender.send(job.target.kv_address, piece.transfer_id, piece.seq, pairs, piece.timeout_s)
+        job.kv_bytes += result.nbytes
+        job.kv_descriptors += len(result.runs)
+        job.kv_seconds += time.perf_counter() - started
+
+    def _shipped(self, job: PrefillJob, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        if task.exception() is not None and not job.failed:
+            job.failed = True
+            log.warning("KV for %s failed: %s", job.request_id, task.exception())
+            job.session.fail(task.exception())
