@@ -1,0 +1,250 @@
+"""The KV manager: which device and host blocks each request holds.
+
+It owns the device BlockPool, the host (swap) BlockPool, the prefix cache, every request's
+block table and the holds. It allocates and frees; it never decides who runs (the scheduler
+does) and never touches KV bytes (the executor copies `swap_out` / `swap_in` pairs).
+
+    block table of a request, B = block_size, C = num_computed_tokens
+    [ b0 | b1 | ... | b(k-1) ]   covers tokens [0, k*B), k = ceil((C + new) / B) after allocate_slots
+      └─ full blocks of computed tokens ─┘ go into the prefix cache (cache_computed, free)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pdserve.config import CacheConfig
+from pdserve.kv.block_pool import Allocated, Allocation, BlockPool, OutOfBlocks
+from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixHandle, make_prefix_cache
+from pdserve.kv.tokens import TokenView
+from pdserve.requests import Request
+
+
+@dataclass(frozen=True)
+class KVStats:
+    free: int
+    active: int
+    cached: int
+    swapped: int
+    total: int
+    host_total: int
+
+
+@dataclass(frozen=True)
+class BlockHold:
+    """Blocks kept alive after their request left the scheduler (a KV transfer may still read or
+    write them). Give them back with `KVManager.release`."""
+
+    request_id: str
+    blocks: tuple[int, ...]
+    num_tokens: int  # leading tokens whose KV the blocks hold
+
+
+class SwapPlan(NamedTuple):
+    pairs: tuple[tuple[int, int], ...]  # (src block, dst block) for the executor to copy
+
+
+SwapResult = SwapPlan | OutOfBlocks
+
+
+class _Table:
+    __slots__ = ("blocks", "allocated", "cursor", "num_cached")
+
+    def __init__(self, blocks: list[int], cursor: PrefixHandle, num_cached: int):
+        self.blocks = blocks
+        self.allocated = Allocated(tuple(blocks))
+        self.cursor = cursor  # prefix-cache node of block num_cached - 1
+        self.num_cached = num_cached  # leading blocks already inserted into the prefix cache
+
+    def refresh(self) -> None:
+        self.allocated = Allocated(tuple(self.blocks))
+
+
+class KVManager:
+    def __init__(self, cfg: CacheConfig):
+        self.block_size = cfg.block_size
+        self.device = BlockPool(cfg.num_blocks)
+        self.host = BlockPool(cfg.num_host_blocks)
+        self.prefix = make_prefix_cache(cfg.prefix_cache, self.device, cfg.block_size)
+        self.watermark_blocks = int(cfg.watermark * cfg.num_blocks)
+        self._tables: dict[str, _Table] = {}
+        self._host_tables: dict[str, tuple[int, ...]] = {}
+        self._holds: dict[str, BlockHold] = {}
+        self._host_releasing: list[int] = []
+
+    @property
+    def num_available(self) -> int:
+        """Device blocks an allocation can get: free ones plus evictable cached ones."""
+        return self.device.num_free + self.device.num_cached
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def has_blocks(self, request_id: str) -> bool:
+        return request_id in self._tables
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return self._tables[request_id].allocated.blocks
+
+    def host_blocks(self, request_id: str) -> tuple[int, ...]:
+        return self._host_tables.get(request_id, ())
+
+    def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
+        held = len(self._tables[request.request_id].blocks) if request.request_id in self._tables else 0
+        return max(0, self.blocks_for(request.num_computed_tokens + num_new_tokens) - held)
+
+    def probe(self, token_ids: Sequence[int]) -> int:
+        """Leading tokens of token_ids whose KV the prefix cache holds."""
+        return self.prefix.match(token_ids).num_tokens
+
+    def match(self, request: Request) -> MatchResult:
+        """Cached prefix of the request. NOTE: the last token is never matched: it must go
+        through the model to produce logits."""
+        return self.prefix.match(TokenView(request, request.num_tokens - 1))
+
+    def admit(self, request: Request, match: MatchResult, num_new_tokens: int, reserve: int = 0) -> Allocation:
+        """Give a request without blocks the matched prefix plus blocks for num_new_tokens more,
+        leaving `reserve` blocks available afterwards; all or nothing."""
+        assert request.request_id not in self._tables, f"{request.request_id} already holds blocks"
+        for block in match.blocks:
+            self.device.incref(block)
+        result = self._take(self.blocks_for(match.num_tokens + num_new_tokens) - len(match.blocks), reserve)
+        if isinstance(result, OutOfBlocks):
+            self.device.free(match.blocks)
+            return result
+        table = _Table([*match.blocks, *result.blocks], match.last, len(match.blocks))
+        self._tables[request.request_id] = table
+        return table.allocated
+
+    def reserve(self, request: Request, num_tokens: int, reserve: int = 0) -> Allocation:
+        """Fresh blocks for the first num_tokens tokens (their KV arrives from elsewhere)."""
+        return self.admit(request, self.prefix.match(()), num_tokens, reserve)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> Allocation:
+        """Blocks covering [0, num_computed_tokens + num_new_tokens); the whole table on success."""
+        table = self._tables[request.request_id]
+        need = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(table.blocks)
+        if need <= 0:
+            return table.allocated
+        result = self._take(need, reserve)
+        if isinstance(result, OutOfBlocks):
+            return result
+        table.blocks.extend(result.blocks)
+        table.refresh()
+        return table.allocated
+
+    def _take(self, n: int, reserve: int) -> Allocation:
+        if n + reserve > self.num_available:
+            return OutOfBlocks(n + reserve, self.num_available)
+        if n > self.device.num_free:
+            self.prefix.evict(n - self.device.num_free)
+        return self.device.allocate(n)
+
+    def cache_computed(self, request: Request) -> None:
+        """Insert the request's newly completed full blocks into the prefix cache, switching to
+        an equal cached block where another request computed the same prefix first."""
+        table = self._tables.get(request.request_id)
+        full = request.num_computed_tokens // self.block_size
+        if table is None or full <= table.num_cached:
+            return
+        result = self.prefix.insert(TokenView(request, full * self.block_size), table.blocks, table.cursor)
+        self._adopt(table, result)
+        table.cursor, table.num_cached = result.last, full
+
+    def _adopt(self, table: _Table, result: InsertResult) -> None:
+        changed = False
+        for i, block in enumerate(result.blocks, start=result.first):
+            own = table.blocks[i]
+            if own != block:
+                self.device.incref(block)
+                self.device.decref(own)
+                table.blocks[i] = block
+                changed = True
+        if changed:
+            table.refresh()
+
+    def free(self, request: Request) -> None:
+        """Drop every block of the request; full computed blocks stay in the prefix cache."""
+        self.cache_computed(request)
+        table = self._tables.pop(request.request_id, None)
+        if table is not None:
+            self.device.free(table.blocks)
+        self.host.free(self._host_tables.pop(request.request_id, ()))
+
+    def swap_out(self, request: Request) -> SwapResult:
+        """Move the blocks of computed tokens to host blocks: (device, host) pairs to copy before
+        the next forward pass. The device blocks are released (full ones stay cached)."""
+        table = self._tables[request.request_id]
+        host = self.host.allocate(self.blocks_for(request.num_computed_tokens))
+        if isinstance(host, OutOfBlocks):
+            return host
+        self.cache_computed(request)
+        pairs = tuple(zip(table.blocks, host.blocks))
+        self.device.free(self._tables.pop(request.request_id).blocks)
+        self._host_tables[request.request_id] = host.blocks
+        return SwapPlan(pairs)
+
+    def swap_in(self, request: Request, reserve: int = 0) -> SwapResult:
+        """Device blocks for a swapped request: (host, device) pairs to copy. Blocks still in the
+        prefix cache are reused instead of copied. Host blocks are released at the next step."""
+        host = self._host_tables[request.request_id]
+        match = self.prefix.match(TokenView(request, request.num_computed_tokens))
+        for block in match.blocks:
+            self.device.incref(block)
+        result = self._take(len(host) - len(match.blocks), reserve)
+        if isinstance(result, OutOfBlocks):
+            self.device.free(match.blocks)
+            return result
+        table = _Table([*match.blocks, *result.blocks], match.last, len(match.blocks))
+        self._tables[request.request_id] = table
+        del self._host_tables[request.request_id]
+        self._host_releasing.extend(host)
+        return SwapPlan(tuple(zip(host[len(match.blocks):], result.blocks)))
+
+    def begin_step(self) -> None:
+        """NOTE: host blocks read by a swap-in are only reused from the next step on: the
+        executor copies swap_out before swap_in, so reuse within a step would clobber them."""
+        self.host.free(self._host_releasing)
+        self._host_releasing = []
+
+    def hold(self, request: Request) -> BlockHold:
+        """Move the request's device blocks into a hold (computed full blocks are cached first)."""
+        assert request.request_id not in self._holds, f"{request.request_id} is already held"
+        self.cache_computed(request)
+        table = self._tables.pop(request.request_id, None)
+        self.host.free(self._host_tables.pop(request.request_id, ()))
+        hold = BlockHold(request.request_id, tuple(table.blocks) if table else (), request.num_computed_tokens)
+        self._holds[request.request_id] = hold
+        return hold
+
+    def release(self, hold: BlockHold) -> None:
+        """Give back a hold's blocks. Idempotent."""
+        if self._holds.get(hold.request_id) is hold:
+            del self._holds[hold.request_id]
+            self.device.free(hold.blocks)
+
+    def holds(self) -> dict[str, BlockHold]:
+        return dict(self._holds)
+
+    def stats(self) -> KVStats:
+        return KVStats(self.device.num_free, self.device.num_active, self.device.num_cached,
+                       self.host.num_active, self.device.num_blocks, self.host.num_blocks)
+
+    def check_integrity(self) -> None:
+        self.device.check_integrity()
+        self.host.check_integrity()
+        self.prefix.check_integrity(self.device)
+        device_refs = Counter(b for t in self._tables.values() for b in t.blocks)
+        device_refs.update(b for h in self._holds.values() for b in h.blocks)
+        for block in range(self.device.num_blocks):
+            assert self.device.refcount(block) == device_refs[block], f"device block {block} refcount"
+        host_refs = Counter(b for blocks in self._host_tables.values() for b in blocks)
+        host_refs.update(self._host_releasing)
+        for block in range(self.host.num_blocks):
+            assert self.host.refcount(block) == host_refs[block], f"host block {block} refcount"
+        for table in self._tables.values():
+            assert table.allocated.blocks == tuple(table.blocks)
+            assert table.cursor.depth == table.num_cached or table.cursor.depth == 0

@@ -1,0 +1,125 @@
+"""Radix tree over token ids at block granularity, with LRU eviction of unreferenced leaves.
+
+    root ── (t0..t15) ── (t16..t31) ── (t32..t47)      one node per full block; the edge key is
+                 │                └─── (u32..u47)      the block's B token ids, the node holds
+                 └──── ...                             the device block with their KV
+
+NOTE: requests reference whole prefixes (a block table is a path from the root), so a node
+whose block is unreferenced has only unreferenced descendants: evicting leaves first always
+reaches every CACHED block.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+
+from pdserve.kv.block_pool import BlockPool
+from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixCache, PrefixHandle, block_keys
+
+
+class _Node:
+    __slots__ = ("key", "block", "parent", "children", "depth", "last_used")
+
+    def __init__(self, key: tuple[int, ...], block: int, parent: _Node | None, depth: int):
+        self.key = key
+        self.block = block
+        self.parent = parent
+        self.children: dict[tuple[int, ...], _Node] = {}
+        self.depth = depth
+        self.last_used = 0
+
+
+class RadixPrefixCache(PrefixCache):
+    def __init__(self, pool: BlockPool, block_size: int):
+        self.block_size = block_size
+        self._pool = pool
+        self._root = _Node((), -1, None, 0)
+        self._clock = itertools.count(1)
+        self._num_blocks = 0
+
+    def match(self, token_ids: Sequence[int]) -> MatchResult:
+        node, blocks, now = self._root, [], next(self._clock)
+        for i in range(len(token_ids) // self.block_size):
+            child = node.children.get(tuple(token_ids[i * self.block_size:(i + 1) * self.block_size]))
+            if child is None:
+                break
+            node = child
+            node.last_used = now
+            blocks.append(node.block)
+        return MatchResult(tuple(blocks), len(blocks) * self.block_size, node)
+
+    def insert(self, token_ids: Sequence[int], blocks: Sequence[int],
+               after: PrefixHandle | None = None) -> InsertResult:
+        node = after if isinstance(after, _Node) else self._root
+        first, now, num_new = node.depth, next(self._clock), 0
+        end = min(len(token_ids) // self.block_size, len(blocks))
+        cached = []
+        for i, key in enumerate(block_keys(token_ids, self.block_size, first, end), start=first):
+            child = node.children.get(key)
+            if child is None:
+                child = self._add_child(node, key, blocks[i])
+                num_new += 1
+            child.last_used = now
+            cached.append(child.block)
+            node = child
+        return InsertResult(first, tuple(cached), num_new, node)
+
+    def _add_child(self, parent: _Node, key: tuple[int, ...], block: int) -> _Node:
+        self._pool.mark_cached(block)
+        child = _Node(key, block, parent, parent.depth + 1)
+        parent.children[key] = child
+        self._num_blocks += 1
+        return child
+
+    def evict(self, num_blocks: int) -> int:
+        if num_blocks <= 0:
+            return 0
+        heap = [(n.last_used, n.depth, id(n), n) for n in self._leaves() if self._evictable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < num_blocks:
+            node = heapq.heappop(heap)[3]
+            parent = self._remove_leaf(node)
+            freed += 1
+            if parent is not self._root and not parent.children and self._evictable(parent):
+                heapq.heappush(heap, (parent.last_used, parent.depth, id(parent), parent))
+        return freed
+
+    def _evictable(self, node: _Node) -> bool:
+        return self._pool.refcount(node.block) == 0
+
+    def _remove_leaf(self, node: _Node) -> _Node:
+        parent = node.parent
+        assert parent is not None and not node.children
+        del parent.children[node.key]
+        self._pool.evict(node.block)
+        self._num_blocks -= 1
+        return parent
+
+    def _nodes(self):
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _leaves(self):
+        return (n for n in self._nodes() if not n.children)
+
+    def num_blocks(self) -> int:
+        return self._num_blocks
+
+    def check_integrity(self, pool: BlockPool) -> None:
+        nodes = list(self._nodes())
+        assert len(nodes) == self._num_blocks, "node count drifted"
+        blocks = {n.block for n in nodes}
+        assert len(blocks) == len(nodes), "a block sits in two nodes"
+        held = {b for b in range(pool.num_blocks) if pool.is_cache_held(b)}
+        assert blocks == held, f"cache-held blocks differ from tree blocks: {sorted(held ^ blocks)[:8]}"
+        for node in nodes:
+            assert len(node.key) == self.block_size
+            assert node.parent is not None and node.parent.children.get(node.key) is node
+            if pool.refcount(node.block) > 0 and node.parent is not self._root:
+                assert pool.refcount(node.parent.block) > 0, "a referenced block under an unreferenced one"

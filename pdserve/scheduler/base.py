@@ -1,0 +1,182 @@
+"""The scheduler: requests in, one SchedulerOutput per step out. Never touches tensors.
+
+    engine loop:  output = scheduler.schedule()
+                  sampled = executor.execute(output)          # see output.py for the contract
+                  finished = scheduler.update(output, sampled)
+
+Subclasses (policies.py) only compose `schedule()` from the steps in steps.py. Every mutation
+comes from one thread, between steps. Time comes only from the injected clock.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+
+from pdserve.config import SchedulerConfig
+from pdserve.kv.manager import BlockHold, KVManager
+from pdserve.requests import FinishReason, Request, RequestState
+from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, PromptTooLongError, QueueFullError
+from pdserve.scheduler.finished_kv import FinishedKV
+from pdserve.scheduler.output import SchedulerOutput
+from pdserve.scheduler.plan import StepPlan
+from pdserve.scheduler.preemptor import Preemptor
+from pdserve.scheduler.results import Reservation, SchedulerStats
+from pdserve.scheduler.state import Queues
+from pdserve.scheduler.steps import Steps
+from pdserve.scheduler.stopping import stop_reason
+
+
+class Scheduler(abc.ABC):
+    def __init__(self, cfg: SchedulerConfig, kv: KVManager, queues: Queues, preemptor: Preemptor,
+                 steps: Steps, finished_kv: FinishedKV, max_model_len: int, clock: Callable[[], float]):
+        self.cfg = cfg
+        self.kv = kv
+        self.max_model_len = min(max_model_len, kv.device.num_blocks * kv.block_size)
+        self._q = queues
+        self._preemptor = preemptor
+        self._steps = steps
+        self._finished_kv = finished_kv
+        self._clock = clock
+        self._finished: list[Request] = []
+        self._reserved: list[Reservation] = []
+        self._holds: dict[str, BlockHold] = {}
+
+    @abc.abstractmethod
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step. See output.py for what the executor must do with it."""
+
+    def _begin_step(self) -> StepPlan:
+        self.kv.begin_step()
+        return StepPlan(self.cfg.token_budget, self._clock())
+
+    def _end_step(self, plan: StepPlan) -> SchedulerOutput:
+        self._reserved.extend(plan.reserved)
+        finished, self._finished = tuple(self._finished), []
+        return plan.output(finished)
+
+    # ---- requests in ----
+
+    def add(self, request: Request) -> None:
+        """Queue a new request (assigns arrival_seq). Raises QueueFullError, DuplicateRequestError,
+        PromptTooLongError; nothing changes when it raises."""
+        self._validate(request, request.num_tokens)
+        self._q.add(request, self._clock(), remote=False)
+
+    def add_remote(self, request: Request) -> None:
+        """Queue a request whose prompt KV comes from a prefill worker; its first token is
+        already in output_token_ids. Once admitted it is listed by take_reserved() and waits,
+        unpreemptible, for mark_received()."""
+        assert request.output_token_ids, "a remote request carries its first token"
+        self._validate(request, request.num_tokens)
+        self._q.add(request, self._clock(), remote=True)
+
+    def _validate(self, request: Request, num_tokens: int) -> None:
+        if request.request_id in self._q.requests:
+            raise DuplicateRequestError(f"request {request.request_id!r} is already live")
+        if len(self._q.waiting) >= self.cfg.max_waiting:
+            raise QueueFullError(f"{len(self._q.waiting)} requests are waiting (max_waiting)")
+        if not request.prompt_token_ids or num_tokens >= self.max_model_len:
+            raise PromptTooLongError(f"{num_tokens} tokens leave no room below {self.max_model_len}")
+
+    def mark_received(self, request_id: str) -> Request:
+        """The remote KV of a reserved request has arrived: it becomes a running decode (and
+        finishes at once if its first token already ends it)."""
+        request = self._q.receiving.get(request_id)
+        if request is None:
+            raise NotReceivingError(request_id)
+        request.num_computed_tokens = request.num_prompt_tokens
+        self._q.received(request)
+        self.kv.cache_computed(request)
+        reason = stop_reason(request, self.max_model_len)
+        if reason is not None:
+            self._finish(request, reason)
+            self._finished.append(request)
+        return request
+
+    # ---- a step's results ----
+
+    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
+        """Advance every chunk, append sampled tokens, finish requests that are done (their
+        blocks go to the prefix cache, or into a hold). Returns the newly finished."""
+        finished = []
+        for chunk in output.chunks:
+            request = chunk.request
+            if request.state != RequestState.RUNNING or self._q.requests.get(request.request_id) is not request:
+                continue
+            samples = chunk.samples
+            request.num_computed_tokens = chunk.end
+            if samples:
+                request.output_token_ids.append(sampled[request.request_id])
+                reason = stop_reason(request, self.max_model_len)
+                if reason is not None:
+                    self._finish(request, reason)
+                    finished.append(request)
+                    continue
+            self.kv.cache_computed(request)
+        return finished
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        request.finish_reason = reason
+        if request.request_id in self._q.receiving:
+            hold = self.kv.hold(request)
+        else:
+            hold = self._finished_kv.settle(self.kv, request)
+        if hold is not None:
+            self._holds[request.request_id] = hold
+        self._q.remove(request)
+
+    # ---- engine-level control ----
+
+    def finish(self, request_id: str, reason: FinishReason) -> Request | None:
+        """End a live request for a reason found above the token level (a stop string)."""
+        request = self._q.requests.get(request_id)
+        if request is not None:
+            self._finish(request, reason)
+            self._finished.append(request)
+        return request
+
+    def abort(self, request_id: str) -> Request | None:
+        """End a live request in any state; its blocks, device and host, are freed.
+        NOTE: blocks a transfer may still touch are held instead (see take_holds) until
+        release_hold: those of a request receiving remote KV, and on a scheduler built with
+        hold_finished (prefill workers) every device block."""
+        request = self._q.requests.get(request_id)
+        if request is not None:
+            self._finish(request, FinishReason.ABORT)
+            self._finished.append(request)
+        return request
+
+    def take_reserved(self) -> list[Reservation]:
+        """Remote requests whose blocks were allocated since the last call."""
+        reserved, self._reserved = self._reserved, []
+        return reserved
+
+    def take_holds(self) -> dict[str, BlockHold]:
+        """Blocks kept past their request's end since the last call (finished requests of a
+        scheduler built with hold_finished, aborted receiving requests)."""
+        holds, self._holds = self._holds, {}
+        return holds
+
+    def release_hold(self, hold: BlockHold) -> None:
+        """The transfer touching these blocks is over: give them back. Idempotent."""
+        self.kv.release(hold)
+
+    # ---- inspection ----
+
+    def get(self, request_id: str) -> Request | None:
+        return self._q.requests.get(request_id)
+
+    def has_work(self) -> bool:
+        """True while schedule() can produce work (requests receiving KV do not count)."""
+        return bool(self._q.running or len(self._q.waiting) or len(self._q.swapped))
+
+    def stats(self) -> SchedulerStats:
+        q = self._q
+        return SchedulerStats(len(q.running), len(q.waiting), len(q.swapped), self.kv.stats(), len(q.receiving))
+
+    def check_integrity(self) -> None:
+        """Assert block accounting (free + cached + active == total, refcounts match the block
+        tables and holds) and that every request sits in exactly one consistent place."""
+        self.kv.check_integrity()
+        self._q.check_integrity(self.kv)

@@ -1,0 +1,54 @@
+"""Build a scheduler from config: the policy name picks the composition and its policies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pdserve.config import CacheConfig, SchedulerConfig
+from pdserve.kv.manager import KVManager
+from pdserve.scheduler.base import Scheduler
+from pdserve.scheduler.chunking import CappedChunks, ChunkPolicy, WholePrompt
+from pdserve.scheduler.finished_kv import FreeFinished, HoldFinished
+from pdserve.scheduler.ordering import ArrivalOrder, PriorityOrder, QueueOrder
+from pdserve.scheduler.policies import ChunkedScheduler, DecodeFirstScheduler, FcfsScheduler
+from pdserve.scheduler.preemption_mode import AlwaysRecompute, CostBasedMode, PreemptionModePolicy
+from pdserve.scheduler.preemptor import Preemptor
+from pdserve.scheduler.state import Queues
+from pdserve.scheduler.steps import Steps
+from pdserve.scheduler.victims import LowestClassLatest
+
+POLICIES: dict[str, type[Scheduler]] = {
+    "chunked": ChunkedScheduler,
+    "fcfs": FcfsScheduler,
+    "decode-first": DecodeFirstScheduler,
+}
+
+
+def _order(cfg: SchedulerConfig) -> QueueOrder:
+    return ArrivalOrder() if cfg.policy == "fcfs" else PriorityOrder(cfg.aging_seconds)
+
+
+def _chunking(cfg: SchedulerConfig) -> ChunkPolicy:
+    return WholePrompt() if cfg.policy == "fcfs" else CappedChunks(cfg.max_chunk_tokens)
+
+
+def _modes(cfg: SchedulerConfig, cache: CacheConfig, kv_bytes_per_token: int) -> PreemptionModePolicy:
+    if cache.num_host_blocks == 0:
+        return AlwaysRecompute()
+    return CostBasedMode(cfg.preemption, kv_bytes_per_token, cache.block_size)
+
+
+def make_scheduler(sched_cfg: SchedulerConfig, cache_cfg: CacheConfig, kv_bytes_per_token: int,
+                   max_model_len: int, clock: Callable[[], float] = time.monotonic, *,
+                   hold_finished: bool = False) -> Scheduler:
+    """`hold_finished` (prefill workers): a finished request's blocks stay in a hold until
+    release_hold, so its KV can still be sent."""
+    if sched_cfg.policy not in POLICIES:
+        raise ValueError(f"unknown scheduler policy {sched_cfg.policy!r}; one of {sorted(POLICIES)}")
+    kv = KVManager(cache_cfg)
+    queues = Queues(_order(sched_cfg), sched_cfg.max_running)
+    preemptor = Preemptor(kv, queues, LowestClassLatest(), _modes(sched_cfg, cache_cfg, kv_bytes_per_token))
+    steps = Steps(kv, queues, preemptor, _chunking(sched_cfg))
+    finished_kv = HoldFinished() if hold_finished else FreeFinished()
+    return POLICIES[sched_cfg.policy](sched_cfg, kv, queues, preemptor, steps, finished_kv, max_model_len, clock)

@@ -1,0 +1,32 @@
+"""What happens to a finished request's device blocks."""
+
+from __future__ import annotations
+
+import abc
+
+from pdserve.kv.manager import BlockHold, KVManager
+from pdserve.requests import Request
+
+
+class FinishedKV(abc.ABC):
+    @abc.abstractmethod
+    def settle(self, kv: KVManager, request: Request) -> BlockHold | None:
+        """Release or hold the request's blocks; a hold is returned for the engine to release."""
+
+
+class FreeFinished(FinishedKV):
+    """Decode and colocated workers: blocks go back at once (full ones stay in the prefix cache)."""
+
+    def settle(self, kv: KVManager, request: Request) -> BlockHold | None:
+        kv.free(request)
+        return None
+
+
+class HoldFinished(FinishedKV):
+    """Prefill workers: the KV must outlive the request until it is sent to a decode worker."""
+
+    def settle(self, kv: KVManager, request: Request) -> BlockHold | None:
+        if not kv.has_blocks(request.request_id):
+            kv.free(request)
+            return None
+        return kv.hold(request)

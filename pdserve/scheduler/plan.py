@@ -1,0 +1,31 @@
+"""What one step has decided so far; turned into the SchedulerOutput at the end of the step."""
+
+from __future__ import annotations
+
+from pdserve.requests import Request
+from pdserve.scheduler.output import Preemption, SchedulerOutput, ScheduledChunk
+from pdserve.scheduler.results import Reservation
+
+
+class StepPlan:
+    def __init__(self, token_budget: int, now: float):
+        self.now = now
+        self.budget_left = token_budget
+        self.num_tokens = 0
+        self.chunks: list[ScheduledChunk] = []
+        self.touched: set[str] = set()  # scheduled, resumed or preempted this step: never a victim
+        self.preempted: list[Preemption] = []
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.resumed: list[Request] = []
+        self.reserved: list[Reservation] = []
+
+    def add_chunk(self, request: Request, num_tokens: int, block_table: tuple[int, ...]) -> None:
+        self.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_tokens, block_table))
+        self.touched.add(request.request_id)
+        self.budget_left -= num_tokens
+        self.num_tokens += num_tokens
+
+    def output(self, finished: tuple[Request, ...]) -> SchedulerOutput:
+        return SchedulerOutput(tuple(self.chunks), tuple(self.preempted), tuple(self.swap_out),
+                               tuple(self.swap_in), tuple(self.resumed), finished)

@@ -1,0 +1,57 @@
+"""Preemption mechanism: allocate or make room by preempting victims the policies choose."""
+
+from __future__ import annotations
+
+from pdserve.kv.block_pool import Allocated, Allocation
+from pdserve.kv.manager import KVManager, SwapPlan
+from pdserve.requests import PreemptionMode, Request
+from pdserve.scheduler.output import Preemption
+from pdserve.scheduler.plan import StepPlan
+from pdserve.scheduler.preemption_mode import PreemptionModePolicy
+from pdserve.scheduler.state import Queues
+from pdserve.scheduler.victims import VictimPolicy
+
+OUT_OF_BLOCKS = "out_of_blocks"
+HIGHER_PRIORITY_WAITING = "higher_priority_waiting"
+
+
+class Preemptor:
+    def __init__(self, kv: KVManager, queues: Queues, victims: VictimPolicy, modes: PreemptionModePolicy):
+        self._kv = kv
+        self._q = queues
+        self._victims = victims
+        self._modes = modes
+
+    def allocate(self, plan: StepPlan, request: Request, num_new_tokens: int) -> Allocation:
+        """Blocks for the request's next num_new_tokens, preempting victims while short. The
+        request itself may be the victim (it is then no longer running)."""
+        while True:
+            result = self._kv.allocate_slots(request, num_new_tokens)
+            if isinstance(result, Allocated):
+                return result
+            victim = self.pick(plan)
+            if victim is None:
+                return result
+            self.preempt(plan, victim, OUT_OF_BLOCKS)
+            if victim is request:
+                return result
+
+    def pick(self, plan: StepPlan, worse_than: int | None = None) -> Request | None:
+        return self._victims.pick(self._q.running, plan.touched, lambda r: self._q.rank(r, plan.now), worse_than)
+
+    def preempt(self, plan: StepPlan, victim: Request, reason: str) -> None:
+        mode = self._modes.choose(victim.num_computed_tokens, self._kv.host.num_free)
+        if mode == PreemptionMode.SWAP:
+            mode = self._swap_out(plan, victim)
+        if mode == PreemptionMode.RECOMPUTE:
+            self._kv.free(victim)
+        self._q.preempt(victim, mode)
+        plan.touched.add(victim.request_id)
+        plan.preempted.append(Preemption(victim, mode, reason))
+
+    def _swap_out(self, plan: StepPlan, victim: Request) -> PreemptionMode:
+        result = self._kv.swap_out(victim)
+        if not isinstance(result, SwapPlan):
+            return PreemptionMode.RECOMPUTE
+        plan.swap_out.extend(result.pairs)
+        return PreemptionMode.SWAP

@@ -1,0 +1,24 @@
+"""Typed results the scheduler hands out besides the SchedulerOutput."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pdserve.kv.manager import KVStats
+from pdserve.requests import Request
+
+
+class Reservation(NamedTuple):
+    """Device blocks allocated for a remote request: block i receives prompt positions
+    [i * block_size, (i + 1) * block_size) from the prefill worker."""
+
+    request: Request
+    block_ids: tuple[int, ...]
+
+
+class SchedulerStats(NamedTuple):
+    running: int  # holding device blocks and being computed
+    waiting: int  # queued, no blocks (new, remote not yet reserved, or preempted by recompute)
+    swapped: int  # preempted by swap: KV in host blocks
+    kv: KVStats
+    receiving: int = 0  # blocks reserved, KV arriving from a prefill worker

@@ -1,0 +1,131 @@
+"""Where each live request is, and every state transition, in one place.
+
+    add ──> WAITING ──admit──> RUNNING ──finish/abort──> FINISHED
+              │  ^               │  │
+              │  └──recompute────┘  └──swap──> SWAPPED ──admit (swap in)──> RUNNING
+              └──reserve (remote)──> RUNNING, receiving ──received──> RUNNING, decoding
+
+`running` is ordered by (lane, admit_seq): decodes of higher classes are served first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+from pdserve.kv.manager import KVManager
+from pdserve.requests import PreemptionMode, Request, RequestState
+from pdserve.scheduler.ordering import QueueOrder
+from pdserve.scheduler.queue import Group, RequestQueue
+
+
+class Queues:
+    def __init__(self, order: QueueOrder, max_running: int):
+        self.order = order
+        self.max_running = max_running
+        self.requests: dict[str, Request] = {}
+        self.waiting = RequestQueue(order, Group.WAITING)
+        self.swapped = RequestQueue(order, Group.SWAPPED)
+        self.running: list[Request] = []
+        self.receiving: dict[str, Request] = {}
+        self.remote: set[str] = set()  # waiting requests whose prompt KV comes from a prefill worker
+        self._entered: dict[str, float] = {}
+        self._arrivals = itertools.count()
+        self._admissions = itertools.count()
+
+    def rank(self, request: Request, now: float) -> int:
+        return self.order.rank(request, now - self._entered[request.request_id])
+
+    def has_slot(self) -> bool:
+        return len(self.running) + len(self.receiving) < self.max_running
+
+    def _running_key(self, request: Request) -> tuple[int, int]:
+        return self.order.lane(request), request.admit_seq
+
+    def add(self, request: Request, now: float, remote: bool) -> None:
+        request.arrival_seq = next(self._arrivals)
+        request.state = RequestState.WAITING
+        self.requests[request.request_id] = request
+        self._entered[request.request_id] = now
+        if remote:
+            self.remote.add(request.request_id)
+        self.waiting.push(request, now)
+
+    def admit(self, request: Request) -> None:
+        """WAITING or SWAPPED -> RUNNING."""
+        (self.swapped if request.state == RequestState.SWAPPED else self.waiting).remove(request)
+        self._start(request)
+        bisect.insort(self.running, request, key=self._running_key)
+
+    def reserve(self, request: Request) -> None:
+        """WAITING (remote) -> RUNNING, receiving its KV."""
+        self.waiting.remove(request)
+        self._start(request)
+        self.receiving[request.request_id] = request
+
+    def received(self, request: Request) -> None:
+        del self.receiving[request.request_id]
+        self.remote.discard(request.request_id)
+        bisect.insort(self.running, request, key=self._running_key)
+
+    def _start(self, request: Request) -> None:
+        request.state = RequestState.RUNNING
+        request.admit_seq = next(self._admissions)
+
+    def preempt(self, request: Request, mode: PreemptionMode) -> None:
+        """RUNNING -> WAITING (recompute: KV dropped) or SWAPPED. Keeps its arrival place."""
+        self.running.remove(request)
+        request.num_preemptions += 1
+        entered = self._entered[request.request_id]
+        if mode == PreemptionMode.SWAP:
+            request.state = RequestState.SWAPPED
+            self.swapped.push(request, entered)
+        else:
+            request.state = RequestState.WAITING
+            request.num_computed_tokens = 0
+            self.waiting.push(request, entered)
+
+    def remove(self, request: Request) -> None:
+        """Any live state -> FINISHED."""
+        if request.request_id in self.receiving:
+            del self.receiving[request.request_id]
+        elif request.state == RequestState.RUNNING:
+            self.running.remove(request)
+        elif request.state == RequestState.SWAPPED:
+            self.swapped.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.state = RequestState.FINISHED
+        del self.requests[request.request_id]
+        del self._entered[request.request_id]
+        self.remote.discard(request.request_id)
+
+    def check_integrity(self, kv: KVManager) -> None:
+        running, receiving = set(map(id, self.running)), set(map(id, self.receiving.values()))
+        waiting, swapped = set(map(id, self.waiting)), set(map(id, self.swapped))
+        assert len(running) == len(self.running) and len(waiting) == len(self.waiting)
+        assert len(swapped) == len(self.swapped), "a request is queued twice"
+        sets = (running, receiving, waiting, swapped)
+        assert sum(map(len, sets)) == len(set().union(*sets)) == len(self.requests), "a request is in two places"
+        assert len(self.running) + len(self.receiving) <= self.max_running
+        keys = [self._running_key(r) for r in self.running]
+        assert keys == sorted(keys), "running is out of order"
+        for request in self.requests.values():
+            _check_request(request, kv, request.request_id in self.receiving)
+
+
+def _check_request(request: Request, kv: KVManager, receiving: bool) -> None:
+    rid, computed = request.request_id, request.num_computed_tokens
+    assert 0 <= computed <= request.num_tokens
+    if request.state == RequestState.RUNNING:
+        held = len(kv.block_table(rid))
+        assert not kv.host_blocks(rid)
+        if receiving:
+            assert computed == 0 and held == kv.blocks_for(request.num_prompt_tokens)
+        else:
+            assert kv.blocks_for(computed) <= held <= kv.blocks_for(request.num_tokens), f"{rid} table size"
+    elif request.state == RequestState.SWAPPED:
+        assert not kv.has_blocks(rid) and len(kv.host_blocks(rid)) == kv.blocks_for(computed)
+    else:
+        assert request.state == RequestState.WAITING and computed == 0, f"{rid} waiting with KV"
+        assert not kv.has_blocks(rid) and not kv.host_blocks(rid)

@@ -1,0 +1,157 @@
+"""The steps a schedule() composes: priority preemption, decodes, prefill chunks and admission.
+
+Each step appends to the StepPlan. Prefill work is one stream in (rank, group, arrival) order:
+
+    running prefills ─┐
+    swapped          ─┼─ merge ─> continue a chunk | swap in | reserve (remote) | admit + chunk
+    waiting          ─┘           stop at the first that cannot proceed (no budget, no blocks)
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterator
+
+from pdserve.kv.block_pool import Allocated, OutOfBlocks
+from pdserve.kv.manager import KVManager, SwapPlan
+from pdserve.requests import Request, RequestState
+from pdserve.scheduler.chunking import ChunkPolicy
+from pdserve.scheduler.plan import StepPlan
+from pdserve.scheduler.preemptor import HIGHER_PRIORITY_WAITING, Preemptor
+from pdserve.scheduler.queue import Candidate, Group
+from pdserve.scheduler.results import Reservation
+from pdserve.scheduler.state import Queues
+
+ALL_GROUPS = (Group.RUNNING, Group.SWAPPED, Group.WAITING)
+
+
+class Steps:
+    def __init__(self, kv: KVManager, queues: Queues, preemptor: Preemptor, chunking: ChunkPolicy):
+        self._kv = kv
+        self._q = queues
+        self._preemptor = preemptor
+        self._chunking = chunking
+
+    def reserve_blocks(self) -> int:
+        """Watermark kept free for running decodes' growth; none when nothing runs."""
+        return self._kv.watermark_blocks if self._q.running or self._q.receiving else 0
+
+    def decoding(self) -> bool:
+        return any(not r.is_prefilling for r in self._q.running)
+
+    def decodes(self, plan: StepPlan) -> None:
+        """One token for every running decode, best class first, while the budget lasts."""
+        for request in tuple(self._q.running):
+            if plan.budget_left < 1:
+                return
+            if request.state == RequestState.RUNNING and not request.is_prefilling \
+                    and request.request_id not in plan.touched:
+                self._chunk(plan, request, 1)
+
+    def prefills(self, plan: StepPlan, groups: Collection[Group] = ALL_GROUPS) -> None:
+        running = self._running_prefills(plan) if Group.RUNNING in groups else []
+        for cand in heapq.merge(running, self._admissions(plan, groups)):
+            if cand.group != Group.RUNNING and not self._q.has_slot():
+                break
+            if not self._handle(plan, cand):
+                return
+        for cand in running:
+            if cand.request.request_id not in plan.touched and not self._continue(plan, cand.request):
+                return
+
+    def priority_preemption(self, plan: StepPlan) -> None:
+        """Preempt lower classes (lowest, latest first) until the best queued request fits."""
+        head = next(self._queued(plan, (Group.SWAPPED, Group.WAITING)), None)
+        if head is None or not self._q.running or head.rank >= self._q.order.lane(self._q.running[-1]):
+            return
+        need = self._blocks_to_start(head.request, plan)
+        while not self._q.has_slot() or need + self.reserve_blocks() > self._kv.num_available:
+            victim = self._preemptor.pick(plan, worse_than=head.rank)
+            if victim is None:
+                return
+            self._preemptor.preempt(plan, victim, HIGHER_PRIORITY_WAITING)
+
+    def _blocks_to_start(self, request: Request, plan: StepPlan) -> int:
+        if request.state == RequestState.SWAPPED:
+            return len(self._kv.host_blocks(request.request_id))
+        if request.request_id in self._q.remote:
+            return self._kv.blocks_for(request.num_prompt_tokens)
+        match = self._kv.match(request)
+        n = self._chunking.size(request.num_tokens - match.num_tokens, plan.budget_left, 0)
+        return self._kv.blocks_for(match.num_tokens + n) - len(match.blocks)
+
+    def _running_prefills(self, plan: StepPlan) -> list[Candidate]:
+        return sorted(Candidate(self._q.rank(r, plan.now), Group.RUNNING, r.arrival_seq, r)
+                      for r in self._q.running if r.is_prefilling and r.request_id not in plan.touched)
+
+    def _admissions(self, plan: StepPlan, groups: Collection[Group]) -> Iterator[Candidate]:
+        return self._queued(plan, groups) if self._q.has_slot() else iter(())
+
+    def _queued(self, plan: StepPlan, groups: Collection[Group]) -> Iterator[Candidate]:
+        queues = [(Group.SWAPPED, self._q.swapped), (Group.WAITING, self._q.waiting)]
+        return heapq.merge(*(q.candidates(plan.now) for g, q in queues if g in groups and len(q)))
+
+    def _handle(self, plan: StepPlan, cand: Candidate) -> bool:
+        """False: this candidate cannot proceed, and neither may anything after it."""
+        request = cand.request
+        if request.request_id in plan.touched:
+            return True
+        if cand.group == Group.RUNNING:
+            return self._continue(plan, request)
+        if cand.group == Group.SWAPPED:
+            return self._swap_in(plan, request)
+        if request.request_id in self._q.remote:
+            return self._reserve(plan, request)
+        return self._admit(plan, request)
+
+    def _continue(self, plan: StepPlan, request: Request) -> bool:
+        n = self._chunk_size(plan, request, request.num_computed_tokens)
+        return n > 0 and self._chunk(plan, request, n)
+
+    def _chunk_size(self, plan: StepPlan, request: Request, computed: int) -> int:
+        return self._chunking.size(request.num_tokens - computed, plan.budget_left, plan.num_tokens)
+
+    def _chunk(self, plan: StepPlan, request: Request, n: int) -> bool:
+        result = self._preemptor.allocate(plan, request, n)
+        if isinstance(result, OutOfBlocks):
+            return False
+        plan.add_chunk(request, n, result.blocks)
+        return True
+
+    def _swap_in(self, plan: StepPlan, request: Request) -> bool:
+        result = self._kv.swap_in(request, self.reserve_blocks())
+        if not isinstance(result, SwapPlan):
+            return False
+        plan.swap_in.extend(result.pairs)
+        self._q.admit(request)
+        plan.resumed.append(request)
+        plan.touched.add(request.request_id)
+        n = self._chunk_size(plan, request, request.num_computed_tokens)
+        slots = self._kv.allocate_slots(request, n) if n > 0 else None
+        if isinstance(slots, Allocated):
+            plan.add_chunk(request, n, slots.blocks)
+        return True
+
+    def _reserve(self, plan: StepPlan, request: Request) -> bool:
+        result = self._kv.reserve(request, request.num_prompt_tokens, self.reserve_blocks())
+        if isinstance(result, OutOfBlocks):
+            return False
+        self._q.reserve(request)
+        plan.reserved.append(Reservation(request, result.blocks))
+        plan.touched.add(request.request_id)
+        return True
+
+    def _admit(self, plan: StepPlan, request: Request) -> bool:
+        match = self._kv.match(request)
+        n = self._chunk_size(plan, request, match.num_tokens)
+        result = self._kv.admit(request, match, n, self.reserve_blocks()) if n > 0 else None
+        if not isinstance(result, Allocated):
+            return False
+        if request.admit_seq < 0:
+            request.num_cached_tokens = match.num_tokens
+        if request.num_preemptions:
+            plan.resumed.append(request)
+        request.num_computed_tokens = match.num_tokens
+        self._q.admit(request)
+        plan.add_chunk(request, n, result.blocks)
+        return True
