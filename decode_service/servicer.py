@@ -1,0 +1,65 @@
+"""DecodeWorker gRPC servicer: wire messages in and out, nothing else."""
+
+from __future__ import annotations
+
+from decode_service.worker import DecodeJob, DecodeWorker
+from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
+from pdserve.rpc.stats import stats_to_pb
+from pdserve.v1 import worker_pb2 as wpb
+from pdserve.v1 import worker_pb2_grpc
+from pdserve.worker.events import Finished, Notice, Reserved, Tokens
+
+
+class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
+    def __init__(self, worker: DecodeWorker, transport: str, kv_address: bytes, endpoint: str,
+                 block_size: int, block_nbytes: int, draining: callable = lambda: False):
+        self.worker = worker
+        self.transport = transport
+        self.kv_address = kv_address
+        self.endpoint = endpoint
+        self.block_size = block_size
+        self.block_nbytes = block_nbytes
+        self.draining = draining
+
+    async def Decode(self, request: wpb.DecodeRequest, context):
+        r = request.request
+        job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
+                        priority_from_pb(r.priority), r.kv_timeout_s or 30.0, request.local_prefill,
+                        tuple(r.output_token_ids))
+        session = await self.worker.open(job)
+        try:
+            async for event in session.events():
+                yield self._event_to_pb(event)
+        finally:
+            await self.worker.close(session)
+
+    def _event_to_pb(self, event) -> wpb.DecodeEvent:
+        if isinstance(event, Tokens):
+            return wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=list(event.token_ids)))
+        if isinstance(event, Reserved):
+            return wpb.DecodeEvent(reserved=wpb.KVReservation(
+                transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,
+                block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
+                decode_endpoint=self.endpoint))
+        if isinstance(event, Finished):
+            return wpb.DecodeEvent(finished=wpb.DecodeFinished(
+                finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,
+                preemptions=event.preemptions, queue_seconds=event.queue_seconds))
+        assert isinstance(event, Notice)
+        return wpb.DecodeEvent(preempted=wpb.PreemptionNotice(mode=event.mode, reason=event.reason, phase=event.phase))
+
+    async def PushKV(self, request: wpb.KVPiece, context) -> wpb.KVPieceAck:
+        self.worker.push_kv(request.transfer_id, request.seq, request.block_index, tuple(request.src_block_ids),
+                            request.timeout_s or 30.0)
+        return wpb.KVPieceAck()
+
+    async def CompleteKV(self, request: wpb.KVComplete, context) -> wpb.KVCompleteAck:
+        await self.worker.complete_kv(request.transfer_id, request.num_pieces, request.first_token_id)
+        return wpb.KVCompleteAck()
+
+    async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
+        return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
+
+    async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
+        stats = await self.worker.engine.call(lambda e: e.scheduler.stats())
+        return stats_to_pb("decode", stats, self.draining())

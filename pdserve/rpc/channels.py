@@ -1,0 +1,43 @@
+"""One grpc.aio channel per peer address, reused by every call to it."""
+
+from __future__ import annotations
+
+import grpc
+
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
+class ChannelPool:
+    def __init__(self, credentials: grpc.ChannelCredentials | None = None,
+                 interceptors: tuple[grpc.aio.ClientInterceptor, ...] = ()):
+        self.credentials = credentials
+        self.interceptors = interceptors
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._open(address)
+            self._channels[address] = channel
+        return channel
+
+    def _open(self, address: str) -> grpc.aio.Channel:
+        if self.credentials is not None:
+            return grpc.aio.secure_channel(address, self.credentials, CHANNEL_OPTIONS, interceptors=self.interceptors)
+        return grpc.aio.insecure_channel(address, CHANNEL_OPTIONS, interceptors=self.interceptors)
+
+    async def drop(self, address: str) -> None:
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        for address in list(self._channels):
+            await self.drop(address)

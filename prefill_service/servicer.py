@@ -1,0 +1,72 @@
+"""PrefillWorker gRPC servicer, and the client side of its calls to decode workers."""
+
+from __future__ import annotations
+
+import grpc
+
+from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.convert import priority_from_pb, sampling_from_pb
+from pdserve.rpc.stats import stats_to_pb
+from pdserve.v1 import worker_pb2 as wpb
+from pdserve.v1 import worker_pb2_grpc
+from pdserve.worker.events import ChunkDone, PrefillDone
+from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
+
+
+class GrpcDecodePeer(DecodePeer):
+    def __init__(self, channels: ChannelPool):
+        self.channels = channels
+
+    def _stub(self, endpoint: str) -> worker_pb2_grpc.DecodeWorkerStub:
+        return worker_pb2_grpc.DecodeWorkerStub(self.channels.get(endpoint))
+
+    async def push_kv(self, endpoint: str, piece: Piece) -> None:
+        await self._stub(endpoint).PushKV(wpb.KVPiece(
+            transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
+            src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s), timeout=piece.timeout_s)
+
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
+        await self._stub(endpoint).CompleteKV(wpb.KVComplete(
+            transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token), timeout=60.0)
+
+
+class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
+    def __init__(self, worker: PrefillWorker, draining=lambda: False):
+        self.worker = worker
+        self.draining = draining
+
+    async def Prefill(self, request: wpb.PrefillRequest, context):
+        r, t = request.request, request.target
+        target = Target(t.transfer_id, t.kv_address, tuple(t.block_ids), t.block_size, t.block_nbytes,
+                        t.decode_endpoint)
+        session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
+                                         priority_from_pb(r.priority), target, r.kv_timeout_s or 30.0)
+        try:
+            async for event in session.events():
+                yield _event_to_pb(event)
+        finally:
+            await self.worker.close(session)
+
+    async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
+        ids = list(request.token_ids)
+        cached = await self.worker.engine.call(lambda e: e.scheduler.kv.probe(ids))
+        return wpb.MatchPrefixResponse(cached_tokens=cached)
+
+    async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
+        return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
+
+    async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
+        stats = await self.worker.engine.call(lambda e: e.scheduler.stats())
+        return stats_to_pb("prefill", stats, self.draining())
+
+
+def _event_to_pb(event) -> wpb.PrefillEvent:
+    if isinstance(event, ChunkDone):
+        return wpb.PrefillEvent(chunk=wpb.PrefillChunk(start=event.start, num_tokens=event.num_tokens,
+                                                       cached_tokens=event.cached_tokens,
+                                                       step_seconds=event.step_seconds))
+    assert isinstance(event, PrefillDone)
+    return wpb.PrefillEvent(done=wpb.PrefillDone(
+        first_token_id=event.first_token_id, cached_tokens=event.cached_tokens, kv_bytes=event.kv_bytes,
+        kv_blocks=event.kv_blocks, kv_descriptors=event.kv_descriptors, kv_seconds=event.kv_seconds,
+        queue_seconds=event.queue_seconds))
