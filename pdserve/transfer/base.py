@@ -1,0 +1,154 @@
+"""KV block transfer between workers: the data plane's interfaces, results and errors.
+
+    prefill worker (KVSender over its pool)              decode worker (KVReceiver over its pool)
+                                                          1. allocates dst blocks
+             <------ control plane: receiver.address(), transfer_id, seq, pairs ------
+                                                          2. await expect(id, seq, pairs, timeout)
+    3. await send(address, id, seq, pairs, timeout)  ==== data ===>  dst blocks of exactly `pairs`
+    4. TransferResult                                     5. TransferResult (all bytes landed)
+
+Mechanism only: which blocks, when to send and what to do on failure is decided by the services.
+Both sides derive the same runs from the same pair list (`descriptors.merge_runs`), so a piece
+travels as a few large messages, one per run of consecutive block ids.
+
+Pools are block-major tensors, `KVCache.data`:
+    pool: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim], contiguous; block b is the
+    byte range [b * block_nbytes, (b + 1) * block_nbytes).
+
+All methods are called from the asyncio loop (asyncio or uvloop) that built the object; none of
+them blocks that loop for long.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from pdserve.transfer.descriptors import BlockRun
+
+Pairs = Sequence[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    """One completed piece. On the receiver: every byte of every run is in the pool."""
+
+    transfer_id: str
+    seq: int
+    nbytes: int
+    runs: tuple[BlockRun, ...]
+    seconds: float
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / max(self.seconds, 1e-12) / 1e9
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What `KVReceiver.cancel` withdrew.
+
+    NOTE: blocks in `unsafe_blocks` may still be written by a message that was already being
+    delivered when the deadline to drain it passed; they must not be reused. Empty in normal
+    operation: then every block of the transfer can be freed at once.
+    """
+
+    transfer_id: str
+    pieces: int
+    unsafe_blocks: tuple[int, ...] = ()
+
+
+class TransferError(Exception):
+    """A piece failed; on the receiver nothing more is written into its blocks (see unsafe_blocks)."""
+
+    def __init__(self, message: str, unsafe_blocks: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.unsafe_blocks = unsafe_blocks
+
+
+class TransferTimeout(TransferError):
+    """The deadline passed before the piece completed; what was posted has been withdrawn."""
+
+
+class TransferCancelled(TransferError):
+    """`cancel(transfer_id)` withdrew the piece while it was awaited."""
+
+
+class TransferRejected(TransferError):
+    """The receiver refused to set up a piece (bad blocks, overlap with a live piece, reused id)."""
+
+
+class KVReceiver(ABC):
+    """Decode side: accepts data only into the blocks of pieces it set up with `expect`.
+
+    Anything sent for a (transfer_id, seq) it did not post is never written into the pool, and a
+    piece completes only when the sender's layout (runs and block size) equals the expected one.
+    """
+
+    @abstractmethod
+    def address(self) -> bytes:
+        """Opaque bytes a sender needs to reach this receiver (carried by the control plane)."""
+
+    @abstractmethod
+    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float) -> TransferResult:
+        """Post receives into exactly the dst blocks of `pairs` and wait until all data arrived.
+
+        Raises TransferTimeout at the deadline and TransferCancelled on `cancel`, after
+        withdrawing everything it posted; TransferError when the sender's layout differs;
+        TransferRejected before posting anything when the piece cannot be set up.
+        """
+
+    @abstractmethod
+    def cancel(self, transfer_id: str) -> CancelResult:
+        """Withdraw every piece posted for `transfer_id`; its blocks may then be freed and reused.
+
+        The id is retired: a later `expect` with it is rejected (leftover messages of the
+        withdrawn pieces could otherwise match). A retry needs a fresh transfer_id.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Withdraw everything and release the transport; awaited pieces raise TransferCancelled."""
+
+
+class KVSender(ABC):
+    """Prefill side: writes blocks of its own pool into a receiver's blocks."""
+
+    @abstractmethod
+    async def send(
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float
+    ) -> TransferResult:
+        """Send src blocks of `pairs` into the peer's dst blocks; returns once the peer has them.
+
+        Success means delivered: a receiver whose expected layout differs refuses the piece on
+        its side (its `expect` raises), which a one-way transport may not report back here.
+
+        The connection to a peer is made once and reused. Raises TransferTimeout at the deadline
+        (peer gone, or the piece was never expected) and TransferError when the peer fails.
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Drop every connection; pending sends raise TransferError."""
+
+
+class KVTransport(ABC):
+    """Builds the two ends of one transport kind over pools (`KVCache.data`)."""
+
+    @abstractmethod
+    def receiver(self, pool: torch.Tensor) -> KVReceiver:
+        """Must be called with the asyncio loop running; the receiver serves that loop."""
+
+    @abstractmethod
+    def sender(self, pool: torch.Tensor) -> KVSender:
+        """Must be called with the asyncio loop running; the sender serves that loop."""
+
+
+def pool_bytes(pool: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, block_nbytes] uint8 view of a contiguous block-major pool (shares memory)."""
+    if not pool.is_contiguous():
+        raise ValueError("the KV pool must be contiguous")
+    return pool.view(pool.shape[0], -1).view(torch.uint8)

@@ -1,0 +1,207 @@
+"""In-process transport: torch copies between pools of one process, for tests of the services.
+
+Receivers register with an `InProcessFabric` that the caller passes explicitly to both sides;
+an address is an opaque key into that fabric. The semantics follow the UCX transport: a sender
+waits until its piece is expected (or its deadline passes), copies run by run, and a piece
+withdrawn by the receiver stops before the next run, so nothing is written after `cancel`
+returns. Everything runs on one asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pdserve.transfer.base import (
+    CancelResult,
+    KVReceiver,
+    KVSender,
+    KVTransport,
+    Pairs,
+    TransferCancelled,
+    TransferError,
+    TransferResult,
+    TransferTimeout,
+    pool_bytes,
+)
+from pdserve.transfer.descriptors import BlockRun, check_bounds, merge_runs, total_blocks
+from pdserve.transfer.ledger import Ledger
+
+
+class InProcessFabric:
+    """The registry the two sides meet in: address -> live receiver."""
+
+    def __init__(self) -> None:
+        self._receivers: dict[bytes, InProcessReceiver] = {}
+        self._ids = itertools.count()
+
+    def register(self, receiver: "InProcessReceiver") -> bytes:
+        address = b"inprocess:%d" % next(self._ids)
+        self._receivers[address] = receiver
+        return address
+
+    def unregister(self, address: bytes) -> None:
+        self._receivers.pop(address, None)
+
+    def lookup(self, address: bytes) -> "InProcessReceiver":
+        receiver = self._receivers.get(address)
+        if receiver is None:
+            raise TransferError(f"no receiver at {address!r} (closed or never opened)")
+        return receiver
+
+
+@dataclass
+class _Piece:
+    transfer_id: str
+    seq: int
+    runs: tuple[BlockRun, ...]
+    block_nbytes: int
+    started: float
+    done: asyncio.Future = field(repr=False)
+
+
+class InProcessReceiver(KVReceiver):
+    def __init__(self, fabric: InProcessFabric, pool: torch.Tensor):
+        self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
+        self._fabric = fabric
+        self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
+        self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self._address = fabric.register(self)
+
+    def address(self) -> bytes:
+        return self._address
+
+    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float) -> TransferResult:
+        runs = merge_runs(pairs)
+        piece = _Piece(transfer_id, seq, runs, self.bytes.shape[1], time.perf_counter(),
+                       asyncio.get_running_loop().create_future())
+        self._ledger.admit(transfer_id, seq, runs, piece)
+        self._wake_senders(piece)
+        try:
+            await asyncio.wait({piece.done}, timeout=timeout_s)
+            self.finish(piece, TransferTimeout(f"piece ({transfer_id!r}, {seq}) timed out after {timeout_s} s"))
+            return piece.done.result()
+        finally:
+            self.finish(piece, TransferCancelled("expect was cancelled"))
+            self._ledger.remove(transfer_id, seq)
+
+    def finish(self, piece: _Piece, outcome: TransferResult | TransferError) -> None:
+        """Complete a piece once; a failed piece retires its transfer id."""
+        if piece.done.done():
+            return
+        if isinstance(outcome, TransferResult):
+            piece.done.set_result(outcome)
+            return
+        piece.done.set_exception(outcome)
+        piece.done.exception()
+        self._ledger.remove(piece.transfer_id, piece.seq)
+        self._ledger.retire(piece.transfer_id)
+
+    def cancel(self, transfer_id: str) -> CancelResult:
+        pieces = self._ledger.pieces_of(transfer_id)
+        for piece in pieces:
+            self.finish(piece, TransferCancelled(f"transfer {transfer_id!r} cancelled"))
+        self._ledger.retire(transfer_id)
+        return CancelResult(transfer_id, len(pieces))
+
+    async def close(self) -> None:
+        self._fabric.unregister(self._address)
+        for piece in self._ledger:
+            self.finish(piece, TransferCancelled("receiver closed"))
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                _resolve(waiter, TransferError("receiver closed"))
+
+    async def posted(self, transfer_id: str, seq: int, timeout_s: float) -> _Piece:
+        """For senders: the live piece, once expected; TransferTimeout if not within timeout_s."""
+        piece = self._ledger.lookup(transfer_id, seq)
+        if piece is not None:
+            return piece
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault((transfer_id, seq), []).append(waiter)
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            raise TransferTimeout(f"piece ({transfer_id!r}, {seq}) was never expected") from None
+        finally:
+            self._drop_waiter((transfer_id, seq), waiter)
+
+    def _wake_senders(self, piece: _Piece) -> None:
+        for waiter in self._waiters.pop((piece.transfer_id, piece.seq), []):
+            _resolve(waiter, piece)
+
+    def _drop_waiter(self, key: tuple[str, int], waiter: asyncio.Future) -> None:
+        waiters = self._waiters.get(key, [])
+        if waiter in waiters:
+            waiters.remove(waiter)
+        if not waiters:
+            self._waiters.pop(key, None)
+
+
+def _resolve(waiter: asyncio.Future, value: object) -> None:
+    if waiter.done():
+        return
+    if isinstance(value, BaseException):
+        waiter.set_exception(value)
+    else:
+        waiter.set_result(value)
+
+
+class InProcessSender(KVSender):
+    def __init__(self, fabric: InProcessFabric, pool: torch.Tensor):
+        self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
+        self._fabric = fabric
+        self._closed = False
+
+    async def send(
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float
+    ) -> TransferResult:
+        started = time.perf_counter()
+        runs = merge_runs(pairs)
+        check_bounds(runs, self.bytes.shape[0], "src")
+        receiver = self._fabric.lookup(peer_address)
+        piece = await receiver.posted(transfer_id, seq, timeout_s)
+        self._check_layout(receiver, piece, runs)
+        for run in runs:
+            self._check_live(piece, started, timeout_s)
+            receiver.bytes[run.dst_start : run.dst_start + run.count].copy_(
+                self.bytes[run.src_start : run.src_start + run.count]
+            )
+            await asyncio.sleep(0)
+        self._check_live(piece, started, timeout_s)
+        nbytes = total_blocks(runs) * self.bytes.shape[1]
+        receiver.finish(piece, TransferResult(transfer_id, seq, nbytes, runs, time.perf_counter() - piece.started))
+        return TransferResult(transfer_id, seq, nbytes, runs, time.perf_counter() - started)
+
+    def _check_layout(self, receiver: InProcessReceiver, piece: _Piece, runs: tuple[BlockRun, ...]) -> None:
+        if piece.runs == runs and piece.block_nbytes == self.bytes.shape[1]:
+            return
+        error = TransferError(f"piece ({piece.transfer_id!r}, {piece.seq}): sender and receiver layouts differ")
+        receiver.finish(piece, error)
+        raise error
+
+    def _check_live(self, piece: _Piece, started: float, timeout_s: float) -> None:
+        if self._closed:
+            raise TransferError("sender closed")
+        if piece.done.done():
+            raise TransferError(f"piece ({piece.transfer_id!r}, {piece.seq}) was withdrawn by the receiver")
+        if time.perf_counter() - started > timeout_s:
+            raise TransferTimeout(f"piece ({piece.transfer_id!r}, {piece.seq}) timed out while copying")
+
+    async def close(self) -> None:
+        self._closed = True
+
+
+class InProcessTransport(KVTransport):
+    def __init__(self, fabric: InProcessFabric):
+        self.fabric = fabric
+
+    def receiver(self, pool: torch.Tensor) -> InProcessReceiver:
+        return InProcessReceiver(self.fabric, pool)
+
+    def sender(self, pool: torch.Tensor) -> InProcessSender:
+        return InProcessSender(self.fabric, pool)

@@ -1,0 +1,254 @@
+"""UCX transport (ucxx): tag messages straight from the sender's pool into the receiver's blocks.
+
+A piece (transfer_id, seq, pairs) travels as one tag message per run (cut at max_message_bytes)
+and a manifest message last (`wire`). The receiver posts one receive per message into the
+exact byte range of its dst blocks, plus one for the manifest into a small buffer of its own.
+
+How nothing unexpected lands in the pool: the receiver posts receives only in `expect`, each
+with a full-mask tag of that piece. A message whose tag matches no posted receive stays in
+UCX's unexpected queue (eager: copied into UCX's own buffers; rendezvous: only its header, the
+data stays with the sender) and is never copied into the pool. A message longer than the range
+it matched fails with a truncation error without writing past the range; a shorter one or one
+cut differently is caught by the manifest, without which no piece completes.
+
+Peer-failure detection is off on worker-address endpoints (the fast path), so every wait here
+has a deadline; on a deadline or cancel the receiver cancels its posted receives and drains the
+ones already matched before it returns, so the blocks can be reused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pdserve.transfer.base import (
+    CancelResult,
+    KVReceiver,
+    KVSender,
+    KVTransport,
+    Pairs,
+    TransferCancelled,
+    TransferError,
+    TransferRejected,
+    TransferResult,
+    TransferTimeout,
+    pool_bytes,
+)
+from pdserve.transfer.descriptors import (
+    BlockRun,
+    check_bounds,
+    join_runs,
+    plan_messages,
+    runs_digest,
+    total_blocks,
+)
+from pdserve.transfer.ledger import Ledger
+from pdserve.transfer.ucx_worker import Batch, UcxWorker
+from pdserve.transfer.wire import (
+    MANIFEST_NBYTES,
+    check_message_count,
+    encode_manifest,
+    manifest_tag,
+    message_tag,
+)
+
+
+@dataclass(frozen=True)
+class UcxConfig:
+    max_message_bytes: int = 16 << 20  # bounds one message, hence one progress call's copy
+    poll_s: float = 0.002  # progress at least this often while requests are pending
+    idle_s: float = 0.1  # ... and this often when idle (epoll wakes it sooner)
+    drain_s: float = 0.5  # how long a cancel waits for a receive already being written
+    close_s: float = 1.0  # how long closing an endpoint may wait for the peer
+    options: tuple[tuple[str, str], ...] = ()  # UCX context options, e.g. (("TLS", "tcp"),)
+
+    def worker(self) -> UcxWorker:
+        return UcxWorker(dict(self.options), self.poll_s, self.idle_s)
+
+
+def _buffer(rows: torch.Tensor) -> Any:
+    """What ucxx takes for a contiguous byte range: numpy on CPU, the tensor itself on CUDA."""
+    flat = rows.reshape(-1)
+    return flat.numpy() if flat.device.type == "cpu" else flat
+
+
+def _prefault(pool: torch.Tensor) -> None:
+    """Write one byte per page with its own value: first-touch faults now, not mid-transfer."""
+    if pool.device.type == "cpu":
+        flat = pool.view(-1)
+        flat[::4096] = flat[::4096].clone()
+
+
+def _plan(pairs: Pairs, block_nbytes: int, config: UcxConfig) -> tuple[BlockRun, ...]:
+    messages = plan_messages(pairs, block_nbytes, config.max_message_bytes)
+    check_message_count(len(messages))
+    return messages
+
+
+def _manifest(messages: tuple[BlockRun, ...], block_nbytes: int) -> bytes:
+    return encode_manifest(total_blocks(messages) * block_nbytes, runs_digest(messages, block_nbytes))
+
+
+@dataclass(eq=False)
+class _Piece:
+    transfer_id: str
+    seq: int
+    messages: tuple[BlockRun, ...]
+    expected: bytes
+    manifest: np.ndarray  # [MANIFEST_NBYTES] uint8, what arrived
+    started: float = field(default_factory=time.perf_counter)
+    batch: Batch | None = None
+
+    def name(self) -> str:
+        return f"piece ({self.transfer_id!r}, {self.seq})"
+
+
+class UcxReceiver(KVReceiver):
+    def __init__(self, pool: torch.Tensor, config: UcxConfig):
+        self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
+        _prefault(self.bytes)
+        self._config = config
+        self._worker = config.worker()
+        self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
+        self._address = self._worker.address()
+
+    def address(self) -> bytes:
+        return self._address
+
+    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float) -> TransferResult:
+        piece = self._post(transfer_id, seq, pairs)
+        try:
+            if not await self._worker.wait(piece.batch, timeout_s):
+                raise self._withdraw(piece, TransferTimeout(f"{piece.name()} timed out after {timeout_s} s"))
+            return self._result(piece)
+        finally:
+            if not piece.batch.future.done():
+                self._withdraw(piece, TransferCancelled(f"{piece.name()}: expect was cancelled"))
+            self._ledger.remove(transfer_id, seq)
+
+    def _post(self, transfer_id: str, seq: int, pairs: Pairs) -> _Piece:
+        block_nbytes = self.bytes.shape[1]
+        try:
+            messages = _plan(pairs, block_nbytes, self._config)
+            tags = [message_tag(transfer_id, seq, i) for i in range(len(messages))]
+            tags.append(manifest_tag(transfer_id, seq))
+        except ValueError as exc:
+            raise TransferRejected(str(exc)) from exc
+        piece = _Piece(transfer_id, seq, messages, _manifest(messages, block_nbytes),
+                       np.zeros(MANIFEST_NBYTES, np.uint8))
+        self._ledger.admit(transfer_id, seq, messages, piece)
+        buffers = [_buffer(self.bytes[m.dst_start : m.dst_start + m.count]) for m in messages]
+        piece.batch = self._worker.recv(list(zip(buffers + [piece.manifest], tags)))
+        return piece
+
+    def _result(self, piece: _Piece) -> TransferResult:
+        error = piece.batch.future.exception()
+        if isinstance(error, TransferError):
+            raise error
+        if error is not None:
+            raise self._withdraw(piece, TransferError(f"{piece.name()} failed: {error}"))
+        if piece.manifest.tobytes() != piece.expected:
+            self._ledger.retire(piece.transfer_id)
+            raise TransferError(f"{piece.name()}: the sender's layout or block size differs")
+        nbytes = total_blocks(piece.messages) * self.bytes.shape[1]
+        return TransferResult(piece.transfer_id, piece.seq, nbytes, join_runs(piece.messages),
+                              time.perf_counter() - piece.started)
+
+    def _withdraw(self, piece: _Piece, error: TransferError) -> TransferError:
+        """Cancel what the piece posted, fail it with `error` (+ unsafe blocks), retire its id."""
+        stuck = self._worker.withdraw(piece.batch, self._config.drain_s)
+        self._ledger.remove(piece.transfer_id, piece.seq)
+        error.unsafe_blocks = tuple(
+            b for i in stuck if i < len(piece.messages) for b in piece.messages[i].dst_blocks()
+        )
+        piece.batch.fail(error)
+        self._ledger.retire(piece.transfer_id)
+        return error
+
+    def cancel(self, transfer_id: str) -> CancelResult:
+        pieces = self._ledger.pieces_of(transfer_id)
+        errors = [self._withdraw(p, TransferCancelled(f"{p.name()} cancelled")) for p in pieces]
+        self._ledger.retire(transfer_id)
+        return CancelResult(transfer_id, len(pieces), tuple(b for e in errors for b in e.unsafe_blocks))
+
+    async def close(self) -> None:
+        for piece in self._ledger:
+            if not piece.batch.future.done():
+                self._withdraw(piece, TransferCancelled(f"{piece.name()}: receiver closed"))
+        await self._worker.close()
+
+
+class UcxSender(KVSender):
+    def __init__(self, pool: torch.Tensor, config: UcxConfig):
+        self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
+        self._config = config
+        self._worker = config.worker()
+        self._endpoints: dict[bytes, Any] = {}
+        self._closed = False
+
+    async def send(
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float
+    ) -> TransferResult:
+        started = time.perf_counter()
+        deadline = time.monotonic() + timeout_s
+        block_nbytes = self.bytes.shape[1]
+        messages = _plan(pairs, block_nbytes, self._config)
+        check_bounds(messages, self.bytes.shape[0], "src")
+        name = f"piece ({transfer_id!r}, {seq})"
+        endpoint = self._endpoint(peer_address)
+        data = [(_buffer(self.bytes[m.src_start : m.src_start + m.count]), message_tag(transfer_id, seq, i))
+                for i, m in enumerate(messages)]
+        await self._finish(peer_address, self._worker.send(endpoint, data), deadline, name)
+        manifest = np.frombuffer(_manifest(messages, block_nbytes), np.uint8).copy()
+        batch = self._worker.send(endpoint, [(manifest, manifest_tag(transfer_id, seq))])
+        await self._finish(peer_address, batch, deadline, name)
+        nbytes = total_blocks(messages) * block_nbytes
+        return TransferResult(transfer_id, seq, nbytes, join_runs(messages), time.perf_counter() - started)
+
+    def _endpoint(self, peer_address: bytes) -> Any:
+        if self._closed:
+            raise TransferError("sender closed")
+        if peer_address not in self._endpoints:
+            try:
+                self._endpoints[peer_address] = self._worker.connect(peer_address)
+            except Exception as exc:
+                raise TransferError(f"cannot reach peer: {exc}") from exc
+        return self._endpoints[peer_address]
+
+    async def _finish(self, peer_address: bytes, batch: Batch, deadline: float, name: str) -> None:
+        if not await self._worker.wait(batch, deadline - time.monotonic()):
+            self._worker.abandon(batch, TransferTimeout(f"{name} timed out"))
+            raise TransferTimeout(f"{name}: not delivered by the deadline (peer gone or piece not expected)")
+        error = batch.future.exception()
+        if isinstance(error, TransferError):
+            raise error
+        if error is not None:
+            await self._drop_endpoint(peer_address)
+            raise TransferError(f"{name} failed: {error}") from error
+
+    async def _drop_endpoint(self, peer_address: bytes) -> None:
+        endpoint = self._endpoints.pop(peer_address, None)
+        if endpoint is not None:
+            await self._worker.close_endpoint(endpoint, self._config.close_s)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._worker.fail_all(TransferError("sender closed"))
+        for peer_address in list(self._endpoints):
+            await self._drop_endpoint(peer_address)
+        await self._worker.close()
+
+
+class UcxTransport(KVTransport):
+    def __init__(self, config: UcxConfig = UcxConfig()):
+        self.config = config
+
+    def receiver(self, pool: torch.Tensor) -> UcxReceiver:
+        return UcxReceiver(pool, self.config)
+
+    def sender(self, pool: torch.Tensor) -> UcxSender:
+        return UcxSender(pool, self.config)

@@ -1,0 +1,229 @@
+"""One UCX worker progressed from an asyncio loop, with tag requests grouped into batches.
+
+Built on ucxx's low-level binding (`ucxx._lib.libucxx`), not on its module-wide application
+context, so that every sender and receiver owns its worker (two can live in one process) and no
+module state is shared. The ucxx import happens when the first worker is built.
+
+Progress is event-driven, on the loop's thread:
+
+    loop: progress() -> resolve finished batches -> arm()
+          armed: wait for the worker's epoll fd (or a kick from a new post, or a short poll
+                 timeout while requests are pending) ; busy: yield once and progress again
+
+A large message is copied inside one progress() call (shared memory / CMA), which is why the
+transports cut runs into messages of at most `max_message_bytes`: it bounds how long one call
+holds the loop. Endpoints are created from worker addresses with peer-failure detection off
+(the fast path); callers must put deadlines on everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+def _binding() -> Any:
+    import ucxx._lib.libucxx as libucxx
+
+    return libucxx
+
+
+def _array(buffer: Any) -> Any:
+    from ucxx._lib.arr import Array
+
+    return Array(buffer)
+
+
+def _request_canceller() -> Callable[[int], None] | None:
+    """ucxx::Request::cancel, which the Python binding only calls when a request is dropped.
+
+    Calling it directly keeps the request object, so the caller can observe when the request
+    has really finished (a receive already matched keeps writing until it completes).
+    """
+    try:
+        import libucxx
+
+        fn = getattr(libucxx.load_library(), "_ZN4ucxx7Request6cancelEv")
+    except (ImportError, AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = None
+    return fn
+
+
+@dataclass(eq=False)
+class Batch:
+    """Requests that finish together: the future resolves when all completed or one failed."""
+
+    requests: list[Any]
+    keep: list[Any]  # the buffers the requests read or write, alive until the batch ends
+    future: asyncio.Future = field(repr=False)
+
+    def poll(self) -> bool:
+        """Resolve the future if the batch is finished; True once resolved."""
+        if self.future.done():
+            return True
+        error = next((e for e in map(_request_error, self.requests) if e is not None), None)
+        if error is not None:
+            self.fail(error)
+        elif all(r.completed for r in self.requests):
+            self.future.set_result(None)
+        return self.future.done()
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+            self.future.exception()
+
+    def pending(self) -> list[int]:
+        return [i for i, r in enumerate(self.requests) if not r.completed]
+
+
+def _request_error(request: Any) -> BaseException | None:
+    if not request.completed:
+        return None
+    try:
+        request.check_error()
+    except Exception as exc:  # every ucxx error type
+        return exc
+    return None
+
+
+class UcxWorker:
+    """A UCX worker and the task that progresses it; build it with the loop running."""
+
+    def __init__(self, options: dict[str, str], poll_s: float, idle_s: float):
+        lib = _binding()
+        self._lib = lib
+        self._context = lib.UCXContext(options, feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
+        self._worker = lib.UCXWorker(self._context)
+        self._worker.init_blocking_progress_mode()
+        self._fd = self._worker.epoll_file_descriptor
+        self._cancel = _request_canceller()
+        self._poll_s, self._idle_s = poll_s, idle_s
+        self._batches: set[Batch] = set()
+        self._wake: asyncio.Future | None = None
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._drive(), name="ucx-progress")
+
+    def address(self) -> bytes:
+        return bytes(self._worker.address.tobytes())
+
+    def connect(self, address: bytes) -> Any:
+        ucx_address = self._lib.UCXAddress.create_from_buffer(address)
+        return self._lib.UCXEndpoint.create_from_worker_address(self._worker, ucx_address, False)
+
+    def send(self, endpoint: Any, messages: list[tuple[Any, int]]) -> Batch:
+        """Post tag sends of (buffer, tag); buffers are numpy arrays or CUDA tensors."""
+        arrays = [_array(buffer) for buffer, _ in messages]
+        tags = [self._lib.UCXXTag(tag) for _, tag in messages]
+        return self._track([endpoint.tag_send(a, t) for a, t in zip(arrays, tags)], arrays)
+
+    def recv(self, messages: list[tuple[Any, int]]) -> Batch:
+        """Post tag receives matching exactly `tag` (full mask) into the given buffers."""
+        arrays = [_array(buffer) for buffer, _ in messages]
+        tags = [self._lib.UCXXTag(tag) for _, tag in messages]
+        return self._track([self._worker.tag_recv(a, t) for a, t in zip(arrays, tags)], arrays)
+
+    def _track(self, requests: list[Any], keep: list[Any]) -> Batch:
+        batch = Batch(requests, keep, self._loop.create_future())
+        if not batch.poll():
+            self._batches.add(batch)
+        self.kick()
+        return batch
+
+    async def wait(self, batch: Batch, timeout_s: float) -> bool:
+        """True when the batch finished (check its future), False at the timeout."""
+        done, _ = await asyncio.wait({batch.future}, timeout=max(timeout_s, 0.0))
+        return bool(done)
+
+    def withdraw(self, batch: Batch, drain_s: float) -> list[int]:
+        """Cancel the batch's requests, stop tracking it, return those still running at drain_s.
+
+        A receive not yet matched is removed at once; one already matched is being written and
+        is progressed here until it completes or drain_s passes. The caller fails the batch.
+        """
+        pending = batch.pending()
+        if self._cancel is None:
+            batch.requests.clear()  # dropping a request cancels it, unobservably: all stay unsafe
+        else:
+            pending = self._cancel_and_drain(batch, pending, drain_s)
+        self._batches.discard(batch)
+        self.kick()
+        return pending
+
+    def _cancel_and_drain(self, batch: Batch, pending: list[int], drain_s: float) -> list[int]:
+        for index in pending:
+            self._cancel(batch.requests[index].ucxx_ptr)
+        deadline = time.monotonic() + drain_s
+        while pending and time.monotonic() < deadline:
+            self._worker.progress()
+            pending = batch.pending()
+        return pending
+
+    def abandon(self, batch: Batch, error: BaseException) -> None:
+        """Stop tracking a batch and fail it (UCX cannot cancel sends; they only read our memory)."""
+        self._batches.discard(batch)
+        batch.fail(error)
+
+    def fail_all(self, error: BaseException) -> None:
+        for batch in list(self._batches):
+            self.withdraw(batch, drain_s=0.0)
+            batch.fail(error)
+
+    async def close_endpoint(self, endpoint: Any, timeout_s: float) -> None:
+        """Close without waiting past timeout_s (a dead peer may never acknowledge)."""
+        request = endpoint.close()
+        if request is None:
+            return
+        batch = self._track([request], [])
+        if not await self.wait(batch, timeout_s):
+            self.abandon(batch, TimeoutError("endpoint close timed out"))
+
+    def kick(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def _progress(self) -> None:
+        self._worker.progress()
+        for batch in [b for b in self._batches if b.poll()]:
+            self._batches.discard(batch)
+
+    async def _drive(self) -> None:
+        while True:
+            try:
+                self._progress()
+                if not self._worker.arm():
+                    await asyncio.sleep(0)
+                    continue
+                await self._sleep(self._poll_s if self._batches else self._idle_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("UCX progress failed")
+                await asyncio.sleep(self._poll_s)
+
+    async def _sleep(self, timeout_s: float) -> None:
+        wake = self._loop.create_future()
+        self._wake = wake
+        self._loop.add_reader(self._fd, self.kick)
+        timer = self._loop.call_later(timeout_s, self.kick)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._loop.remove_reader(self._fd)
+            self._wake = None
+
+    async def close(self) -> None:
+        """Fail every tracked batch and stop progressing (close endpoints before this)."""
+        self.fail_all(ConnectionError("UCX worker closed"))
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._worker.progress()
