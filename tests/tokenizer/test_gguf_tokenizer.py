@@ -6,7 +6,7 @@ import random
 
 import gguf
 import pytest
-from conftest import VARIED_TEXTS
+from tests.tokenizer.texts import VARIED_TEXTS
 
 from pdserve.tokenizer import ChatMessage, UnsupportedTokenizerError, load_tokenizer
 from pdserve.tokenizer.gguf_metadata import GGUFFormatError, read_gguf_metadata
