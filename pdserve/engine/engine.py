@@ -16,13 +16,13 @@ import torch
 
 from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
-from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.engine.errors import DuplicateRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner
 from pdserve.engine.outputs import RequestOutput, StepResult
+from pdserve.engine.validation import Limits, validate_request
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.loader import LoadedModel, load_model
 from pdserve.requests import FinishReason, Priority, Request, SamplingParams
-from pdserve.sampling.validate import InvalidSamplingParams, validate_sampling
 from pdserve.scheduler import QueueFullError, make_scheduler
 from pdserve.scheduler.output import SchedulerOutput
 
@@ -73,30 +73,14 @@ class Engine:
                      priority: Priority) -> Request:
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
-        self.validate(list(prompt_token_ids), sampling)
+        validate_request(prompt_token_ids, sampling, self.limits)
         return Request(request_id, list(prompt_token_ids), sampling, Priority(priority),
                        arrival_time=self.clock(), eos_token_ids=self.eos_token_ids)
 
-    def validate(self, prompt: list[int], sampling: SamplingParams) -> None:
-        vocab = self.model_config.vocab_size
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty")
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
-        try:
-            validate_sampling(sampling, vocab)
-        except InvalidSamplingParams as exc:
-            raise InvalidRequestError(str(exc)) from exc
-        total = len(prompt) + sampling.max_tokens
-        if total > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({sampling.max_tokens}) = {total} exceeds "
-                f"the model's context of {self.max_model_len} tokens")
-        capacity = self.config.cache.num_blocks * self.config.cache.block_size
-        if total > capacity:
-            raise InvalidRequestError(
-                f"prompt + max_tokens = {total} tokens exceeds this worker's KV pool of {capacity} tokens")
+    @property
+    def limits(self) -> Limits:
+        cache = self.config.cache
+        return Limits(self.model_config.vocab_size, self.max_model_len, cache.num_blocks * cache.block_size)
 
     def step(self) -> StepResult:
         started = time.perf_counter()

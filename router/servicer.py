@@ -1,0 +1,103 @@
+"""The public Generation service: wire in, RequestFlow, wire out. Text happens here."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.engine.text_stream import TextStream
+from pdserve.requests import FinishReason
+from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
+from pdserve.tokenizer import ChatMessage
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+from router.flow import Done, Job, Milestone, NewTokens, RequestFlow
+from router.frontend import Frontend
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, frontend: Frontend, flow: RequestFlow, max_active: int = 1024):
+        self.frontend = frontend
+        self.flow = flow
+        self.max_active = max_active
+        self.active: dict[str, asyncio.Task] = {}
+
+    async def Generate(self, request: pb.GenerateRequest, context):
+        job = self._job(request, context)
+        if job.request_id in self.active:
+            raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
+        if len(self.active) >= self.max_active:
+            raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
+        events: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(_pump(self.flow, job, events))
+        self.active[job.request_id] = task
+        try:
+            async for message in self._responses(job, events):
+                yield message
+        finally:
+            task.cancel()
+            self.active.pop(job.request_id, None)
+
+    async def _responses(self, job: Job, events: asyncio.Queue):
+        text = TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop)
+        completion = 0
+        while True:
+            event = await events.get()
+            if isinstance(event, BaseException):
+                if isinstance(event, asyncio.CancelledError):
+                    yield self._last(job, [], "", FinishReason.ABORT, completion, 0, 0)
+                    return
+                raise event
+            if isinstance(event, Milestone):
+                continue
+            if isinstance(event, NewTokens):
+                completion += len(event.token_ids)
+                delta = text.push(event.token_ids)
+                if delta.stopped:
+                    yield self._last(job, event.token_ids, delta.text, FinishReason.STOP, completion, 0, 0)
+                    return
+                yield pb.GenerateResponse(request_id=job.request_id, token_ids=list(event.token_ids), text=delta.text)
+                continue
+            assert isinstance(event, Done)
+            yield self._last(job, [], text.finish(), event.reason, completion, event.cached_tokens, event.preemptions)
+            return
+
+    def _last(self, job: Job, ids, text: str, reason: FinishReason, completion: int, cached: int, preemptions: int):
+        usage = pb.Usage(prompt_tokens=len(job.prompt), cached_tokens=cached, completion_tokens=completion,
+                         preemptions=preemptions)
+        return pb.GenerateResponse(request_id=job.request_id, token_ids=list(ids), text=text,
+                                   finish_reason=finish_to_pb(reason), usage=usage)
+
+    def _job(self, request: pb.GenerateRequest, context) -> Job:
+        prompt = self._prompt(request)
+        sampling = sampling_from_pb(request.sampling)
+        self.frontend.check(prompt, sampling)
+        metadata = tuple((k, v) for k, v in context.invocation_metadata() if k in ("traceparent", "tracestate"))
+        return Job(request.request_id or uuid.uuid4().hex, tuple(prompt), sampling,
+                   priority_from_pb(request.priority), metadata)
+
+    def _prompt(self, request: pb.GenerateRequest) -> list[int]:
+        kind = request.WhichOneof("prompt")
+        if kind == "text":
+            return self.frontend.text(request.text)
+        if kind == "token_ids":
+            return list(request.token_ids.ids)
+        if kind == "messages":
+            return self.frontend.chat([ChatMessage(m.role, m.content) for m in request.messages.messages])
+        raise InvalidRequestError("no prompt: set one of text, token_ids or messages")
+
+    async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
+        task = self.active.get(request.request_id)
+        if task is None:
+            return pb.AbortResponse(found=False)
+        task.cancel()
+        return pb.AbortResponse(found=True)
+
+
+async def _pump(flow: RequestFlow, job: Job, events: asyncio.Queue) -> None:
+    try:
+        async for event in flow.run(job):
+            events.put_nowait(event)
+    except BaseException as exc:  # handed to the response loop, which maps it
+        events.put_nowait(exc)
