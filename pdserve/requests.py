@@ -78,6 +78,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first admission
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
+    first_scheduled_time: float | None = None  # when its first chunk was scheduled (queue time)
     # Set by the scheduler: order of first arrival (queue place survives preemption) and of the
     # latest admission (victim choice: most recently admitted first).
     arrival_seq: int = -1

@@ -75,7 +75,7 @@ class AsyncEngine:
             except Exception:  # a bug must not kill the worker silently
                 log.exception("engine step failed")
                 raise
-            if result.outputs or result.chunks or result.preemptions:
+            if not result.is_idle or result.holds:
                 self._publish(result)
 
     def _drain_commands(self) -> None:

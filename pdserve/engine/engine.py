@@ -16,19 +16,25 @@ import torch
 
 from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
-from pdserve.engine.errors import DuplicateRequestError, OverloadedError
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner
 from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.engine.validation import Limits, validate_request
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.loader import LoadedModel, load_model
 from pdserve.requests import FinishReason, Priority, Request, SamplingParams
+from pdserve.kv.manager import BlockHold
+from pdserve.scheduler import AdmissionError as SchedulerAdmissionError
+from pdserve.scheduler import DuplicateRequestError as SchedulerDuplicateError
 from pdserve.scheduler import QueueFullError, make_scheduler
 from pdserve.scheduler.output import SchedulerOutput
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
+                 clock: Callable[[], float] = time.monotonic, hold_blocks: bool = False):
+        """`hold_blocks` (prefill workers): finished requests' blocks are handed out as holds in
+        StepResult.holds, to be given back with `release` once their KV was sent."""
         self.config = config
         self.clock = clock
         dtype = getattr(torch, config.dtype)
@@ -42,7 +48,8 @@ class Engine:
         attn = make_attention_backend(config.attention_backend, torch.device(config.device))
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed)
         self.scheduler = make_scheduler(
-            config.scheduler, config.cache, self.kv_bytes_per_token, self.max_model_len, clock
+            config.scheduler, config.cache, self.kv_bytes_per_token, self.max_model_len, clock,
+            hold_finished=hold_blocks,
         )
 
     @property
@@ -59,15 +66,40 @@ class Engine:
         prompt_token_ids: Sequence[int],
         sampling: SamplingParams = SamplingParams(),
         priority: Priority = Priority.NORMAL,
+        output_token_ids: Sequence[int] = (),
     ) -> Request:
-        """Validate and queue a request. Raises InvalidRequestError, DuplicateRequestError,
-        OverloadedError; nothing else in the engine changes when it raises."""
+        """Validate and queue a request (with `output_token_ids`: resume one whose tokens so far
+        were produced elsewhere; they are re-prefilled). Raises InvalidRequestError,
+        DuplicateRequestError, OverloadedError; nothing else in the engine changes then."""
         request = self.make_request(request_id, prompt_token_ids, sampling, priority)
+        request.output_token_ids.extend(output_token_ids)
+        self._queue(self.scheduler.add, request)
+        return request
+
+    def add_remote_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                           sampling: SamplingParams = SamplingParams(),
+                           priority: Priority = Priority.NORMAL) -> Request:
+        """Queue a request whose prompt KV a prefill worker will write into blocks reserved here
+        (StepResult.reserved lists them); `mark_received` starts its decoding."""
+        request = self.make_request(request_id, prompt_token_ids, sampling, priority)
+        self._queue(self.scheduler.add_remote, request)
+        return request
+
+    def _queue(self, add: Callable[[Request], None], request: Request) -> None:
         try:
-            self.scheduler.add(request)
+            add(request)
         except QueueFullError as exc:
             raise OverloadedError(str(exc)) from exc
-        return request
+        except SchedulerDuplicateError as exc:
+            raise DuplicateRequestError(str(exc)) from exc
+        except SchedulerAdmissionError as exc:
+            raise InvalidRequestError(str(exc)) from exc
+
+    def mark_received(self, request_id: str, first_token: int) -> None:
+        self.scheduler.mark_received(request_id, first_token)
+
+    def release(self, hold: BlockHold) -> None:
+        self.scheduler.release_hold(hold)
 
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
                      priority: Priority) -> Request:
@@ -85,11 +117,19 @@ class Engine:
     def step(self) -> StepResult:
         started = time.perf_counter()
         output = self.scheduler.schedule()
+        self._stamp_first_scheduled(output)
         sampled = self.runner.execute(output)
         finished = self.scheduler.update(output, sampled)
         outputs = self._outputs(output, sampled, finished)
         return StepResult(outputs, output.preempted, output.resumed, output.chunks, output.num_tokens,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, tuple(self.scheduler.take_reserved()),
+                          self.scheduler.take_holds())
+
+    def _stamp_first_scheduled(self, output: SchedulerOutput) -> None:
+        now = self.clock()
+        for chunk in output.chunks:
+            if chunk.request.first_scheduled_time is None:
+                chunk.request.first_scheduled_time = now
 
     def _outputs(self, output: SchedulerOutput, sampled: dict[str, int], finished: list[Request]) -> tuple[RequestOutput, ...]:
         done = {r.request_id for r in finished} | {r.request_id for r in output.finished}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pdserve.requests import Request
 from pdserve.scheduler.output import Preemption, ScheduledChunk
+from pdserve.scheduler.results import Reservation
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,3 @@ class StepResult:
     @property
     def is_idle(self) -> bool:
         return not (self.outputs or self.chunks or self.preemptions or self.reserved or self.resumed)
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """Device blocks allocated for a request whose prompt KV arrives from a prefill worker."""
-
-    request: Request
-    block_ids: tuple[int, ...]
