@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 
 from pdserve.engine.validation import Limits
-from pdserve.model.loader import read_model_config
+from pdserve.model.metadata import read_model_config
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.server import RunningServer, ServiceBinding, start_server
 from pdserve.tokenizer import load_tokenizer

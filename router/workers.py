@@ -69,10 +69,8 @@ class WorkerPool:
             self._task.cancel()
 
     async def refresh(self) -> None:
-        before = self.ready
         await asyncio.gather(*(self._poll(w) for w in list(self.workers.values())))
-        if before != self.ready:
-            self.on_change()
+        self.on_change()
 
     async def _poll_forever(self) -> None:
         while True:

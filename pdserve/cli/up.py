@@ -1,0 +1,115 @@
+"""`pdserve up`: router + prefill and decode workers as processes on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+from pdserve.cli.options import add_engine_flags
+from pdserve.cli.supervisor import Supervisor
+
+ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
+                "policy", "max_model_len", "device", "dtype", "attention_backend")
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="start the whole service on this machine")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--prefill-workers", type=int, default=1)
+    p.add_argument("--decode-workers", type=int, default=1)
+    p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
+    p.add_argument("--otlp-traces-endpoint", default=None)
+    p.add_argument("--demo", action="store_true", help="run a short demo once serving, then keep serving")
+    p.add_argument("--ready-timeout", type=float, default=300.0)
+    add_engine_flags(p)
+    p.set_defaults(run=run)
+
+
+def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
+    argv = [role, "--port", "0"]
+    for flag in ENGINE_FLAGS:
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+    if args.no_prefix_cache:
+        argv.append("--no-prefix-cache")
+    if args.otlp_traces_endpoint:
+        argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
+    return argv
+
+
+def plan_cpus(count: int) -> list[set[int] | None]:
+    """One core per worker where there are enough; otherwise no pinning."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < count:
+        return [None] * count
+    return [{c} for c in cores[:count]]
+
+
+def start(args: argparse.Namespace, sup: Supervisor) -> int:
+    roles = ["decode"] * args.decode_workers
+    if args.mode == "disaggregated":
+        roles = ["prefill"] * args.prefill_workers + roles
+    cpus = plan_cpus(len(roles))
+    workers = []
+    for i, (role, cpu) in enumerate(zip(roles, cpus)):
+        threads = ["--threads", str(len(cpu))] if cpu else []
+        workers.append((role, sup.spawn(f"{role}-{i}", worker_argv(args, role) + threads, cpu)))
+    addresses = {"prefill": [], "decode": []}
+    for role, child in workers:
+        addresses[role].append(f"127.0.0.1:{sup.wait_ready(child, args.ready_timeout)}")
+    router_argv = ["router", "--port", str(args.port), "--prefill-workers", ",".join(addresses["prefill"]),
+                   "--decode-workers", ",".join(addresses["decode"])]
+    if args.model:
+        router_argv += ["--model", args.model]
+    if args.mode == "colocated":
+        router_argv.append("--colocated")
+    if args.otlp_traces_endpoint:
+        router_argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
+    router = sup.spawn("router", router_argv)
+    port = sup.wait_ready(router, args.ready_timeout)
+    for role, child in workers:
+        print(f"{child.name}: 127.0.0.1:{child.port} (pid {child.process.pid})", flush=True)
+    print(f"router: 127.0.0.1:{port}; logs in {sup.workdir}", flush=True)
+    return port
+
+
+def run(args: argparse.Namespace) -> int:
+    sup = Supervisor()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        port = start(args, sup)
+        wait_serving(f"127.0.0.1:{port}", args.ready_timeout)
+        print(f"pdserve is SERVING on 127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
+        if args.demo:
+            from pdserve.cli.demo import run_demo
+
+            run_demo(f"127.0.0.1:{port}")
+        while all(c.process.poll() is None for c in sup.children):
+            time.sleep(0.5)
+        print("a service process exited; stopping", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sup.stop()
+
+
+def wait_serving(target: str, timeout_s: float) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"router at {target} not SERVING after {timeout_s:.0f} s")

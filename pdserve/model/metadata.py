@@ -1,0 +1,22 @@
+"""A model's configuration without its weights (the router needs limits, not tensors)."""
+
+from __future__ import annotations
+
+from pdserve.model.config import ModelConfig
+from pdserve.model.errors import ModelLoadError
+from pdserve.model.gguf_loader import _hf_name, gguf_config, gguf_metadata, open_gguf
+from pdserve.model.hf_loader import read_hf_config
+from pdserve.model.loader import resolve_model_path
+
+
+def read_model_config(path: str | None) -> ModelConfig:
+    source = resolve_model_path(path)
+    if source.is_dir():
+        if not (source / "config.json").is_file():
+            raise ModelLoadError(f"{source}: no config.json")
+        return read_hf_config(source)
+    if source.suffix != ".gguf":
+        raise ModelLoadError(f"{source}: expected a .gguf file or a folder with config.json and *.safetensors")
+    reader = open_gguf(source)
+    tensors = {_hf_name(t.name): t for t in reader.tensors}
+    return gguf_config(gguf_metadata(reader), tensors, fallback_name=source.stem)
