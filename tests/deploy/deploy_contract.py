@@ -1,7 +1,7 @@
 """The CLI contract of deploy/README.md, and how the manifests use it.
 
-README.md lists the flags of each subcommand in tables under '### Common flags', '### Router
-flags' and '### Worker flags'; a row's first cell is the flag in backquotes.
+README.md lists the flags in tables under '### Global flags' (before the subcommand), '### Common
+flags', '### Router flags' and '### Worker flags'; a row's first cell is the flag in backquotes.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ SECTION = re.compile(r"^### (.+)$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class Invocation:
-    """One `pdserve ROLE --flag=value ...` command line found in a manifest."""
+    """One `pdserve [--global=value ...] ROLE --flag=value ...` command line of a manifest."""
 
     where: str
     role: str
     flags: dict[str, str]
+    global_flags: dict[str, str]
 
 
 def readme_sections(readme: Path) -> dict[str, set[str]]:
@@ -36,23 +37,34 @@ def readme_sections(readme: Path) -> dict[str, set[str]]:
 
 
 def documented_flags(readme: Path) -> dict[str, set[str]]:
-    """Role -> every flag README.md allows for it."""
+    """Role -> every flag README.md allows after it; 'global' -> flags allowed before it."""
     sections = readme_sections(readme)
     common = sections["Common flags (router, prefill, decode)"]
     workers = sections["Worker flags (prefill, decode)"]
-    return {"router": common | sections["Router flags"], "prefill": common | workers, "decode": common | workers}
+    return {
+        "global": sections["Global flags (before the subcommand)"],
+        "router": common | sections["Router flags"],
+        "prefill": common | workers,
+        "decode": common | workers,
+    }
 
 
 def parse_command(where: str, words: list[str]) -> Invocation:
-    """['prefill', '--port=50061', ...] -> Invocation; every flag must be written --name=value."""
-    role, *rest = words
+    """['--log-level=info', 'prefill', '--port=50061', ...] -> Invocation.
+
+    Every flag must be written --name=value, so that a flag and its value cannot come apart."""
+    position = next(i for i, word in enumerate(words) if not word.startswith("-"))
+    return Invocation(where, words[position], _flags(where, words[position + 1 :]), _flags(where, words[:position]))
+
+
+def _flags(where: str, words: list[str]) -> dict[str, str]:
     flags = {}
-    for word in rest:
+    for word in words:
         name, equals, value = word.partition("=")
         if not (name.startswith("--") and equals):
             raise ValueError(f"{where}: write flags as --name=value, got {word!r}")
         flags[name] = value
-    return Invocation(where, role, flags)
+    return flags
 
 
 def k8s_invocations(manifests: Iterable[Manifest]) -> Iterator[tuple[Manifest, Invocation]]:
