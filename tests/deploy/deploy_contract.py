@@ -33,7 +33,7 @@ def readme_sections(readme: Path) -> dict[str, set[str]]:
     text = readme.read_text()
     heads = list(SECTION.finditer(text))
     ends = [h.start() for h in heads[1:]] + [len(text)]
-    return {h.group(1).strip(): set(FLAG_ROW.findall(text, h.end(), end)) for h, end in zip(heads, ends)}
+    return {h.group(1).strip(): set(FLAG_ROW.findall(text, h.end(), end)) for h, end in zip(heads, ends, strict=True)}
 
 
 def documented_flags(readme: Path) -> dict[str, set[str]]:

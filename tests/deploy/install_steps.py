@@ -16,8 +16,23 @@ from pathlib import Path
 
 PIP_INSTALL = re.compile(r"(?:^|\s)(?:\S*/)?(?:pip3?|python3?(?:\.\d+)? -m pip) install (.*)$")
 OPTIONS_WITH_VALUE = frozenset(
-    {"-r", "--requirement", "-c", "--constraint", "-i", "--index-url", "--extra-index-url",
-     "-f", "--find-links", "--target", "-t", "--prefix", "--root", "--platform", "--python-version"}
+    {
+        "-r",
+        "--requirement",
+        "-c",
+        "--constraint",
+        "-i",
+        "--index-url",
+        "--extra-index-url",
+        "-f",
+        "--find-links",
+        "--target",
+        "-t",
+        "--prefix",
+        "--root",
+        "--platform",
+        "--python-version",
+    }
 )
 NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -94,7 +109,7 @@ def parse_requirement(word: str) -> Requirement:
     if match is None:
         raise ValueError(f"cannot read requirement {word!r}")
     name = re.sub(r"[-_.]+", "-", match.group(1)).lower()
-    return Requirement(Target.PACKAGE, name, base[match.end():].strip(), extras)
+    return Requirement(Target.PACKAGE, name, base[match.end() :].strip(), extras)
 
 
 def _logical_lines(text: str) -> list[str]:

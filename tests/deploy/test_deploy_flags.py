@@ -14,10 +14,32 @@ from deploy_contract import ROLES, Invocation, documented_flags, k8s_invocations
 from deploy_paths import DOCKER, LAYOUTS, README, REPO
 
 BRIEF_FLAGS = {  # what the deployment needs from each role, at the least
-    "router": {"--port", "--prefill-workers", "--prefill-dns", "--decode-workers", "--decode-dns", "--metrics-port",
-               "--otlp-traces-endpoint", "--tls-cert", "--tls-key", "--tls-ca", "--cluster-token-file", "--api-token-file"},
-    "prefill": {"--port", "--model", "--kv-blocks", "--token-budget", "--metrics-port", "--tls-cert", "--tls-key",
-                "--tls-ca", "--cluster-token-file", "--advertise-host"},
+    "router": {
+        "--port",
+        "--prefill-workers",
+        "--prefill-dns",
+        "--decode-workers",
+        "--decode-dns",
+        "--metrics-port",
+        "--otlp-traces-endpoint",
+        "--tls-cert",
+        "--tls-key",
+        "--tls-ca",
+        "--cluster-token-file",
+        "--api-token-file",
+    },
+    "prefill": {
+        "--port",
+        "--model",
+        "--kv-blocks",
+        "--token-budget",
+        "--metrics-port",
+        "--tls-cert",
+        "--tls-key",
+        "--tls-ca",
+        "--cluster-token-file",
+        "--advertise-host",
+    },
 }
 BRIEF_FLAGS["decode"] = BRIEF_FLAGS["prefill"]
 ROLE_PORTS = {"router": "50051", "prefill": "50061", "decode": "50071"}
@@ -25,7 +47,11 @@ ROLE_PORTS = {"router": "50051", "prefill": "50061", "decode": "50071"}
 
 def compose_invocations() -> list[Invocation]:
     services = yaml.safe_load((DOCKER / "docker-compose.yaml").read_text())["services"]
-    return [parse_command(f"compose/{name}", s["command"]) for name, s in services.items() if "command" in s and name in ROLES]
+    return [
+        parse_command(f"compose/{name}", s["command"])
+        for name, s in services.items()
+        if "command" in s and name in ROLES
+    ]
 
 
 def all_invocations(rendered) -> list[Invocation]:
@@ -75,7 +101,14 @@ def test_compose_router_dials_the_workers_on_their_ports():
 def cli_help(words: list[str]) -> subprocess.CompletedProcess:
     program = "import sys; from pdserve.cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-c", program, *words, "--help"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", program, *words, "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 @pytest.mark.timeout(300)

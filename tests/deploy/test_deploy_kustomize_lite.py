@@ -13,8 +13,13 @@ from kustomize_lite import ResourceId, UnsupportedKustomization, render, split_i
 
 POD = {
     "containers": [
-        {"name": "a", "image": "x:1", "args": ["one", "two"], "env": [{"name": "K", "value": "1"}],
-         "ports": [{"name": "grpc", "containerPort": 1}]},
+        {
+            "name": "a",
+            "image": "x:1",
+            "args": ["one", "two"],
+            "env": [{"name": "K", "value": "1"}],
+            "ports": [{"name": "grpc", "containerPort": 1}],
+        },
         {"name": "b", "image": "y:1"},
     ],
     "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
@@ -48,13 +53,22 @@ def test_merge_replaces_plain_lists_and_deletes_null_keys():
 
 
 def test_merge_matches_container_ports_by_number():
-    merged = strategic_merge(POD, {"containers": [{"name": "a", "ports": [{"containerPort": 1, "protocol": "TCP"}, {"containerPort": 2}]}]})
-    assert merged["containers"][0]["ports"] == [{"name": "grpc", "containerPort": 1, "protocol": "TCP"}, {"containerPort": 2}]
+    merged = strategic_merge(
+        POD, {"containers": [{"name": "a", "ports": [{"containerPort": 1, "protocol": "TCP"}, {"containerPort": 2}]}]}
+    )
+    assert merged["containers"][0]["ports"] == [
+        {"name": "grpc", "containerPort": 1, "protocol": "TCP"},
+        {"containerPort": 2},
+    ]
 
 
 @pytest.mark.parametrize(
     ("image", "expected"),
-    [("pdserve:0.1.0", ("pdserve", "0.1.0")), ("reg:5000/team/pdserve:1", ("reg:5000/team/pdserve", "1")), ("pdserve", ("pdserve", ""))],
+    [
+        ("pdserve:0.1.0", ("pdserve", "0.1.0")),
+        ("reg:5000/team/pdserve:1", ("reg:5000/team/pdserve", "1")),
+        ("pdserve", ("pdserve", "")),
+    ],
 )
 def test_split_image(image, expected):
     assert split_image(image) == expected
@@ -74,20 +88,36 @@ def write_kustomization(folder: Path, spec: dict, files: dict[str, list[dict]]) 
 
 
 def deployment(name: str) -> dict:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-            "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "c", "image": "pdserve:0.1.0"}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "c", "image": "pdserve:0.1.0"}]}}},
+    }
 
 
 def test_render_applies_patches_replicas_and_images(tmp_path):
     base = write_kustomization(tmp_path / "base", {"resources": ["d.yaml"]}, {"d.yaml": [deployment("d")]})
-    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
-             "spec": {"template": {"spec": {"containers": [{"name": "c", "args": ["router"]}]}}}}
-    spec = {"resources": ["../base"], "patches": [{"path": "p.yaml"}], "replicas": [{"name": "d", "count": 3}],
-            "images": [{"name": "pdserve", "newName": "reg/pdserve", "newTag": "2"}]}
+    patch = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "args": ["router"]}]}}},
+    }
+    spec = {
+        "resources": ["../base"],
+        "patches": [{"path": "p.yaml"}],
+        "replicas": [{"name": "d", "count": 3}],
+        "images": [{"name": "pdserve", "newName": "reg/pdserve", "newTag": "2"}],
+    }
     overlay = write_kustomization(tmp_path / "overlay", spec, {"p.yaml": [patch]})
     [rendered] = render(overlay)
     assert rendered["spec"]["replicas"] == 3
-    assert rendered["spec"]["template"]["spec"]["containers"][0] == {"name": "c", "image": "reg/pdserve:2", "args": ["router"]}
+    assert rendered["spec"]["template"]["spec"]["containers"][0] == {
+        "name": "c",
+        "image": "reg/pdserve:2",
+        "args": ["router"],
+    }
     assert render(base)[0]["spec"]["replicas"] == 1
 
 

@@ -129,6 +129,13 @@ def test_compose_mounts_the_local_config_and_points_pdserve_at_the_collector():
 
 def test_readme_says_how_to_see_a_trace():
     text = README.read_text()
-    for needed in ("-p 16686:16686", "-p 4317:4317", "--otlp-traces-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT",
-                   "pdserve-router", "pdserve.generate", "http://localhost:16686"):
+    for needed in (
+        "-p 16686:16686",
+        "-p 4317:4317",
+        "--otlp-traces-endpoint",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "pdserve-router",
+        "pdserve.generate",
+        "http://localhost:16686",
+    ):
         assert needed in text, needed

@@ -44,7 +44,9 @@ def health_server(credentials: grpc.ServerCredentials | None = None) -> Iterator
     servicer.set("liveness", SERVING)
     servicer.set("pdserve.v1.Generation", NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_secure_port("127.0.0.1:0", credentials) if credentials else server.add_insecure_port("127.0.0.1:0")
+    port = (
+        server.add_secure_port("127.0.0.1:0", credentials) if credentials else server.add_insecure_port("127.0.0.1:0")
+    )
     server.start()
     try:
         yield f"127.0.0.1:{port}"
@@ -75,7 +77,9 @@ def generated(tmp_path_factory) -> Path:
     if shutil.which("openssl") is None or shutil.which("bash") is None:
         pytest.skip("needs bash and openssl")
     out = tmp_path_factory.mktemp("secrets") / "out"
-    result = subprocess.run(["bash", str(GENERATOR), str(out), NAMESPACE, "2"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", str(GENERATOR), str(out), NAMESPACE, "2"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -85,7 +89,10 @@ def test_generated_secrets_validate_and_carry_the_referenced_keys(generated):
     for secret in secrets:
         kubernetes_validate.validate(secret, kubernetes_validate.latest_version(), strict=True)
     assert {s["metadata"]["name"]: frozenset(s["data"]) for s in secrets} == GENERATED_SECRET_KEYS
-    assert {s["metadata"]["name"]: s["type"] for s in secrets} == {"pdserve-tls": "kubernetes.io/tls", "pdserve-tokens": "Opaque"}
+    assert {s["metadata"]["name"]: s["type"] for s in secrets} == {
+        "pdserve-tls": "kubernetes.io/tls",
+        "pdserve-tokens": "Opaque",
+    }
     for secret in secrets:
         for key, value in secret["data"].items():
             assert base64.b64decode(value) == (generated / key).read_bytes()
@@ -106,19 +113,37 @@ def test_generator_refuses_to_overwrite(generated):
 
 
 def subject_alt_names(certificate: Path) -> list[str]:
-    text = subprocess.run(["openssl", "x509", "-in", str(certificate), "-noout", "-ext", "subjectAltName"],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(certificate), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [name.strip().partition(":")[2] for name in text.splitlines()[1].split(",")]
 
 
 def test_certificates_chain_to_the_ca_and_name_every_peer(generated, rendered):
-    verify = subprocess.run(["openssl", "verify", "-CAfile", str(generated / "ca.crt"), str(generated / "tls.crt"),
-                             str(generated / "client.crt")], capture_output=True, text=True)
+    verify = subprocess.run(
+        [
+            "openssl",
+            "verify",
+            "-CAfile",
+            str(generated / "ca.crt"),
+            str(generated / "tls.crt"),
+            str(generated / "client.crt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     names = subject_alt_names(generated / "tls.crt")
     config = next(m for m in rendered["base"] if m["metadata"]["name"] == "pdserve-config")["data"]
-    peers = [config["PDSERVE_TLS_SERVER_NAME"], f"pdserve-router.{NAMESPACE}.svc",
-             f"pdserve-prefill-0.pdserve-prefill.{NAMESPACE}.svc", f"pdserve-decode-3.pdserve-decode.{NAMESPACE}.svc"]
+    peers = [
+        config["PDSERVE_TLS_SERVER_NAME"],
+        f"pdserve-router.{NAMESPACE}.svc",
+        f"pdserve-prefill-0.pdserve-prefill.{NAMESPACE}.svc",
+        f"pdserve-decode-3.pdserve-decode.{NAMESPACE}.svc",
+    ]
     for peer in peers:
         assert any(fnmatch(peer, name) and peer.count(".") == name.count(".") for name in names), peer
 
