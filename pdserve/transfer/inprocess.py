@@ -24,11 +24,12 @@ from pdserve.transfer.base import (
     Pairs,
     TransferCancelled,
     TransferError,
+    TransferRejected,
     TransferResult,
     TransferTimeout,
     pool_bytes,
 )
-from pdserve.transfer.descriptors import BlockRun, check_bounds, merge_runs, total_blocks
+from pdserve.transfer.descriptors import BlockRun, check_bounds, merge_runs, split_runs, total_blocks
 from pdserve.transfer.ledger import Ledger
 
 
@@ -71,11 +72,14 @@ class InProcessReceiver(KVReceiver):
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
         self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._address = fabric.register(self)
+        self._closed = False
 
     def address(self) -> bytes:
         return self._address
 
     async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float) -> TransferResult:
+        if self._closed:
+            raise TransferRejected("receiver closed")
         runs = merge_runs(pairs)
         piece = _Piece(transfer_id, seq, runs, self.bytes.shape[1], time.perf_counter(),
                        asyncio.get_running_loop().create_future())
@@ -109,6 +113,7 @@ class InProcessReceiver(KVReceiver):
         return CancelResult(transfer_id, len(pieces))
 
     async def close(self) -> None:
+        self._closed = True
         self._fabric.unregister(self._address)
         for piece in self._ledger:
             self.finish(piece, TransferCancelled("receiver closed"))
@@ -152,9 +157,12 @@ def _resolve(waiter: asyncio.Future, value: object) -> None:
 
 
 class InProcessSender(KVSender):
-    def __init__(self, fabric: InProcessFabric, pool: torch.Tensor):
+    """Copies at most max_copy_bytes (whole blocks) between yields to the loop."""
+
+    def __init__(self, fabric: InProcessFabric, pool: torch.Tensor, max_copy_bytes: int = 16 << 20):
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._fabric = fabric
+        self._max_blocks = max(1, max_copy_bytes // self.bytes.shape[1])
         self._closed = False
 
     async def send(
@@ -166,7 +174,7 @@ class InProcessSender(KVSender):
         receiver = self._fabric.lookup(peer_address)
         piece = await receiver.posted(transfer_id, seq, timeout_s)
         self._check_layout(receiver, piece, runs)
-        for run in runs:
+        for run in split_runs(runs, self._max_blocks):
             self._check_live(piece, started, timeout_s)
             receiver.bytes[run.dst_start : run.dst_start + run.count].copy_(
                 self.bytes[run.src_start : run.src_start + run.count]

@@ -115,6 +115,7 @@ class UcxReceiver(KVReceiver):
         self._worker = config.worker()
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
         self._address = self._worker.address()
+        self._closed = False
 
     def address(self) -> bytes:
         return self._address
@@ -131,6 +132,8 @@ class UcxReceiver(KVReceiver):
             self._ledger.remove(transfer_id, seq)
 
     def _post(self, transfer_id: str, seq: int, pairs: Pairs) -> _Piece:
+        if self._closed:
+            raise TransferRejected("receiver closed")
         block_nbytes = self.bytes.shape[1]
         try:
             messages = _plan(pairs, block_nbytes, self._config)
@@ -176,6 +179,7 @@ class UcxReceiver(KVReceiver):
         return CancelResult(transfer_id, len(pieces), tuple(b for e in errors for b in e.unsafe_blocks))
 
     async def close(self) -> None:
+        self._closed = True
         for piece in self._ledger:
             if not piece.batch.future.done():
                 self._withdraw(piece, TransferCancelled(f"{piece.name()}: receiver closed"))

@@ -202,3 +202,57 @@ def test_overlapping_and_out_of_pool_pieces_are_rejected(transport_name):
         await close(sender, receiver)
 
     run(main())
+
+
+def test_send_before_expect_completes_once_expected(transport_name):
+    async def main():
+        sender, receiver, src, dst = ends(transport_name)
+        before = dst.clone()
+        pairs = [(0, 7), (1, 8), (2, 9)]
+        send = asyncio.create_task(sender.send(receiver.address(), "early", 0, pairs, 5.0))
+        await asyncio.sleep(0.2)
+        assert not send.done() and torch.equal(dst, before)
+        got = await receiver.expect("early", 0, pairs, 5.0)
+        assert (await send).nbytes == got.nbytes
+        assert_landed(src, dst, pairs, before)
+        await close(sender, receiver)
+
+    run(main())
+
+
+def test_closed_receiver_refuses_new_pieces(transport_name):
+    async def main():
+        sender, receiver, src, dst = ends(transport_name)
+        live = asyncio.create_task(receiver.expect("a", 0, [(0, 0)], 5.0))
+        await asyncio.sleep(0)
+        await receiver.close()
+        with pytest.raises(TransferCancelled):
+            await live
+        with pytest.raises(TransferRejected):
+            await receiver.expect("b", 0, [(0, 1)], 1.0)
+        await sender.close()
+
+    run(main())
+
+
+def test_inprocess_cancel_mid_copy_stops_before_the_next_block():
+    from pdserve.transfer.inprocess import InProcessReceiver, InProcessSender
+
+    async def main():
+        fabric = InProcessFabric()
+        src, dst = make_pool(fill=True), make_pool(fill=False)
+        receiver, sender = InProcessReceiver(fabric, dst), InProcessSender(fabric, src, max_copy_bytes=1)
+        pairs = [(i, i) for i in range(8)]
+        expect = asyncio.create_task(receiver.expect("t", 0, pairs, 5.0))
+        send = asyncio.create_task(sender.send(receiver.address(), "t", 0, pairs, 5.0))
+        while not dst[0].any():
+            await asyncio.sleep(0)
+        receiver.cancel("t")
+        snapshot = dst.clone()
+        with pytest.raises(TransferError):
+            await send
+        with pytest.raises(TransferCancelled):
+            await expect
+        assert torch.equal(dst, snapshot) and not dst[7].any()
+
+    run(main())
