@@ -65,13 +65,36 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> to
     return logits.masked_fill(logits < kth, -torch.inf)
 
 
-def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """probs: [R, V]; top_p: [R]. Tokens outside each row's nucleus get probability 0."""
-    sorted_probs = probs.sort(dim=-1, descending=True).values  # [R, V]
-    cumulative = sorted_probs.double().cumsum(dim=-1)
+def nucleus_threshold(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sorted_probs: [R, K] descending (the K largest of each row); top_p: [R].
+
+    Returns (threshold [R, 1], covered [R] bool). Where `covered`, the K values hold at least
+    top_p of the mass, so the nucleus lies inside them and is exactly {p >= threshold}."""
+    cumulative = sorted_probs.double().cumsum(dim=-1)  # [R, K]
     mass_before = cumulative - sorted_probs.double()
     kept = (mass_before < top_p.double().unsqueeze(1)).sum(dim=-1, keepdim=True)  # [R, 1], >= 1
     threshold = sorted_probs.gather(1, kept - 1)  # [R, 1]
+    covered = cumulative[:, -1] >= top_p.double()
+    return threshold, covered
+
+
+def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor, candidates: tuple[int, ...] = (256, 4096)) -> torch.Tensor:
+    """probs: [R, V]; top_p: [R]. Tokens outside each row's nucleus get probability 0.
+
+    The nucleus is looked for among each row's 256 most likely tokens, then 4096, and only
+    rows whose nucleus is larger still (flat distributions) pay for a full sort."""
+    vocab = probs.shape[-1]
+    threshold = torch.zeros(probs.shape[0], 1, dtype=probs.dtype, device=probs.device)  # [R, 1]
+    pending = torch.arange(probs.shape[0], device=probs.device)
+    for size in sorted({min(c, vocab) for c in (*candidates, vocab)}):
+        rows = probs[pending]  # [P, V]
+        top = rows.topk(size, dim=-1).values if size < vocab else rows.sort(dim=-1, descending=True).values
+        found, covered = nucleus_threshold(top, top_p[pending])
+        settled = covered | (size == vocab)
+        threshold[pending[settled]] = found[settled]
+        pending = pending[~settled]
+        if pending.numel() == 0:
+            break
     threshold = torch.where(top_p.unsqueeze(1) >= 1.0, torch.zeros_like(threshold), threshold)
     return probs.masked_fill(probs < threshold, 0.0)
 

@@ -50,19 +50,24 @@ class Sampler:
             raise ValueError(
                 f"logits have {logits.shape[0]} rows but got {len(params)} params and {len(token_indices)} indices"
             )
-        tokens = logits.argmax(dim=-1)  # [S]
-        rows = [i for i, p in enumerate(params) if not p.greedy]
-        if rows:
-            tokens[torch.tensor(rows, device=logits.device)] = self._sample_rows(
-                logits[rows], [params[i] for i in rows], [token_indices[i] for i in rows], generator
-            )
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled:
+            return logits.argmax(dim=-1).tolist()
+        if len(sampled) == len(params):
+            return self._sample_rows(logits, params, token_indices, generator).tolist()
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)  # [S]
+        tokens[greedy] = logits[greedy].argmax(dim=-1)
+        tokens[sampled] = self._sample_rows(
+            logits[sampled], [params[i] for i in sampled], [token_indices[i] for i in sampled], generator
+        )
         return tokens.tolist()
 
     def _sample_rows(
         self,
         logits: torch.Tensor,
-        params: list[SamplingParams],
-        token_indices: list[int],
+        params: Sequence[SamplingParams],
+        token_indices: Sequence[int],
         generator: torch.Generator,
     ) -> torch.Tensor:
         """logits: [R, V] of non-greedy rows -> [R] int64."""

@@ -82,3 +82,16 @@ def test_draw_uniforms_mixes_seeded_and_generator_rows():
     values = draw_uniforms(params, [5, 0, 6, 0], torch.Generator().manual_seed(0), torch.device("cpu"))
     expected = torch.rand(2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     assert values.tolist() == [seeded_uniform(3, 5), expected[0].item(), seeded_uniform(4, 6), expected[1].item()]
+
+
+def test_top_p_candidate_shortcut_equals_the_full_sort():
+    """Peaked rows are settled among the candidates, flat rows fall back to a full sort: both
+    must give exactly the full-sort nucleus."""
+    g = torch.Generator().manual_seed(5)
+    scales = torch.tensor([0.1, 1.0, 4.0, 10.0, 0.5, 8.0]).unsqueeze(1)
+    probs = torch.softmax(torch.randn(6, 300, generator=g) * scales, dim=-1)  # [6, 300]
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.3, 1.0, 0.999])
+    full = apply_top_p(probs, top_p, candidates=())
+    for candidates in ((1,), (8,), (64,), (4, 32), (300,)):
+        assert torch.equal(apply_top_p(probs, top_p, candidates=candidates), full)
+    assert 0 < int((full[0] > 0).sum()) < 300 and int((full[3] > 0).sum()) < 10

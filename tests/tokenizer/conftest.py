@@ -9,7 +9,6 @@ from pdserve.tokenizer import embedded_gguf_path, load_tokenizer
 from tests.tokenizer.spm_folder import write_spm_folder
 
 
-
 @pytest.fixture(scope="session")
 def gguf_path() -> str:
     return embedded_gguf_path()

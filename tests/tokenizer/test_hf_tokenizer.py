@@ -97,3 +97,21 @@ def test_named_templates_use_default(tmp_path):
 def test_folder_without_tokenizer_json(tmp_path):
     with pytest.raises(UnsupportedTokenizerError, match="no tokenizer.json"):
         load_tokenizer(str(tmp_path))
+
+
+def test_tiny_model_tokenizer_matches_transformers(tmp_path):
+    """The tokenizer the tiny test checkpoints ship (byte-level BPE, ChatML template)."""
+    from transformers import AutoTokenizer
+
+    from tests.helpers.tiny_models import BOS_ID, EOS_ID, build_tokenizer
+
+    build_tokenizer(tmp_path)
+    reference = AutoTokenizer.from_pretrained(str(tmp_path))
+    tok = load_tokenizer(str(tmp_path))
+    for text in VARIED_TEXTS:
+        assert tok.encode(text) == reference.encode(text)
+        assert tok.decode(tok.encode(text)) == reference.decode(reference.encode(text), skip_special_tokens=True)
+    conversation = [{"role": "user", "content": "Hello! How are you today?"}]
+    expected = reference.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
+    assert tok.apply_chat_template(conversation) == expected["input_ids"]
+    assert (tok.bos_token_id, tok.eos_token_ids[0]) == (BOS_ID, EOS_ID)
