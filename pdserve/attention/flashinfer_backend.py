@@ -37,7 +37,7 @@ class PagedLayout:
     kv_indptr: torch.Tensor  # [S + 1] pages of sequence i: kv_indices[kv_indptr[i]:kv_indptr[i+1]]
     kv_indices: torch.Tensor  # [total pages] block ids
     kv_last_page_len: torch.Tensor  # [S] tokens used in each sequence's last page, 1..block_size
-    row_order: torch.Tensor | None  # [T] flat rows in sequence order; None when already in order
+    row_order: torch.Tensor | None  # [rows used] flat rows in sequence order; None: rows 0..T-1 in order
 
 
 def paged_layout(batch: ForwardBatch, block_size: int, device: torch.device) -> PagedLayout:
@@ -89,7 +89,7 @@ class FlashInferBackend(AttentionBackend):
         out = self._wrapper.run(queries.contiguous(), kv.layer(layer))  # [T, H, D]
         if layout.row_order is None:
             return out
-        return torch.empty_like(out).index_copy_(0, layout.row_order, out)
+        return out.new_zeros((q.shape[0], *out.shape[1:])).index_copy_(0, layout.row_order, out)
 
     def _plan(self, layout: PagedLayout, q: torch.Tensor, kv: KVCache) -> None:
         self._wrapper.plan(

@@ -1,0 +1,68 @@
+"""Choosing a backend by name, and flashinfer's page tables (computed without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pdserve.attention import AttentionBackendUnavailable, make_attention_backend
+from pdserve.attention.batch import ForwardBatch, SeqSpan
+from pdserve.attention.flashinfer_backend import paged_layout
+from pdserve.attention.torch_backend import TorchAttentionBackend
+
+
+def test_torch_and_auto_on_cpu_give_the_torch_backend():
+    assert isinstance(make_attention_backend("torch", "cpu"), TorchAttentionBackend)
+    assert isinstance(make_attention_backend("auto", "cpu"), TorchAttentionBackend)
+    assert isinstance(make_attention_backend("auto", "cuda", torch.float32), TorchAttentionBackend)
+
+
+def test_flashinfer_without_cuda_is_a_clear_error():
+    with pytest.raises(AttentionBackendUnavailable, match="flashinfer attention unavailable: device cpu is not CUDA"):
+        make_attention_backend("flashinfer", "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_flashinfer_on_a_cuda_device_without_cuda_names_the_reason():
+    with pytest.raises(AttentionBackendUnavailable, match="CUDA is not available"):
+        make_attention_backend("flashinfer", "cuda")
+
+
+def test_unknown_backend_name_is_rejected():
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'.*auto, torch, flashinfer"):
+        make_attention_backend("flash", "cpu")
+
+
+def batch_of(spans: list[SeqSpan], tokens: int) -> ForwardBatch:
+    zeros = torch.zeros(tokens, dtype=torch.long)
+    return ForwardBatch(zeros, zeros, zeros, tuple(spans), torch.zeros(0, dtype=torch.long))
+
+
+def test_paged_layout_describes_each_sequence_in_csr_form():
+    spans = [
+        SeqSpan(query_start=0, query_len=5, context_len=5, block_table=(7, 2)),  # fresh prompt
+        SeqSpan(query_start=5, query_len=1, context_len=9, block_table=(4, 0, 3, 9)),  # decode, last page 1
+        SeqSpan(query_start=6, query_len=3, context_len=8, block_table=(1, 5)),  # chunk, full last page
+    ]
+    layout = paged_layout(batch_of(spans, 9), block_size=4, device=torch.device("cpu"))
+    assert layout.qo_indptr.tolist() == [0, 5, 6, 9]
+    assert layout.kv_indptr.tolist() == [0, 2, 5, 7]
+    assert layout.kv_indices.tolist() == [7, 2, 4, 0, 3, 1, 5]
+    assert layout.kv_last_page_len.tolist() == [1, 1, 4]
+    assert layout.qo_indptr.dtype == torch.int32 and layout.kv_indices.dtype == torch.int32
+    assert layout.row_order is None
+
+
+def test_paged_layout_sorts_sequences_by_their_rows():
+    spans = [SeqSpan(3, 1, 2, (6,)), SeqSpan(0, 3, 3, (1,))]
+    layout = paged_layout(batch_of(spans, 4), block_size=4, device=torch.device("cpu"))
+    assert layout.qo_indptr.tolist() == [0, 3, 4]
+    assert layout.kv_indices.tolist() == [1, 6]
+    assert layout.row_order is None
+
+
+def test_paged_layout_gathers_rows_when_the_batch_has_gaps():
+    spans = [SeqSpan(0, 2, 2, (3,)), SeqSpan(3, 1, 5, (0, 1))]  # row 2 belongs to no sequence
+    layout = paged_layout(batch_of(spans, 4), block_size=4, device=torch.device("cpu"))
+    assert layout.qo_indptr.tolist() == [0, 2, 3]
+    assert layout.row_order.tolist() == [0, 1, 3]

@@ -1,0 +1,63 @@
+"""Greedy decoding through the paged model equals transformers' generate(), token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.paged_driver import PagedDriver
+from tests.helpers.reference import hf_greedy
+from tests.model.smol_prompts import SMOL_NEW_TOKENS, SMOL_PROMPTS
+
+TINY_NEW_TOKENS = 16
+TINY_PROMPT_LENGTHS = (5, 33, 100)
+TINY_NAMES = ("llama_gqa_llama3", "qwen2_bias", "llama_untied", "mistral")
+
+
+def tiny_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return [1] + torch.randint(3, vocab_size, (length - 1,), generator=generator).tolist()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", sorted(SMOL_PROMPTS))
+def test_smollm2_whole_prompt_matches_transformers(smollm2, smollm2_reference_ids, name):
+    driver = PagedDriver(smollm2.model, block_size=16, shuffle_seed=7)
+    assert driver.greedy(SMOL_PROMPTS[name], SMOL_NEW_TOKENS) == smollm2_reference_ids[name]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("name", "chunk"), [("france", 1), ("france", 7), ("summary", 64)])
+def test_smollm2_chunked_prefill_matches_transformers(smollm2, smollm2_reference_ids, name, chunk):
+    driver = PagedDriver(smollm2.model, block_size=16, shuffle_seed=chunk)
+    assert driver.greedy(SMOL_PROMPTS[name], SMOL_NEW_TOKENS, chunk=chunk) == smollm2_reference_ids[name]
+
+
+def test_smollm2_answers_the_france_question(smollm2, smollm2_reference_ids):
+    """The documented answer "The capital of France is Paris." then <|im_end|> (id 2)."""
+    generated = smollm2_reference_ids["france"]
+    assert generated[:8] == [504, 3575, 282, 4649, 314, 7042, 30, 2]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_tiny_models_match_transformers(tiny_models, name):
+    ours, reference = tiny_models[name]
+    for length in TINY_PROMPT_LENGTHS:
+        prompt = tiny_prompt(length, ours.config.vocab_size, seed=length)
+        expected = hf_greedy(reference, prompt, TINY_NEW_TOKENS)
+        for chunk in (1, 7, 64, None):
+            driver = PagedDriver(ours.model, block_size=4, shuffle_seed=length)
+            got = driver.greedy(prompt, TINY_NEW_TOKENS, chunk=chunk)
+            assert got == expected, f"{name}: prompt of {length}, chunk {chunk}"
+
+
+@pytest.mark.parametrize("name", TINY_NAMES)
+def test_tiny_model_logits_close_to_transformers(tiny_models, name):
+    ours, reference = tiny_models[name]
+    prompt = tiny_prompt(50, ours.config.vocab_size, seed=3)
+    driver = PagedDriver(ours.model, block_size=8)
+    logits = driver.step([(driver.new_sequence(prompt), len(prompt))])[0]
+    with torch.inference_mode():
+        expected = reference(torch.tensor([prompt])).logits[0, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
