@@ -11,6 +11,7 @@ does) and never touches KV bytes (the executor copies `swap_out` / `swap_in` pai
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,14 +34,16 @@ class KVStats:
     host_total: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BlockHold:
-    """Blocks kept alive after their request left the scheduler (a KV transfer may still read or
-    write them). Give them back with `KVManager.release`."""
+    """Extra references on a request's device blocks, so that neither the request's end nor its
+    preemption nor eviction can recycle them while a KV transfer reads or writes them. Give them
+    back with `KVManager.release`."""
 
     request_id: str
-    blocks: tuple[int, ...]
-    num_tokens: int  # leading tokens whose KV the blocks hold
+    blocks: tuple[int, ...]  # the request's block table when the hold was taken
+    num_tokens: int  # leading tokens whose KV the blocks held then (num_computed_tokens)
+    hold_id: int = 0
 
 
 class SwapPlan(NamedTuple):
@@ -72,7 +75,8 @@ class KVManager:
         self.watermark_blocks = int(cfg.watermark * cfg.num_blocks)
         self._tables: dict[str, _Table] = {}
         self._host_tables: dict[str, tuple[int, ...]] = {}
-        self._holds: dict[str, BlockHold] = {}
+        self._holds: dict[int, BlockHold] = {}
+        self._hold_ids = itertools.count(1)
         self._host_releasing: list[int] = []
 
     @property
@@ -189,7 +193,7 @@ class KVManager:
 
     def swap_in(self, request: Request, reserve: int = 0) -> SwapResult:
         """Device blocks for a swapped request: (host, device) pairs to copy. Blocks still in the
-        prefix cache are reused instead of copied. Host blocks are released at the next step."""
+        prefix cache are reused instead of copied. Host blocks are released at end_step."""
         host = self._host_tables[request.request_id]
         match = self.prefix.match(TokenView(request, request.num_computed_tokens))
         for block in match.blocks:
@@ -204,30 +208,32 @@ class KVManager:
         self._host_releasing.extend(host)
         return SwapPlan(tuple(zip(host[len(match.blocks):], result.blocks)))
 
-    def begin_step(self) -> None:
-        """NOTE: host blocks read by a swap-in are only reused from the next step on: the
-        executor copies swap_out before swap_in, so reuse within a step would clobber them."""
+    def end_step(self) -> None:
+        """The executor has run the step: host blocks read by its swap-ins may be reused.
+        NOTE: not earlier: it copies swap_out before swap_in, so a host block freed by a swap-in
+        and reused by a swap-out of the same step would be overwritten before it is read."""
         self.host.free(self._host_releasing)
         self._host_releasing = []
 
     def hold(self, request: Request) -> BlockHold:
-        """Move the request's device blocks into a hold (computed full blocks are cached first)."""
-        assert request.request_id not in self._holds, f"{request.request_id} is already held"
+        """Reference every device block the request holds now (computed full blocks are cached
+        first). The request keeps its blocks; several holds may coexist."""
         self.cache_computed(request)
-        table = self._tables.pop(request.request_id, None)
-        self.host.free(self._host_tables.pop(request.request_id, ()))
-        hold = BlockHold(request.request_id, tuple(table.blocks) if table else (), request.num_computed_tokens)
-        self._holds[request.request_id] = hold
+        table = self._tables.get(request.request_id)
+        blocks = tuple(table.blocks) if table is not None else ()
+        for block in blocks:
+            self.device.incref(block)
+        hold = BlockHold(request.request_id, blocks, request.num_computed_tokens, next(self._hold_ids))
+        self._holds[hold.hold_id] = hold
         return hold
 
     def release(self, hold: BlockHold) -> None:
-        """Give back a hold's blocks. Idempotent."""
-        if self._holds.get(hold.request_id) is hold:
-            del self._holds[hold.request_id]
+        """Give back a hold's references. Idempotent."""
+        if self._holds.pop(hold.hold_id, None) is not None:
             self.device.free(hold.blocks)
 
-    def holds(self) -> dict[str, BlockHold]:
-        return dict(self._holds)
+    def holds(self) -> list[BlockHold]:
+        return list(self._holds.values())
 
     def stats(self) -> KVStats:
         return KVStats(self.device.num_free, self.device.num_active, self.device.num_cached,

@@ -17,7 +17,7 @@ from pdserve.config import SchedulerConfig
 from pdserve.kv.manager import BlockHold, KVManager
 from pdserve.requests import FinishReason, Request, RequestState
 from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, PromptTooLongError, QueueFullError
-from pdserve.scheduler.finished_kv import FinishedKV
+from pdserve.scheduler.finished_kv import FinishedKV, HoldFinished
 from pdserve.scheduler.output import SchedulerOutput
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.preemptor import Preemptor
@@ -32,11 +32,12 @@ class Scheduler(abc.ABC):
                  steps: Steps, finished_kv: FinishedKV, max_model_len: int, clock: Callable[[], float]):
         self.cfg = cfg
         self.kv = kv
-        self.max_model_len = min(max_model_len, kv.device.num_blocks * kv.block_size)
+        self.max_model_len = max_model_len
         self._q = queues
         self._preemptor = preemptor
         self._steps = steps
         self._finished_kv = finished_kv
+        self._quarantine = HoldFinished()
         self._clock = clock
         self._finished: list[Request] = []
         self._reserved: list[Reservation] = []
@@ -47,7 +48,6 @@ class Scheduler(abc.ABC):
         """Decide the next step. See output.py for what the executor must do with it."""
 
     def _begin_step(self) -> StepPlan:
-        self.kv.begin_step()
         return StepPlan(self.cfg.token_budget, self._clock())
 
     def _end_step(self, plan: StepPlan) -> SchedulerOutput:
@@ -64,11 +64,10 @@ class Scheduler(abc.ABC):
         self._q.add(request, self._clock(), remote=False)
 
     def add_remote(self, request: Request) -> None:
-        """Queue a request whose prompt KV comes from a prefill worker; its first token is
-        already in output_token_ids. Once admitted it is listed by take_reserved() and waits,
-        unpreemptible, for mark_received()."""
-        assert request.output_token_ids, "a remote request carries its first token"
-        self._validate(request, request.num_tokens)
+        """Queue a request whose prompt KV comes from a prefill worker (its first token may
+        already be in output_token_ids, or come with mark_received). Once admitted its blocks are
+        listed by take_reserved() and it waits, unpreemptible, for mark_received()."""
+        self._validate(request, request.num_tokens + (0 if request.output_token_ids else 1))
         self._q.add(request, self._clock(), remote=True)
 
     def _validate(self, request: Request, num_tokens: int) -> None:
@@ -79,12 +78,16 @@ class Scheduler(abc.ABC):
         if not request.prompt_token_ids or num_tokens >= self.max_model_len:
             raise PromptTooLongError(f"{num_tokens} tokens leave no room below {self.max_model_len}")
 
-    def mark_received(self, request_id: str) -> Request:
-        """The remote KV of a reserved request has arrived: it becomes a running decode (and
-        finishes at once if its first token already ends it)."""
+    def mark_received(self, request_id: str, first_token: int | None = None) -> Request:
+        """The remote KV of a reserved request has arrived (with its first token, unless that
+        came with add_remote): it becomes a running decode, or finishes at once if that token
+        already ends it."""
         request = self._q.receiving.get(request_id)
         if request is None:
             raise NotReceivingError(request_id)
+        if first_token is not None:
+            request.output_token_ids.append(first_token)
+        assert request.output_token_ids, f"{request_id}: no first token"
         request.num_computed_tokens = request.num_prompt_tokens
         self._q.received(request)
         self.kv.cache_computed(request)
@@ -114,14 +117,13 @@ class Scheduler(abc.ABC):
                     finished.append(request)
                     continue
             self.kv.cache_computed(request)
+        self.kv.end_step()
         return finished
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason
-        if request.request_id in self._q.receiving:
-            hold = self.kv.hold(request)
-        else:
-            hold = self._finished_kv.settle(self.kv, request)
+        receiving = request.request_id in self._q.receiving
+        hold = (self._quarantine if receiving else self._finished_kv).settle(self.kv, request)
         if hold is not None:
             self._holds[request.request_id] = hold
         self._q.remove(request)
@@ -153,10 +155,18 @@ class Scheduler(abc.ABC):
         return reserved
 
     def take_holds(self) -> dict[str, BlockHold]:
-        """Blocks kept past their request's end since the last call (finished requests of a
-        scheduler built with hold_finished, aborted receiving requests)."""
+        """Holds taken by the scheduler since the last call: finished requests of a scheduler
+        built with hold_finished, and ended requests that were still receiving KV."""
         holds, self._holds = self._holds, {}
         return holds
+
+    def hold(self, request_id: str) -> BlockHold | None:
+        """Hold the device blocks a live request has now (e.g. while a transfer reads the
+        chunks just computed); None if it has none."""
+        request = self._q.requests.get(request_id)
+        if request is None or not self.kv.has_blocks(request_id):
+            return None
+        return self.kv.hold(request)
 
     def release_hold(self, hold: BlockHold) -> None:
         """The transfer touching these blocks is over: give them back. Idempotent."""

@@ -10,6 +10,7 @@ from pdserve.kv.manager import KVManager
 from pdserve.scheduler.base import Scheduler
 from pdserve.scheduler.chunking import CappedChunks, ChunkPolicy, WholePrompt
 from pdserve.scheduler.finished_kv import FreeFinished, HoldFinished
+from pdserve.scheduler.guard import VipReserve
 from pdserve.scheduler.ordering import ArrivalOrder, PriorityOrder, QueueOrder
 from pdserve.scheduler.policies import ChunkedScheduler, DecodeFirstScheduler, FcfsScheduler
 from pdserve.scheduler.preemption_mode import AlwaysRecompute, CostBasedMode, PreemptionModePolicy
@@ -42,13 +43,15 @@ def _modes(cfg: SchedulerConfig, cache: CacheConfig, kv_bytes_per_token: int) ->
 def make_scheduler(sched_cfg: SchedulerConfig, cache_cfg: CacheConfig, kv_bytes_per_token: int,
                    max_model_len: int, clock: Callable[[], float] = time.monotonic, *,
                    hold_finished: bool = False) -> Scheduler:
-    """`hold_finished` (prefill workers): a finished request's blocks stay in a hold until
+    """Context limit: max_model_len, capped by the device pool so one request always fits alone.
+    `hold_finished` (prefill workers): a finished request's blocks stay in a hold until
     release_hold, so its KV can still be sent."""
     if sched_cfg.policy not in POLICIES:
         raise ValueError(f"unknown scheduler policy {sched_cfg.policy!r}; one of {sorted(POLICIES)}")
     kv = KVManager(cache_cfg)
+    max_model_len = min(max_model_len, cache_cfg.num_blocks * cache_cfg.block_size)
     queues = Queues(_order(sched_cfg), sched_cfg.max_running)
     preemptor = Preemptor(kv, queues, LowestClassLatest(), _modes(sched_cfg, cache_cfg, kv_bytes_per_token))
-    steps = Steps(kv, queues, preemptor, _chunking(sched_cfg))
+    steps = Steps(kv, queues, preemptor, _chunking(sched_cfg), VipReserve(kv, queues, max_model_len))
     finished_kv = HoldFinished() if hold_finished else FreeFinished()
     return POLICIES[sched_cfg.policy](sched_cfg, kv, queues, preemptor, steps, finished_kv, max_model_len, clock)

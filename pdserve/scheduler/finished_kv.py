@@ -26,7 +26,6 @@ class HoldFinished(FinishedKV):
     """Prefill workers: the KV must outlive the request until it is sent to a decode worker."""
 
     def settle(self, kv: KVManager, request: Request) -> BlockHold | None:
-        if not kv.has_blocks(request.request_id):
-            kv.free(request)
-            return None
-        return kv.hold(request)
+        hold = kv.hold(request) if kv.has_blocks(request.request_id) else None
+        kv.free(request)
+        return hold

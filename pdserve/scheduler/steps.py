@@ -16,6 +16,7 @@ from pdserve.kv.block_pool import Allocated, OutOfBlocks
 from pdserve.kv.manager import KVManager, SwapPlan
 from pdserve.requests import Request, RequestState
 from pdserve.scheduler.chunking import ChunkPolicy
+from pdserve.scheduler.guard import VipReserve
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.preemptor import HIGHER_PRIORITY_WAITING, Preemptor
 from pdserve.scheduler.queue import Candidate, Group
@@ -26,8 +27,10 @@ ALL_GROUPS = (Group.RUNNING, Group.SWAPPED, Group.WAITING)
 
 
 class Steps:
-    def __init__(self, kv: KVManager, queues: Queues, preemptor: Preemptor, chunking: ChunkPolicy):
+    def __init__(self, kv: KVManager, queues: Queues, preemptor: Preemptor, chunking: ChunkPolicy,
+                 guard: VipReserve):
         self._kv = kv
+        self._guard = guard
         self._q = queues
         self._preemptor = preemptor
         self._chunking = chunking
@@ -64,6 +67,8 @@ class Steps:
         head = next(self._queued(plan, (Group.SWAPPED, Group.WAITING)), None)
         if head is None or not self._q.running or head.rank >= self._q.order.lane(self._q.running[-1]):
             return
+        if not self._guard.allows(head.request):
+            return
         need = self._blocks_to_start(head.request, plan)
         while not self._q.has_slot() or need + self.reserve_blocks() > self._kv.num_available:
             victim = self._preemptor.pick(plan, worse_than=head.rank)
@@ -98,6 +103,8 @@ class Steps:
             return True
         if cand.group == Group.RUNNING:
             return self._continue(plan, request)
+        if not self._guard.allows(request):
+            return True
         if cand.group == Group.SWAPPED:
             return self._swap_in(plan, request)
         if request.request_id in self._q.remote:

@@ -1,0 +1,33 @@
+"""Admission guard for VIP requests, which are never preempted.
+
+NOTE: if VIP requests alone could outgrow the pool, they would deadlock: each needs a block,
+none may be preempted. So a VIP is admitted only while the worst case of every running VIP
+(prompt + max_tokens, capped by max_model_len) fits in the device pool; everything else can
+always be preempted to make room for them.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+from pdserve.kv.manager import KVManager
+from pdserve.requests import Priority, Request
+from pdserve.scheduler.state import Queues
+
+
+class VipReserve:
+    def __init__(self, kv: KVManager, queues: Queues, max_model_len: int):
+        self._kv = kv
+        self._q = queues
+        self._max_model_len = max_model_len
+
+    def allows(self, request: Request) -> bool:
+        if request.priority != Priority.VIP:
+            return True
+        vips = (r for r in chain(self._q.running, self._q.receiving.values()) if r.priority == Priority.VIP)
+        held = sum(self.worst_case_blocks(r) for r in vips)
+        return held + self.worst_case_blocks(request) <= self._kv.device.num_blocks
+
+    def worst_case_blocks(self, request: Request) -> int:
+        tokens = min(request.num_prompt_tokens + request.sampling.max_tokens, self._max_model_len)
+        return self._kv.blocks_for(max(tokens, request.num_tokens))
