@@ -1,7 +1,7 @@
 """Turning logits into the (unnormalised) distribution a token is drawn from.
 
 Order, per row:
-    1. temperature   logits / T
+    1. temperature   logits / max(T, 1e-5)        (smaller T would overflow; it is greedy anyway)
     2. top_k         keep logits >= the k-th largest (ties with the k-th are kept)
     3. softmax
     4. top_p         keep the most likely tokens until the mass before a token reaches top_p
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.requests import SamplingParams
+
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class SamplingTensors:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
         return cls(
-            temperature=floats([p.temperature for p in params]),
+            temperature=floats([max(p.temperature, MIN_TEMPERATURE) for p in params]),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
             top_p=floats([p.top_p for p in params]),
             min_p=floats([p.min_p for p in params]),
@@ -78,7 +80,9 @@ def nucleus_threshold(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> tuple[
     return threshold, covered
 
 
-def apply_top_p(probs: torch.Tensor, top_p: torch.Tensor, candidates: tuple[int, ...] = (256, 4096)) -> torch.Tensor:
+def apply_top_p(
+    probs: torch.Tensor, top_p: torch.Tensor, candidates: tuple[int, ...] = (256, 4096)
+) -> torch.Tensor:
     """probs: [R, V]; top_p: [R]. Tokens outside each row's nucleus get probability 0.
 
     The nucleus is looked for among each row's 256 most likely tokens, then 4096, and only

@@ -48,7 +48,8 @@ class Sampler:
         """
         if len(params) != logits.shape[0] or len(token_indices) != logits.shape[0]:
             raise ValueError(
-                f"logits have {logits.shape[0]} rows but got {len(params)} params and {len(token_indices)} indices"
+                f"logits have {logits.shape[0]} rows but got {len(params)} params "
+                f"and {len(token_indices)} token indices"
             )
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if not sampled:

@@ -51,7 +51,8 @@ def message_dict(message: MessageLike, index: int) -> dict[str, str]:
     elif isinstance(message, Mapping):
         role, content = message.get("role"), message.get("content")
     else:
-        raise ChatTemplateError(f"message {index}: expected a ChatMessage or a mapping, got {type(message).__name__}")
+        kind = type(message).__name__
+        raise ChatTemplateError(f"message {index}: expected a ChatMessage or a mapping, got {kind}")
     if not isinstance(role, str) or not role:
         raise ChatTemplateError(f"message {index}: 'role' must be a non-empty string, got {role!r}")
     if not isinstance(content, str):

@@ -29,7 +29,9 @@ _REPLACEMENT = "\ufffd"
 class IncrementalDetokenizer:
     """Per-request streaming decoder. Not thread-safe; one per request."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._ids = self._context(list(prompt_ids[-_CONTEXT_TOKENS:]))

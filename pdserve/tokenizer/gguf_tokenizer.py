@@ -97,15 +97,22 @@ def _added_tokens(tokens: list[str], types: list[int], alphabet: frozenset[str])
     return added
 
 
+def _wrapping_token(meta: dict[str, Any], flag: str, key: str, tokens: list[str]) -> list[tuple[str, int]]:
+    """[(token, id)] when the file asks for this token around every encoding, else []."""
+    token_id = meta.get(f"tokenizer.ggml.{key}")
+    if not meta.get(f"tokenizer.ggml.{flag}", False) or token_id is None:
+        return []
+    return [(tokens[token_id], token_id)]
+
+
 def _post_processor(meta: dict[str, Any], tokens: list[str]) -> processors.TemplateProcessing:
-    single: list[str] = ["$A"]
-    specials: list[tuple[str, int]] = []
-    for flag, key, at_start in (("add_bos_token", "bos_token_id", True), ("add_eos_token", "eos_token_id", False)):
-        token_id = meta.get(f"tokenizer.ggml.{key}")
-        if meta.get(f"tokenizer.ggml.{flag}", False) and token_id is not None:
-            single = [tokens[token_id], *single] if at_start else [*single, tokens[token_id]]
-            specials.append((tokens[token_id], token_id))
-    return processors.TemplateProcessing(single=single, pair=[*single, "$B:1"], special_tokens=specials)
+    """BOS / EOS around an encoding as `tokenizer.ggml.add_{bos,eos}_token` ask."""
+    bos = _wrapping_token(meta, "add_bos_token", "bos_token_id", tokens)
+    eos = _wrapping_token(meta, "add_eos_token", "eos_token_id", tokens)
+    single = [*(t for t, _ in bos), "$A", *(t for t, _ in eos)]
+    pair = [*single, *(t for t, _ in bos), "$B:1", *(t for t, _ in eos)]
+    specials = list(dict.fromkeys(bos + eos))
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
 
 
 def byte_level_backend(meta: dict[str, Any]) -> Backend:

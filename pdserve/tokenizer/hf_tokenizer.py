@@ -51,7 +51,8 @@ def hf_special_tokens(backend: Backend, config: dict[str, Any], generation: dict
     bos = lookup("bos_token")
     if bos is None and isinstance(generation.get("bos_token_id"), int):
         bos = generation["bos_token_id"]
-    return SpecialTokens(bos_token_id=bos, eos_token_ids=tuple(dict.fromkeys(i for i in eos if i is not None)))
+    eos_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
+    return SpecialTokens(bos_token_id=bos, eos_token_ids=eos_ids)
 
 
 def hf_chat_template(folder: str, config: dict[str, Any]) -> ChatTemplate | None:
@@ -80,4 +81,5 @@ class HFTokenizer(FastTokenizer):
         backend = Backend.from_file(tokenizer_json)
         config = _read_json(os.path.join(folder, "tokenizer_config.json"))
         generation = _read_json(os.path.join(folder, "generation_config.json"))
-        super().__init__(backend, hf_special_tokens(backend, config, generation), hf_chat_template(folder, config))
+        specials = hf_special_tokens(backend, config, generation)
+        super().__init__(backend, specials, hf_chat_template(folder, config))

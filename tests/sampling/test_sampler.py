@@ -160,3 +160,8 @@ def test_cuda_matches_cpu_for_seeded_and_greedy(logits):
     cpu = Sampler().sample(logits, params, list(range(6)), gen())
     cuda = Sampler().sample(logits.cuda(), params, list(range(6)), torch.Generator("cuda").manual_seed(0))
     assert cuda == cpu
+
+
+def test_tiny_temperature_is_effectively_greedy(logits):
+    params = [SamplingParams(temperature=1e-30, seed=s) for s in range(6)]
+    assert Sampler().sample(logits, params, [0] * 6, gen()) == logits.argmax(dim=-1).tolist()

@@ -55,7 +55,15 @@ def write_spm_folder(folder: str, template_in_config: bool = True) -> str:
     build_backend().save(os.path.join(folder, "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": False, "rstrip": False, "normalized": False, "single_word": False, "special": True},
+        "bos_token": {
+            "__type": "AddedToken",
+            "content": "<s>",
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+            "special": True,
+        },
         "eos_token": "</s>",
         "unk_token": "<unk>",
     }

@@ -96,7 +96,7 @@ def test_pre_tokenizer_splits_agree_with_transformers():
         assert GGUF_PRE_TOKENIZER_SPLITS[name] == pattern, name
 
 
-def _write_gguf(path, model: str, add_bos: bool = False, with_template: bool = False) -> str:
+def _write_gguf(path, model: str, add_bos: bool = False, add_eos: bool = False, with_template: bool = False) -> str:
     alphabet = byte_alphabet()
     tokens = ["<s>", "</s>", *alphabet, "ab"]
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -107,6 +107,7 @@ def _write_gguf(path, model: str, add_bos: bool = False, with_template: bool = F
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
     writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(add_eos)
     if with_template:
         writer.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
     writer.write_header_to_file()
@@ -123,6 +124,14 @@ def test_small_gguf_with_bos_and_template(tmp_path):
     assert tok.encode("abc", add_special_tokens=False) == [ab, 2 + ord("c")]
     assert tok.decode(tok.encode("héllo")) == "héllo"
     assert tok.apply_chat_template([ChatMessage("user", "ab")]) == [0, ab]
+    assert (tok.bos_token_id, tok.eos_token_ids) == (0, (1,))
+
+
+def test_small_gguf_with_bos_and_eos(tmp_path):
+    tok = load_tokenizer(_write_gguf(tmp_path / "tiny.gguf", "gpt2", add_bos=True, add_eos=True))
+    assert tok.encode("c") == [0, 2 + ord("c"), 1]
+    assert tok.decode(tok.encode("c")) == "c"
+    assert tok.decode(tok.encode("c"), skip_special_tokens=False) == "<s>c</s>"
 
 
 def test_unsupported_tokenizer_model_is_a_clear_error(tmp_path):
