@@ -1,0 +1,197 @@
+"""Loading from every source, and the errors for paths that do not hold a usable model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pdserve.model import ModelLoadError, UnsupportedModelError, load_model
+from tests.helpers.paged_driver import PagedDriver
+from tests.helpers.reference import hf_last_logits
+
+PROMPT = [1, 17, 200, 45, 99, 310, 7, 64, 128, 5, 250, 33]
+
+
+def copy_model(tiny_model_dirs, name: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(tiny_model_dirs[name], tmp_path / name))
+
+
+def last_logits(loaded, prompt=PROMPT) -> torch.Tensor:
+    driver = PagedDriver(loaded.model, block_size=4)
+    return driver.step([(driver.new_sequence(prompt), len(prompt))])[0]
+
+
+def edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_embedded_model_is_the_default(embedded_gguf_path, smollm2):
+    assert smollm2.source_path == embedded_gguf_path
+    assert smollm2.config.num_layers == 30 and smollm2.model.lm_head is None
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(str(tmp_path / "nowhere"))
+
+
+def test_file_that_is_neither_gguf_nor_folder(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 64)
+    with pytest.raises(ModelLoadError, match=r"expected a \.gguf file or a folder"):
+        load_model(str(tmp_path / "weights.bin"))
+
+
+def test_corrupt_gguf(tmp_path):
+    path = tmp_path / "noise.gguf"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        load_model(str(path))
+
+
+def test_truncated_gguf(tmp_path, embedded_gguf_path):
+    path = tmp_path / "cut.gguf"
+    with open(embedded_gguf_path, "rb") as source:
+        path.write_bytes(source.read(3_000_000))
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        load_model(str(path))
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_folder_without_weights(tiny_model_dirs, tmp_path):
+    folder = copy_model(tiny_model_dirs, "llama_untied", tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"no \*\.safetensors weights"):
+        load_model(str(folder))
+
+
+def test_unsupported_architecture(tiny_model_dirs, tmp_path):
+    folder = copy_model(tiny_model_dirs, "llama_untied", tmp_path)
+    edit_config(folder, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        load_model(str(folder))
+
+
+def test_missing_tensor(tiny_model_dirs, tmp_path):
+    folder = copy_model(tiny_model_dirs, "llama_untied", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="missing tensor 'model.layers.1.mlp.up_proj.weight'"):
+        load_model(str(folder))
+
+
+def test_shape_mismatch(tiny_model_dirs, tmp_path):
+    folder = copy_model(tiny_model_dirs, "llama_untied", tmp_path)
+    edit_config(folder, intermediate_size=96)
+    with pytest.raises(ModelLoadError, match=r"'model.layers.0.mlp.gate_proj.weight' has shape \(128, 64\), the config implies \(96, 64\)"):
+        load_model(str(folder))
+
+
+def test_truncated_safetensors(tiny_model_dirs, tmp_path):
+    folder = copy_model(tiny_model_dirs, "llama_untied", tmp_path)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="not a readable safetensors file"):
+        load_model(str(folder))
+
+
+def test_sharded_checkpoint_loads_like_a_single_file(tiny_model_dirs, tiny_models, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dirs["qwen2_bias"]).save_pretrained(folder, max_shard_size="100KB")
+    assert (folder / "model.safetensors.index.json").is_file() and len(list(folder.glob("*.safetensors"))) > 1
+    torch.testing.assert_close(last_logits(load_model(str(folder))), last_logits(tiny_models["qwen2_bias"][0]))
+
+
+def test_shard_listed_in_the_index_but_absent(tiny_model_dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dirs["qwen2_bias"]).save_pretrained(folder, max_shard_size="100KB")
+    sorted(folder.glob("model-*.safetensors"))[-1].unlink()
+    with pytest.raises(ModelLoadError, match="listed in the index is missing"):
+        load_model(str(folder))
+
+
+def test_models_load_in_another_dtype(tiny_model_dirs):
+    loaded = load_model(str(tiny_model_dirs["llama_gqa_llama3"]), dtype=torch.float64)
+    assert all(p.dtype == torch.float64 for p in loaded.model.parameters())
+    assert last_logits(loaded).dtype == torch.float64
+
+
+def test_unsupported_gguf_architecture(tmp_path):
+    import gguf
+
+    path = tmp_path / "gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="unsupported GGUF architecture 'gpt2'"):
+        load_model(str(path))
+
+
+def write_llama_gguf(folder: Path, path: Path) -> None:
+    """The checkpoint as llama.cpp lays it out: q/k rows permuted to interleaved pairs."""
+    import gguf
+
+    config = json.loads((folder / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer_names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                   "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                   "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                   "mlp.down_proj": "ffn_down"}
+    for name, tensor in load_file(folder / "model.safetensors").items():
+        array = tensor.float().numpy()
+        if name.startswith("model.layers."):
+            _, _, index, rest = name.split(".", 3)
+            module = rest.rsplit(".", 1)[0]
+            n = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads}.get(module)
+            if n is not None:
+                array = array.reshape(n, 2, array.shape[0] // n // 2, -1).swapaxes(1, 2).reshape(array.shape)
+            writer.add_tensor(f"blk.{index}.{layer_names[module]}.weight", np.ascontiguousarray(array))
+        else:
+            writer.add_tensor(names[name], array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_with_separate_output_matches_transformers(tiny_model_dirs, tiny_models, tmp_path):
+    path = tmp_path / "untied.gguf"
+    write_llama_gguf(tiny_model_dirs["llama_untied"], path)
+    loaded = load_model(str(path))
+    assert not loaded.config.tie_word_embeddings and loaded.model.lm_head is not None
+    expected = hf_last_logits(tiny_models["llama_untied"][1], PROMPT)
+    torch.testing.assert_close(last_logits(loaded), expected, rtol=1e-4, atol=1e-4)
