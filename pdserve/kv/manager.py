@@ -109,6 +109,12 @@ class KVManager:
         through the model to produce logits."""
         return self.prefix.match(TokenView(request, request.num_tokens - 1))
 
+    def admission_cost(self, match: MatchResult, num_new_tokens: int) -> int:
+        """How far `admit` would lower num_available: new blocks plus matched blocks that are
+        cached (unreferenced) now."""
+        revived = sum(1 for block in match.blocks if self.device.refcount(block) == 0)
+        return self.blocks_for(match.num_tokens + num_new_tokens) - len(match.blocks) + revived
+
     def admit(self, request: Request, match: MatchResult, num_new_tokens: int, reserve: int = 0) -> Allocation:
         """Give a request without blocks the matched prefix plus blocks for num_new_tokens more,
         leaving `reserve` blocks available afterwards; all or nothing."""

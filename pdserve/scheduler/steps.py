@@ -83,7 +83,7 @@ class Steps:
             return self._kv.blocks_for(request.num_prompt_tokens)
         match = self._kv.match(request)
         n = self._chunking.size(request.num_tokens - match.num_tokens, plan.budget_left, 0)
-        return self._kv.blocks_for(match.num_tokens + n) - len(match.blocks)
+        return self._kv.admission_cost(match, n)
 
     def _running_prefills(self, plan: StepPlan) -> list[Candidate]:
         return sorted(Candidate(self._q.rank(r, plan.now), Group.RUNNING, r.arrival_seq, r)
@@ -100,7 +100,7 @@ class Steps:
         """False: this candidate cannot proceed, and neither may anything after it."""
         request = cand.request
         if request.request_id in plan.touched:
-            return True
+            return request.state == RequestState.RUNNING  # a victim of this step keeps its place
         if cand.group == Group.RUNNING:
             return self._continue(plan, request)
         if not self._guard.allows(request):
