@@ -1,0 +1,99 @@
+"""The policy objects on their own: queue order, aging, victims, recompute-or-swap, chunking."""
+
+from __future__ import annotations
+
+from pdserve.config import PreemptionConfig
+from pdserve.requests import PreemptionMode, Priority, Request
+from pdserve.scheduler.chunking import CappedChunks, WholePrompt
+from pdserve.scheduler.ordering import ArrivalOrder, PriorityOrder
+from pdserve.scheduler.preemption_mode import AlwaysRecompute, CostBasedMode
+from pdserve.scheduler.queue import Group, RequestQueue
+from pdserve.scheduler.stopping import stop_reason
+from pdserve.scheduler.victims import LowestClassLatest
+
+
+def req(rid: str, priority: Priority = Priority.NORMAL, seq: int = 0, admit: int = 0) -> Request:
+    r = Request(rid, [1, 2, 3], priority=priority)
+    r.arrival_seq, r.admit_seq = seq, admit
+    return r
+
+
+def test_aging_lifts_one_class_per_period_down_to_vip() -> None:
+    order = PriorityOrder(aging_seconds=10.0)
+    batch = req("b", Priority.BATCH)
+    assert [order.rank(batch, t) for t in (0, 9.9, 10, 25, 1000)] == [2, 2, 1, 0, 0]
+    assert PriorityOrder(None).rank(batch, 1e9) == 2
+    assert ArrivalOrder().rank(batch, 0) == 0 == ArrivalOrder().lane(req("v", Priority.VIP))
+
+
+def test_queue_orders_by_rank_then_arrival_across_lanes() -> None:
+    q = RequestQueue(PriorityOrder(aging_seconds=10.0), Group.WAITING)
+    old_batch, vip, normal, new_batch = (req("old_batch", Priority.BATCH, 0), req("vip", Priority.VIP, 1),
+                                         req("normal", Priority.NORMAL, 2), req("new_batch", Priority.BATCH, 3))
+    q.push(old_batch, entered=0.0)
+    q.push(vip, entered=5.0)
+    q.push(normal, entered=6.0)
+    q.push(new_batch, entered=7.0)
+    now = 12.0  # old_batch waited 12 s: one class up, level with normal but earlier
+    assert [c.request.request_id for c in q.candidates(now)] == ["vip", "old_batch", "normal", "new_batch"]
+    q.remove(vip)
+    assert len(q) == 3 and [c.rank for c in q.candidates(now)] == [1, 1, 2]
+
+
+def test_queue_snapshot_allows_removal_while_iterating() -> None:
+    q = RequestQueue(ArrivalOrder(), Group.WAITING)
+    requests = [req(f"r{i}", seq=i) for i in range(5)]
+    for r in requests:
+        q.push(r, 0.0)
+    seen = []
+    for cand in q.candidates(0.0):
+        seen.append(cand.request.request_id)
+        q.remove(cand.request)
+    assert seen == [r.request_id for r in requests] and len(q) == 0
+
+
+def test_victim_is_lowest_class_then_latest_admitted_never_vip_or_protected() -> None:
+    running = [req("vip", Priority.VIP, admit=9), req("n_old", admit=1), req("b_old", Priority.BATCH, admit=2),
+               req("b_new", Priority.BATCH, admit=3), req("n_new", admit=4)]
+    pick = LowestClassLatest().pick
+    rank = lambda r: int(r.priority)  # noqa: E731
+    assert pick(running, set(), rank).request_id == "b_new"
+    assert pick(running, {"b_new"}, rank).request_id == "b_old"
+    assert pick(running, {"b_new", "b_old"}, rank).request_id == "n_new"
+    assert pick(running, set(), rank, worse_than=2) is None
+    assert pick(running[:1], set(), rank) is None
+
+
+def test_recompute_or_swap_by_thresholds_cost_and_host_room() -> None:
+    cfg = PreemptionConfig(recompute_below_tokens=2048, swap_above_tokens=16384,
+                           prefill_tokens_per_s=5000.0, host_link_bytes_per_s=8e9)
+    cheap_link = CostBasedMode(cfg, kv_bytes_per_token=40_000, block_size=16)
+    assert cheap_link.choose(1000, host_free_blocks=10**6) == PreemptionMode.RECOMPUTE
+    assert cheap_link.choose(20000, host_free_blocks=10**6) == PreemptionMode.SWAP
+    assert cheap_link.choose(20000, host_free_blocks=100) == PreemptionMode.RECOMPUTE  # no host room
+    # between the thresholds: 4096 tokens recompute in 0.82 s; swap out+in of 4096 x 40 KB is 0.04 s
+    assert cheap_link.choose(4096, 10**6) == PreemptionMode.SWAP
+    huge_kv = CostBasedMode(cfg, kv_bytes_per_token=10_000_000, block_size=16)  # swap would take 10 s
+    assert huge_kv.choose(4096, 10**6) == PreemptionMode.RECOMPUTE
+    assert huge_kv.recompute_seconds(5000) == 1.0
+    assert AlwaysRecompute().choose(10**6, 10**6) == PreemptionMode.RECOMPUTE
+
+
+def test_chunk_policies() -> None:
+    capped = CappedChunks(max_chunk_tokens=512)
+    assert capped.size(remaining=65536, budget_left=2048, step_tokens=0) == 512
+    assert capped.size(remaining=100, budget_left=2048, step_tokens=0) == 100
+    assert capped.size(remaining=100, budget_left=0, step_tokens=2048) == 0
+    whole = WholePrompt()
+    assert whole.size(remaining=5000, budget_left=2048, step_tokens=0) == 5000  # alone, over budget
+    assert whole.size(remaining=5000, budget_left=2000, step_tokens=48) == 0
+    assert whole.size(remaining=100, budget_left=2000, step_tokens=48) == 100
+
+
+def test_stop_reason_order() -> None:
+    r = Request("r", [1, 2], eos_token_ids=(2,))
+    assert stop_reason(r, 100) is None
+    r.output_token_ids = [2]
+    assert stop_reason(r, 100).value == "stop"
+    r.output_token_ids = [5]
+    assert stop_reason(r, 3).value == "length"
