@@ -22,15 +22,16 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     block_table: tuple[int, ...]  # device blocks covering [0, start + num_tokens)
+    # True when the chunk reaches the last known token: a new token is sampled. Fixed when the
+    # chunk is made (the request grows afterwards).
+    samples: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples", self.end == self.request.num_tokens)
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when the chunk reaches the last known token: a new token is sampled."""
-        return self.end == self.request.num_tokens
 
     @property
     def is_decode(self) -> bool:
