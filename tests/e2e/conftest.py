@@ -1,0 +1,36 @@
+"""Real service processes on loopback: one decode worker, one prefill worker, one router."""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import pytest
+
+from pdserve.cli.supervisor import Supervisor
+from pdserve.cli.up import wait_serving
+
+WORKER_FLAGS = ["--kv-blocks", "192", "--host-kv-blocks", "128", "--threads", "1", "--token-budget", "256",
+                "--max-chunk-tokens", "64"]
+
+
+@pytest.fixture(scope="session")
+def service():
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    try:
+        decode = sup.spawn("decode", ["decode", "--port", "0", *WORKER_FLAGS])
+        prefill = sup.spawn("prefill", ["prefill", "--port", "0", *WORKER_FLAGS])
+        d_port, p_port = sup.wait_ready(decode, 240), sup.wait_ready(prefill, 240)
+        router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{p_port}",
+                                      "--decode-workers", f"127.0.0.1:{d_port}", "--kv-timeout", "10"])
+        target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
+        wait_serving(target, 60)
+        yield {"target": target, "decode": f"127.0.0.1:{d_port}", "prefill": f"127.0.0.1:{p_port}", "sup": sup}
+    finally:
+        sup.stop()
+
+
+@pytest.fixture()
+def channel(service):
+    with grpc.insecure_channel(service["target"]) as ch:
+        yield ch
