@@ -1,3 +1,8 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
 import pytest
 from proto_helpers import REPO_ROOT, load_generator
 
