@@ -12,7 +12,6 @@ from pdserve.config import CacheConfig, EngineConfig, PreemptionConfig, Schedule
 from pdserve.engine.engine import Engine
 from pdserve.model.loader import LoadedModel
 from pdserve.requests import PreemptionMode, Priority, Request, RequestState, SamplingParams
-from pdserve.scheduler.output import Preemption
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=16, ignore_eos=True)
@@ -47,13 +46,25 @@ class Arrival:
     at: int = 0
 
 
+@dataclass(frozen=True)
+class PreemptionEvent:
+    step: int  # index of the step that reported it
+    request: Request
+    mode: PreemptionMode
+    reason: str
+    num_output_tokens: int  # the victim's generated tokens at that moment
+
+
 @dataclass
 class Trace:
     requests: dict[str, Request] = field(default_factory=dict)
     streamed: dict[str, list[int]] = field(default_factory=dict)  # tokens as the step results gave them
     finished_outputs: dict[str, int] = field(default_factory=dict)  # request id -> finished outputs seen
-    preemptions: list[Preemption] = field(default_factory=list)
+    preemptions: list[PreemptionEvent] = field(default_factory=list)
     running_before: list[tuple[Request, ...]] = field(default_factory=list)  # per step
+    resumed_ids: list[str] = field(default_factory=list)
+    finished_at: dict[str, int] = field(default_factory=dict)  # request id -> step index
+    scheduled: list[tuple[str, ...]] = field(default_factory=list)  # per step: ids of its chunks
     steps: int = 0
 
     def tokens(self, request_id: str) -> list[int]:
@@ -83,13 +94,17 @@ def run(engine: Engine, arrivals: Sequence[Arrival], max_steps: int = 2000) -> T
 def step(engine: Engine, trace: Trace) -> None:
     trace.running_before.append(tuple(r for r in trace.requests.values() if r.state == RequestState.RUNNING))
     result = engine.step()
-    trace.steps += 1
     engine.scheduler.check_integrity()
-    trace.preemptions.extend(result.preemptions)
+    trace.preemptions += [PreemptionEvent(trace.steps, p.request, p.mode, p.reason, len(p.request.output_token_ids))
+                          for p in result.preemptions]
+    trace.resumed_ids.extend(r.request_id for r in result.resumed)
+    trace.scheduled.append(tuple(c.request.request_id for c in result.chunks))
     for out in result.outputs:
         trace.streamed.setdefault(out.request_id, []).extend(out.new_token_ids)
         if out.finished:
             trace.finished_outputs[out.request_id] = trace.finished_outputs.get(out.request_id, 0) + 1
+            trace.finished_at[out.request_id] = trace.steps
+    trace.steps += 1
 
 
 def _add(engine: Engine, trace: Trace, arrival: Arrival) -> None:
