@@ -316,7 +316,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256, help="bytes moved per round")
     parser.add_argument("--chunk-tokens", type=int, default=512, help="tokens per piece (prefill chunk)")
     parser.add_argument("--dst-run", type=int, default=8, help="blocks per run in the fragmented decode pool")
-    parser.add_argument("--max-message-mib", type=int, default=16, help="UCX message cap")
+    parser.add_argument("--max-message-mib", type=int, default=8, help="UCX message cap")
     parser.add_argument("--grpc-message-mib", type=int, default=4)
     parser.add_argument("--inflight", type=int, default=2, help="pieces in flight (gRPC: twice as many messages)")
     parser.add_argument("--repeats", type=int, default=5, help="measured rounds")

@@ -59,15 +59,16 @@ from pdserve.transfer.wire import (
 
 @dataclass(frozen=True)
 class UcxConfig:
-    max_message_bytes: int = 16 << 20  # bounds one message, hence one progress call's copy
+    max_message_bytes: int = 8 << 20  # bounds one message, hence one progress call's copy
     poll_s: float = 0.002  # progress at least this often while requests are pending
     idle_s: float = 0.1  # ... and this often when idle (epoll wakes it sooner)
+    slice_s: float = 0.001  # progress this long before yielding to other tasks
     drain_s: float = 0.5  # how long a cancel waits for a receive already being written
     close_s: float = 1.0  # how long closing an endpoint may wait for the peer
     options: tuple[tuple[str, str], ...] = ()  # UCX context options, e.g. (("TLS", "tcp"),)
 
     def worker(self) -> UcxWorker:
-        return UcxWorker(dict(self.options), self.poll_s, self.idle_s)
+        return UcxWorker(dict(self.options), self.poll_s, self.idle_s, self.slice_s)
 
 
 def _buffer(rows: torch.Tensor) -> Any:

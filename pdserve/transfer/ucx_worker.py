@@ -6,13 +6,14 @@ module state is shared. The ucxx import happens when the first worker is built.
 
 Progress is event-driven, on the loop's thread:
 
-    loop: progress() -> resolve finished batches -> arm()
-          armed: wait for the worker's epoll fd (or a kick from a new post, or a short poll
-                 timeout while requests are pending) ; busy: yield once and progress again
+    loop: progress_once() until idle or slice_s spent -> resolve finished batches
+          more work: yield to the loop once and go on ; idle: arm(), then wait for the worker's
+          epoll fd, a kick from a new post, or a short poll timeout while requests are pending
 
-A large message is copied inside one progress() call (shared memory / CMA), which is why the
-transports cut runs into messages of at most `max_message_bytes`: it bounds how long one call
-holds the loop. Endpoints are created from worker addresses with peer-failure detection off
+A rendezvous message is copied inside one ucp progress call (the receiver reads the sender's
+memory with CMA), so one call holds the loop for one message: the transports cut runs into
+messages of at most `max_message_bytes` to bound it. ucxx's own `progress()` would drain every
+arrived message in one call (100 ms for 128 MiB here), which is why it is not used. Endpoints are created from worker addresses with peer-failure detection off
 (the fast path); callers must put deadlines on everything.
 """
 
@@ -98,7 +99,7 @@ def _request_error(request: Any) -> BaseException | None:
 class UcxWorker:
     """A UCX worker and the task that progresses it; build it with the loop running."""
 
-    def __init__(self, options: dict[str, str], poll_s: float, idle_s: float):
+    def __init__(self, options: dict[str, str], poll_s: float, idle_s: float, slice_s: float):
         lib = _binding()
         self._lib = lib
         self._context = lib.UCXContext(options, feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
@@ -106,7 +107,7 @@ class UcxWorker:
         self._worker.init_blocking_progress_mode()
         self._fd = self._worker.epoll_file_descriptor
         self._cancel = _request_canceller()
-        self._poll_s, self._idle_s = poll_s, idle_s
+        self._poll_s, self._idle_s, self._slice_s = poll_s, idle_s, slice_s
         self._batches: set[Batch] = set()
         self._wake: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
@@ -163,7 +164,7 @@ class UcxWorker:
             self._cancel(batch.requests[index].ucxx_ptr)
         deadline = time.monotonic() + drain_s
         while pending and time.monotonic() < deadline:
-            self._worker.progress()
+            self._worker.progress_once()
             pending = batch.pending()
         return pending
 
@@ -190,16 +191,20 @@ class UcxWorker:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
-    def _progress(self) -> None:
-        self._worker.progress()
+    def _progress(self) -> bool:
+        """ucp progress, one call at a time, for at most slice_s; True if more work may remain."""
+        deadline = time.monotonic() + self._slice_s
+        while busy := self._worker.progress_once():
+            if time.monotonic() >= deadline:
+                break
         for batch in [b for b in self._batches if b.poll()]:
             self._batches.discard(batch)
+        return busy
 
     async def _drive(self) -> None:
         while True:
             try:
-                self._progress()
-                if not self._worker.arm():
+                if self._progress() or not self._worker.arm():
                     await asyncio.sleep(0)
                     continue
                 await self._sleep(self._poll_s if self._batches else self._idle_s)
@@ -226,4 +231,4 @@ class UcxWorker:
         self.fail_all(ConnectionError("UCX worker closed"))
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        self._worker.progress()
+        self._worker.progress_once()
