@@ -34,7 +34,11 @@ Pairs = Sequence[tuple[int, int]]
 
 @dataclass(frozen=True)
 class TransferResult:
-    """One completed piece. On the receiver: every byte of every run is in the pool."""
+    """One completed piece. On the receiver: every byte of every run is in the pool.
+
+    seconds: on the sender, from `send` to delivery; on the receiver, from `expect` to the last
+    byte (so it includes waiting for the sender).
+    """
 
     transfer_id: str
     seq: int

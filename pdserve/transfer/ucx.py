@@ -146,7 +146,11 @@ class UcxReceiver(KVReceiver):
                        np.zeros(MANIFEST_NBYTES, np.uint8))
         self._ledger.admit(transfer_id, seq, messages, piece)
         buffers = [_buffer(self.bytes[m.dst_start : m.dst_start + m.count]) for m in messages]
-        piece.batch = self._worker.recv(list(zip(buffers + [piece.manifest], tags)))
+        try:
+            piece.batch = self._worker.recv(list(zip(buffers + [piece.manifest], tags)))
+        except Exception as exc:
+            self._ledger.remove(transfer_id, seq)
+            raise TransferError(f"{piece.name()}: cannot post receives: {exc}") from exc
         return piece
 
     def _result(self, piece: _Piece) -> TransferResult:
