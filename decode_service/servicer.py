@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
 from decode_service.worker import DecodeJob, DecodeWorker
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.stats import stats_to_pb
+from pdserve.telemetry import extract_context
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
@@ -12,8 +16,9 @@ from pdserve.worker.events import Finished, Notice, Reserved, Tokens
 
 class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
     def __init__(self, worker: DecodeWorker, transport: str, kv_address: bytes, endpoint: str,
-                 block_size: int, block_nbytes: int, draining: callable = lambda: False):
+                 block_size: int, block_nbytes: int, tracer: trace.Tracer, draining: callable = lambda: False):
         self.worker = worker
+        self.tracer = tracer
         self.transport = transport
         self.kv_address = kv_address
         self.endpoint = endpoint
@@ -26,12 +31,20 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                         priority_from_pb(r.priority), r.kv_timeout_s or 30.0, request.local_prefill,
                         tuple(r.output_token_ids))
-        session = await self.worker.open(job)
-        try:
-            async for event in session.events():
-                yield self._event_to_pb(event)
-        finally:
-            await self.worker.close(session)
+        with self.tracer.start_as_current_span(
+                "pdserve.decode", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
+                attributes={"gen_ai.request.id": job.request_id, "pdserve.local_prefill": job.local_prefill,
+                            "pdserve.resumed_tokens": len(job.output_token_ids)}) as span:
+            session = await self.worker.open(job)
+            tokens = 0
+            try:
+                async for event in session.events():
+                    tokens += len(event.token_ids) if isinstance(event, Tokens) else 0
+                    _trace_event(span, event)
+                    yield self._event_to_pb(event)
+            finally:
+                span.set_attribute("pdserve.decode.tokens", tokens)
+                await self.worker.close(session)
 
     def _event_to_pb(self, event) -> wpb.DecodeEvent:
         if isinstance(event, Tokens):
@@ -63,3 +76,14 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
         stats = await self.worker.engine.call(lambda e: e.scheduler.stats())
         return stats_to_pb("decode", stats, self.draining())
+
+
+def _trace_event(span, event) -> None:
+    if isinstance(event, Notice):
+        name = {"preempted": "preemption", "resumed": "resume"}.get(event.phase, event.phase)
+        span.add_event(name, {"mode": event.mode, "reason": event.reason})
+    elif isinstance(event, Reserved):
+        span.add_event("kv.reserved", {"blocks": len(event.block_ids)})
+    elif isinstance(event, Finished):
+        span.set_attributes({"pdserve.finish_reason": event.reason.value, "pdserve.preemptions": event.preemptions,
+                             "pdserve.cached_tokens": event.cached_tokens})

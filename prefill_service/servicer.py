@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import priority_from_pb, sampling_from_pb
 from pdserve.rpc.stats import stats_to_pb
+from pdserve.telemetry import Metrics, extract_context
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import ChunkDone, PrefillDone
@@ -31,21 +33,38 @@ class GrpcDecodePeer(DecodePeer):
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
-    def __init__(self, worker: PrefillWorker, draining=lambda: False):
+    def __init__(self, worker: PrefillWorker, tracer: trace.Tracer, metrics: Metrics, draining=lambda: False):
         self.worker = worker
+        self.tracer = tracer
+        self.metrics = metrics
         self.draining = draining
 
     async def Prefill(self, request: wpb.PrefillRequest, context):
         r, t = request.request, request.target
         target = Target(t.transfer_id, t.kv_address, tuple(t.block_ids), t.block_size, t.block_nbytes,
                         t.decode_endpoint)
-        session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
-                                         priority_from_pb(r.priority), target, r.kv_timeout_s or 30.0)
-        try:
-            async for event in session.events():
-                yield _event_to_pb(event)
-        finally:
-            await self.worker.close(session)
+        with self.tracer.start_as_current_span(
+                "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
+                attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),
+                            "pdserve.decode_endpoint": t.decode_endpoint}) as span:
+            session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
+                                             priority_from_pb(r.priority), target, r.kv_timeout_s or 30.0)
+            try:
+                async for event in session.events():
+                    self._observe(span, event)
+                    yield _event_to_pb(event)
+            finally:
+                await self.worker.close(session)
+
+    def _observe(self, span, event) -> None:
+        if isinstance(event, ChunkDone):
+            span.add_event("prefill.chunk", {"start": event.start, "tokens": event.num_tokens,
+                                             "cached_tokens": event.cached_tokens, "step_seconds": event.step_seconds})
+            return
+        span.set_attributes({"pdserve.kv.bytes": event.kv_bytes, "pdserve.kv.blocks": event.kv_blocks,
+                             "pdserve.kv.descriptors": event.kv_descriptors, "pdserve.kv.seconds": event.kv_seconds,
+                             "pdserve.cached_tokens": event.cached_tokens})
+        self.metrics.observe_kv_transfer(event.kv_seconds, event.kv_bytes)
 
     async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
         ids = list(request.token_ids)

@@ -4,78 +4,95 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.text_stream import TextStream
 from pdserve.requests import FinishReason
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
+from pdserve.rpc.errors import status_of
 from pdserve.tokenizer import ChatMessage
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
-from router.flow import Done, Job, Milestone, NewTokens, RequestFlow
+from router.flow import Done, Job, NewTokens, RequestFlow
 from router.frontend import Frontend
+from router.telemetry import RequestTrace
+
+TraceFactory = Callable[[object], RequestTrace]
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, frontend: Frontend, flow: RequestFlow, max_active: int = 1024):
+    def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, max_active: int = 1024):
         self.frontend = frontend
         self.flow = flow
+        self.traces = traces
         self.max_active = max_active
         self.active: dict[str, asyncio.Task] = {}
 
     async def Generate(self, request: pb.GenerateRequest, context):
-        job = self._job(request, context)
-        if job.request_id in self.active:
-            raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
-        if len(self.active) >= self.max_active:
-            raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
+        trace = self.traces(context.invocation_metadata())
+        try:
+            job = self._admit(request, trace)
+        except Exception as exc:
+            trace.fail(exc, status_of(exc).name)
+            raise
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(_pump(self.flow, job, events))
         self.active[job.request_id] = task
         try:
-            async for message in self._responses(job, events):
+            async for message in self._responses(job, events, trace):
                 yield message
+        except BaseException as exc:
+            trace.fail(exc, status_of(exc).name if isinstance(exc, Exception) else "CANCELLED")
+            raise
         finally:
             task.cancel()
             self.active.pop(job.request_id, None)
 
-    async def _responses(self, job: Job, events: asyncio.Queue):
+    def _admit(self, request: pb.GenerateRequest, trace: RequestTrace) -> Job:
+        prompt = self._prompt(request)
+        sampling = sampling_from_pb(request.sampling)
+        self.frontend.check(prompt, sampling)
+        job = Job(request.request_id or uuid.uuid4().hex, tuple(prompt), sampling,
+                  priority_from_pb(request.priority), trace.metadata())
+        if job.request_id in self.active:
+            raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
+        if len(self.active) >= self.max_active:
+            raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
+        trace.bind(job)
+        return job
+
+    async def _responses(self, job: Job, events: asyncio.Queue, trace: RequestTrace):
         text = TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop)
         completion = 0
         while True:
             event = await events.get()
             if isinstance(event, BaseException):
-                if isinstance(event, asyncio.CancelledError):
-                    yield self._last(job, [], "", FinishReason.ABORT, completion, 0, 0)
-                    return
-                raise event
-            if isinstance(event, Milestone):
-                continue
+                if not isinstance(event, asyncio.CancelledError):
+                    raise event
+                trace.finish(FinishReason.ABORT, completion)
+                yield self._last(job, [], "", FinishReason.ABORT, completion, 0, 0)
+                return
+            trace.on_event(event)
             if isinstance(event, NewTokens):
                 completion += len(event.token_ids)
                 delta = text.push(event.token_ids)
                 if delta.stopped:
+                    trace.finish(FinishReason.STOP, completion)
                     yield self._last(job, event.token_ids, delta.text, FinishReason.STOP, completion, 0, 0)
                     return
                 yield pb.GenerateResponse(request_id=job.request_id, token_ids=list(event.token_ids), text=delta.text)
-                continue
-            assert isinstance(event, Done)
-            yield self._last(job, [], text.finish(), event.reason, completion, event.cached_tokens, event.preemptions)
-            return
+            elif isinstance(event, Done):
+                trace.finish(event.reason, completion)
+                yield self._last(job, [], text.finish(), event.reason, completion, event.cached_tokens,
+                                 event.preemptions)
+                return
 
     def _last(self, job: Job, ids, text: str, reason: FinishReason, completion: int, cached: int, preemptions: int):
         usage = pb.Usage(prompt_tokens=len(job.prompt), cached_tokens=cached, completion_tokens=completion,
                          preemptions=preemptions)
         return pb.GenerateResponse(request_id=job.request_id, token_ids=list(ids), text=text,
                                    finish_reason=finish_to_pb(reason), usage=usage)
-
-    def _job(self, request: pb.GenerateRequest, context) -> Job:
-        prompt = self._prompt(request)
-        sampling = sampling_from_pb(request.sampling)
-        self.frontend.check(prompt, sampling)
-        metadata = tuple((k, v) for k, v in context.invocation_metadata() if k in ("traceparent", "tracestate"))
-        return Job(request.request_id or uuid.uuid4().hex, tuple(prompt), sampling,
-                   priority_from_pb(request.priority), metadata)
 
     def _prompt(self, request: pb.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("prompt")

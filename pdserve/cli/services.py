@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import signal
 
 from pdserve.cli.options import add_engine_flags
@@ -47,13 +49,21 @@ async def _serve(args: argparse.Namespace) -> int:
         from decode_service.main import start_decode as start
     service = await start(args)
     if args.ready_file:
-        with open(args.ready_file, "w") as f:
-            f.write(str(service.port))
+        _write_ready(args.ready_file, service.port, service.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"pdserve {args.role} serving on {args.host}:{service.port}", flush=True)
+    metrics = f", metrics on :{service.metrics_port}/metrics" if service.metrics_port else ""
+    print(f"pdserve {args.role} serving on {args.host}:{service.port}{metrics}", flush=True)
     await stop.wait()
     await service.stop()
     return 0
+
+
+def _write_ready(path: str, port: int, metrics_port: int | None) -> None:
+    """Atomically: the supervisor polls this file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"port": port, "metrics_port": metrics_port}, f)
+    os.replace(tmp, path)

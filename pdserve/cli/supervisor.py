@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ class Child:
     process: subprocess.Popen
     ready_file: Path
     port: int | None = None
+    metrics_port: int | None = None
 
 
 @dataclass
@@ -44,8 +46,9 @@ class Supervisor:
         while time.monotonic() < deadline:
             if child.process.poll() is not None:
                 raise RuntimeError(f"{child.name} exited with {child.process.returncode}; see {self.log_of(child)}")
-            if child.ready_file.exists() and child.ready_file.read_text().strip():
-                child.port = int(child.ready_file.read_text())
+            if child.ready_file.exists():
+                ready = json.loads(child.ready_file.read_text())
+                child.port, child.metrics_port = ready["port"], ready["metrics_port"]
                 return child.port
             time.sleep(0.1)
         raise TimeoutError(f"{child.name} not ready after {timeout_s:.0f} s; see {self.log_of(child)}")

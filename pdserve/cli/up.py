@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
-    argv = [role, "--port", "0"]
+    argv = [role, "--port", "0", "--metrics-port", "0"]
     for flag in ENGINE_FLAGS:
         value = getattr(args, flag)
         if value is not None:
@@ -60,7 +60,7 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
     addresses = {"prefill": [], "decode": []}
     for role, child in workers:
         addresses[role].append(f"127.0.0.1:{sup.wait_ready(child, args.ready_timeout)}")
-    router_argv = ["router", "--port", str(args.port), "--prefill-workers", ",".join(addresses["prefill"]),
+    router_argv = ["router", "--port", str(args.port), "--metrics-port", "0", "--prefill-workers", ",".join(addresses["prefill"]),
                    "--decode-workers", ",".join(addresses["decode"])]
     if args.model:
         router_argv += ["--model", args.model]
@@ -70,9 +70,10 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
         router_argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     router = sup.spawn("router", router_argv)
     port = sup.wait_ready(router, args.ready_timeout)
-    for role, child in workers:
-        print(f"{child.name}: 127.0.0.1:{child.port} (pid {child.process.pid})", flush=True)
-    print(f"router: 127.0.0.1:{port}; logs in {sup.workdir}", flush=True)
+    for _, child in [*workers, ("router", router)]:
+        print(f"{child.name}: grpc 127.0.0.1:{child.port}, metrics http://127.0.0.1:{child.metrics_port}/metrics "
+              f"(pid {child.process.pid})", flush=True)
+    print(f"logs in {sup.workdir}", flush=True)
     return port
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest
-from otlp_receivers import GrpcReceiver, HttpReceiver
+from tests.helpers.otlp_receivers import GrpcReceiver, HttpReceiver
 
 
 @pytest.fixture

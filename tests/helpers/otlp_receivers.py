@@ -21,6 +21,9 @@ class ReceivedSpan(NamedTuple):
     trace_id: str
     span_id: str
     parent_span_id: str
+    events: tuple[tuple[str, dict], ...] = ()
+    status_code: int = 0
+    status_message: str = ""
 
 
 def _value(any_value):
@@ -48,6 +51,9 @@ class SpanSink:
                 trace_id=span.trace_id.hex(),
                 span_id=span.span_id.hex(),
                 parent_span_id=span.parent_span_id.hex(),
+                events=tuple((e.name, _attributes(e.attributes)) for e in span.events),
+                status_code=span.status.code,
+                status_message=span.status.message,
             )
             for rs in request.resource_spans
             for ss in rs.scope_spans

@@ -1,0 +1,49 @@
+"""Keeps a worker's gauges current and counts its preemptions, from engine steps and stats."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.outputs import StepResult
+from pdserve.telemetry import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class MetricsFeed:
+    def __init__(self, engine: AsyncEngine, metrics: Metrics, period_s: float = 0.5):
+        self.engine = engine
+        self.metrics = metrics
+        self.period_s = period_s
+        self._task: asyncio.Task | None = None
+        engine.add_listener(self.on_step)
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def on_step(self, result: StepResult) -> None:
+        for preemption in result.preemptions:
+            self.metrics.count_preemption(preemption.mode.value)
+        for out in result.outputs:
+            if out.finished:
+                self.metrics.add_prefix_cache_hit_tokens(out.request.num_cached_tokens)
+
+    async def refresh(self) -> None:
+        stats = await self.engine.call(lambda e: e.scheduler.stats())
+        kv = stats.kv
+        self.metrics.set_kv_blocks(free=kv.free, active=kv.active, cached=kv.cached, swapped=kv.swapped)
+        self.metrics.set_queue_sizes(running=stats.running + stats.receiving, waiting=stats.waiting + stats.swapped)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # never let a gauge update end the loop
+                log.exception("metrics refresh failed")
+            await asyncio.sleep(self.period_s)

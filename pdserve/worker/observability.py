@@ -1,0 +1,32 @@
+"""Tracing and the /metrics endpoint of one service process, built from its flags and env."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from pdserve.telemetry import Metrics, MetricsServer, Tracing, setup_tracing
+
+
+@dataclass
+class Observability:
+    tracing: Tracing
+    metrics: Metrics
+    server: MetricsServer | None
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.server.port if self.server else None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.tracing.shutdown()
+
+
+def start_observability(service_name: str, args: argparse.Namespace) -> Observability:
+    metrics = Metrics()
+    server = None
+    if args.metrics_port is not None:
+        server = metrics.serve(args.metrics_port, getattr(args, "metrics_host", None) or args.host)
+    return Observability(setup_tracing(service_name, args.otlp_traces_endpoint), metrics, server)

@@ -1,0 +1,116 @@
+"""One request's root span and metrics, fed by the flow's events (policy-free bookkeeping).
+
+    pdserve.generate (SERVER, root; child of the client's traceparent when given)
+      ├─ pdserve.placement        decode worker chosen (and the prefill worker)
+      ├─ events prefill.chunk     tokens, cached tokens, step seconds
+      ├─ pdserve.kv_transfer      bytes, blocks, descriptors, seconds
+      ├─ events decode.*          preemption mode and reason, resume
+      └─ (prefill and decode workers add their own spans under this one)
+"""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from pdserve.requests import FinishReason
+from pdserve.telemetry import Metrics, TokenTimeline, extract_context, inject_metadata
+from router.flow import Done, Job, Milestone, NewTokens
+
+
+def _ns(seconds_ago: float = 0.0) -> int:
+    return time.time_ns() - int(seconds_ago * 1e9)
+
+
+class RequestTrace:
+    def __init__(self, tracer: trace.Tracer, metrics: Metrics, model: str, client_metadata):
+        self.metrics = metrics
+        self.job: Job | None = None
+        self.timeline = TokenTimeline(arrival=time.perf_counter())
+        self.span = tracer.start_span("pdserve.generate", context=extract_context(client_metadata),
+                                      kind=SpanKind.SERVER, attributes={"gen_ai.response.model": model})
+        self.context = trace.set_span_in_context(self.span)
+        self.tracer = tracer
+        self.queue_s = 0.0
+        self.kv_s = 0.0
+        self.done = False
+
+    def bind(self, job: Job) -> None:
+        """The request passed validation: record what it asks for."""
+        self.job = job
+        s = job.sampling
+        self.span.set_attributes({
+            "gen_ai.request.id": job.request_id, "gen_ai.request.max_tokens": s.max_tokens,
+            "gen_ai.request.temperature": s.temperature, "gen_ai.request.top_p": s.top_p,
+            "gen_ai.usage.prompt_tokens": len(job.prompt), "pdserve.priority": job.priority.name.lower()})
+
+    def fail(self, error: BaseException, code: str) -> None:
+        """The request ended with a gRPC error status (before or after it started)."""
+        if self.done:
+            return
+        self.span.set_status(Status(StatusCode.ERROR, f"{code}: {error}"))
+        self.span.record_exception(error)
+        if self.job is None:
+            self.done = True
+            self.span.end()
+        else:
+            self.finish(FinishReason.ABORT, self.timeline.num_tokens)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What workers receive: this request's root span as their parent."""
+        return tuple(inject_metadata(self.context))
+
+    def on_event(self, event) -> None:
+        if isinstance(event, NewTokens):
+            self.timeline.record(time.perf_counter(), len(event.token_ids))
+        elif isinstance(event, Milestone):
+            self._milestone(event)
+        elif isinstance(event, Done):
+            self.span.set_attributes({"pdserve.cached_tokens": event.cached_tokens,
+                                      "pdserve.preemptions": event.preemptions})
+            self.metrics.add_prefix_cache_hit_tokens(event.cached_tokens)
+
+    def _milestone(self, event: Milestone) -> None:
+        attrs = {k: v for k, v in event.attributes.items() if v is not None}
+        if event.name.startswith("placement"):
+            self.tracer.start_span(f"pdserve.{event.name}", context=self.context, attributes=attrs,
+                                   start_time=_ns(time.perf_counter() - self.timeline.arrival)).end()
+        elif event.name == "kv_transfer":
+            self.kv_s, self.queue_s = attrs["seconds"], attrs.get("queue_seconds", 0.0)
+            self.tracer.start_span("pdserve.kv_transfer", context=self.context, start_time=_ns(self.kv_s),
+                                   attributes={f"pdserve.kv.{k}": v for k, v in attrs.items()}).end()
+        else:
+            self.span.add_event(event.name, attrs)
+
+    def finish(self, reason: FinishReason, completion_tokens: int) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.timeline.finish(time.perf_counter())
+        self._finish_span(reason, completion_tokens)
+        self._finish_metrics(reason, completion_tokens)
+
+    def _finish_span(self, reason: FinishReason, completion_tokens: int) -> None:
+        t = self.timeline
+        attrs = {"gen_ai.usage.completion_tokens": completion_tokens, "gen_ai.latency.e2e": t.e2e or 0.0,
+                 "gen_ai.latency.time_in_queue": self.queue_s, "gen_ai.latency.kv_cache_transfer_time": self.kv_s,
+                 "pdserve.finish_reason": reason.value}
+        if t.ttft is not None:
+            attrs["gen_ai.latency.time_to_first_token"] = t.ttft
+        summary = t.summary().tbt
+        if summary is not None:
+            attrs.update({"pdserve.tbt.p50": summary.p50, "pdserve.tbt.p99": summary.p99,
+                          "pdserve.tbt.max": summary.max})
+        self.span.set_attributes(attrs)
+        self.span.end()
+
+    def _finish_metrics(self, reason: FinishReason, completion_tokens: int) -> None:
+        assert self.job is not None
+        m = self.metrics
+        m.observe_timeline(self.timeline)
+        m.observe_queue_time(self.queue_s, self.job.priority)
+        m.count_request(self.job.priority, reason)
+        m.add_prompt_tokens(len(self.job.prompt))
+        m.add_generation_tokens(completion_tokens)

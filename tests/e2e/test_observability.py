@@ -1,0 +1,163 @@
+"""Traces through a real OTLP collector (rotel) and Prometheus metrics, across the three services."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdserve.cli.client import stream
+from pdserve.cli.supervisor import Supervisor
+from pdserve.cli.up import wait_serving
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+from tests.helpers.otlp_receivers import GrpcReceiver
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory):
+    spec = importlib.util.find_spec("rotel")
+    binary = Path(spec.submodule_search_locations[0]) / "rotel-agent"
+    receiver = GrpcReceiver()
+    port, tmp = _free_port(), tmp_path_factory.mktemp("rotel")
+    proc = subprocess.Popen([str(binary), "start", "--otlp-grpc-endpoint", f"127.0.0.1:{port}",
+                             "--otlp-http-endpoint", f"127.0.0.1:{_free_port()}", "--pid-file", str(tmp / "pid"),
+                             "--log-file", str(tmp / "log"), "--exporter", "otlp", "--otlp-exporter-endpoint",
+                             receiver.endpoint, "--otlp-exporter-protocol", "grpc", "--traces-batch-timeout", "50ms"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", receiver
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def traced(collector):
+    endpoint, receiver = collector
+    env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "100", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+    sup = Supervisor(env=env)
+    common = ["--port", "0", "--metrics-port", "0", "--otlp-traces-endpoint", endpoint]
+    engine = ["--threads", "1", "--token-budget", "256", "--max-chunk-tokens", "64", "--host-kv-blocks", "64"]
+    try:
+        decode = sup.spawn("decode", ["decode", *common, *engine, "--kv-blocks", "40"])
+        prefill = sup.spawn("prefill", ["prefill", *common, *engine, "--kv-blocks", "128"])
+        d, p = sup.wait_ready(decode, 240), sup.wait_ready(prefill, 240)
+        router = sup.spawn("router", ["router", *common, "--prefill-workers", f"127.0.0.1:{p}",
+                                      "--decode-workers", f"127.0.0.1:{d}"])
+        target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
+        wait_serving(target, 60)
+        yield {"target": target, "receiver": receiver, "children": {c.name: c for c in sup.children}}
+    finally:
+        sup.stop()
+
+
+def _request(text: str, max_tokens: int) -> pb.GenerateRequest:
+    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                                    ignore_eos=True))
+
+
+def _spans_of(receiver, trace_id: str, names: set[str], timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spans = [s for s in receiver.sink.spans if s.trace_id == trace_id]
+        if names <= {s.name for s in spans}:
+            return spans
+        time.sleep(0.2)
+    return [s for s in receiver.sink.spans if s.trace_id == trace_id]
+
+
+def test_one_trace_across_three_services_under_the_client_span(traced):
+    with grpc.insecure_channel(traced["target"]) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        call = stub.Generate(_request("The capital of France is", 8),
+                             metadata=[("traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")], timeout=120)
+        messages = list(call)
+    assert messages[-1].usage.completion_tokens == 8
+    spans = _spans_of(traced["receiver"], CLIENT_TRACE, {"pdserve.generate", "pdserve.prefill", "pdserve.decode"})
+    by_name = {s.name: s for s in spans}
+    services = {s.resource["service.name"] for s in spans}
+    assert {"pdserve-router", "pdserve-prefill", "pdserve-decode"} <= services
+    root = by_name["pdserve.generate"]
+    assert root.parent_span_id == CLIENT_SPAN
+    a = root.attributes
+    assert a["gen_ai.usage.prompt_tokens"] == messages[-1].usage.prompt_tokens
+    assert a["gen_ai.usage.completion_tokens"] == 8
+    assert 0 < a["gen_ai.latency.time_to_first_token"] <= a["gen_ai.latency.e2e"]
+    assert a["gen_ai.latency.kv_cache_transfer_time"] > 0
+    for key in ("gen_ai.request.id", "gen_ai.request.max_tokens", "gen_ai.request.temperature", "gen_ai.request.top_p",
+                "gen_ai.response.model", "gen_ai.latency.time_in_queue", "pdserve.priority", "pdserve.cached_tokens",
+                "pdserve.preemptions", "pdserve.finish_reason", "pdserve.tbt.p50", "pdserve.tbt.p99", "pdserve.tbt.max"):
+        assert key in a, key
+    assert by_name["pdserve.prefill"].parent_span_id == root.span_id
+    assert by_name["pdserve.decode"].parent_span_id == root.span_id
+    transfer = by_name["pdserve.kv_transfer"].attributes
+    assert transfer["pdserve.kv.bytes"] > 0 and transfer["pdserve.kv.descriptors"] >= 1
+
+
+def test_forced_preemption_shows_as_an_event_with_its_mode(traced):
+    prompts = [f"Story number {i}: once upon a time there was a lighthouse keeper who" for i in range(4)]
+    with grpc.insecure_channel(traced["target"]) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda t: stream(stub, _request(t, 150), timeout=300), prompts))
+    assert sum(r.usage.preemptions for r in results) > 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        events = [e for s in traced["receiver"].sink.spans if s.name == "pdserve.decode" for e in s.events
+                  if e[0] == "preemption"]
+        if events:
+            break
+        time.sleep(0.2)
+    assert events and events[0][1]["mode"] in ("recompute", "swap")
+
+
+def _metrics(port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {s.name + str(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples}
+
+
+def test_metrics_count_requests_and_blocks_return_to_zero(traced):
+    children = traced["children"]
+    before = _metrics(children["router"].metrics_port).get("pdserve_time_to_first_token_seconds_count[]", 0)
+    with grpc.insecure_channel(traced["target"]) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        for i in range(3):
+            stream(stub, _request(f"Question {i}: what is", 4), timeout=120)
+    router = _metrics(children["router"].metrics_port)
+    assert router["pdserve_time_to_first_token_seconds_count[]"] - before == 3
+    assert router["pdserve_e2e_request_latency_seconds_count[]"] >= 3
+    time.sleep(1.5)
+    for name in ("prefill", "decode"):
+        worker = _metrics(children[name].metrics_port)
+        assert worker["pdserve_kv_blocks[('state', 'active')]"] == 0, name
+    assert _metrics(children["prefill"].metrics_port)["pdserve_kv_transfer_bytes_total[]"] > 0
