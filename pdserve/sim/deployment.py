@@ -1,0 +1,131 @@
+"""What is simulated: hardware, model, serving knobs, and how the GPUs are split.
+
+    Colocated(gpus=8, tp=8, policy)           one instance (or gpus/tp data-parallel instances)
+                                              prefills and decodes, mixed by the policy
+    Disaggregated(4, 4, 4, 4)  "4P4D"         prefill instances (TP group each) finish a request
+                                              at its first token; its KV moves to a decode instance
+
+Tensor parallelism must divide the model's KV heads and the role's GPU count.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pdserve.sim.costmodel import StepCostModel
+from pdserve.sim.hardware import HardwareProfile, Link
+from pdserve.sim.shapes import ModelShape
+
+GB = 1e9
+_SPLIT = re.compile(r"^\s*(\d+)\s*P\s*(\d+)\s*D\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Serving knobs shared by every instance of a simulated deployment."""
+
+    hardware: HardwareProfile
+    shape: ModelShape
+    token_budget: int = 2048
+    max_chunk_tokens: int = 1024
+    block_size: int = 16
+    memory_fraction: float = 0.9  # of device memory usable for weights + KV
+    host_swap_bytes_per_gpu: float = 64 * GB
+    max_model_len: int = 131_072
+    max_running: int = 256
+    aging_seconds: float | None = 30.0
+    prefix_cache: bool = True
+    gpus_per_node: int = 8  # a KV transfer between instances of one node uses NVLink
+
+
+@dataclass(frozen=True)
+class Colocated:
+    gpus: int
+    tp: int
+    policy: str = "chunked"
+
+    @property
+    def name(self) -> str:
+        groups = self.gpus // self.tp
+        return f"colocated {self.policy}" + (f" {groups}xTP{self.tp}" if groups > 1 else "")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus
+
+
+@dataclass(frozen=True)
+class Disaggregated:
+    prefill_gpus: int
+    prefill_tp: int
+    decode_gpus: int
+    decode_tp: int
+    policy: str = "chunked"
+
+    @property
+    def name(self) -> str:
+        return (f"{self.prefill_gpus}P{self.decode_gpus}D (P {self.prefill_gpus // self.prefill_tp}xTP"
+                f"{self.prefill_tp}, D {self.decode_gpus // self.decode_tp}xTP{self.decode_tp})")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.prefill_gpus + self.decode_gpus
+
+
+Deployment = Colocated | Disaggregated
+
+
+class InfeasibleDeployment(ValueError):
+    """The split cannot run: a TP that does not divide, or weights that do not fit."""
+
+
+def valid_tps(gpus: int, shape: ModelShape) -> list[int]:
+    """TP sizes dividing both `gpus` and the KV heads, smallest first."""
+    return [tp for tp in range(1, gpus + 1) if gpus % tp == 0 and shape.num_kv_heads % tp == 0]
+
+
+def fits(cfg: SimConfig, tp: int) -> bool:
+    """The weight shard leaves device memory for at least one KV block."""
+    free = cfg.hardware.mem_bytes * cfg.memory_fraction - cfg.shape.weight_bytes() / tp
+    return free > cfg.block_size * cfg.shape.kv_bytes_per_token() / tp
+
+
+def default_tp(gpus: int, cfg: SimConfig) -> int:
+    """The largest valid TP: fewest, biggest instances (most KV room per instance)."""
+    options = [tp for tp in valid_tps(gpus, cfg.shape) if fits(cfg, tp)]
+    if not options:
+        raise InfeasibleDeployment(f"{cfg.shape.name} fits no TP group of {gpus} x {cfg.hardware.name}")
+    return options[-1]
+
+
+def check(deployment: Deployment, cfg: SimConfig) -> None:
+    """Raise InfeasibleDeployment unless every role's TP divides its GPUs and KV heads and fits."""
+    roles = ([(deployment.gpus, deployment.tp)] if isinstance(deployment, Colocated)
+             else [(deployment.prefill_gpus, deployment.prefill_tp), (deployment.decode_gpus, deployment.decode_tp)])
+    for gpus, tp in roles:
+        if gpus < 1 or tp not in valid_tps(gpus, cfg.shape):
+            raise InfeasibleDeployment(f"TP {tp} must divide {gpus} GPUs and {cfg.shape.num_kv_heads} KV heads")
+        if not fits(cfg, tp):
+            raise InfeasibleDeployment(f"{cfg.shape.name} weights do not fit on TP {tp} x {cfg.hardware.name}")
+
+
+def parse_split(text: str, cfg: SimConfig, prefill_tp: int | None = None, decode_tp: int | None = None,
+                policy: str = "chunked") -> Disaggregated:
+    """"4P4D" -> 4 prefill GPUs and 4 decode GPUs; TPs default to the largest that fits."""
+    match = _SPLIT.match(text)
+    if match is None:
+        raise ValueError(f"split {text!r} is not of the form xPyD (e.g. 4P4D)")
+    p, d = int(match.group(1)), int(match.group(2))
+    split = Disaggregated(p, prefill_tp or default_tp(p, cfg), d, decode_tp or default_tp(d, cfg), policy)
+    check(split, cfg)
+    return split
+
+
+def kv_link(deployment: Deployment, cfg: SimConfig) -> Link:
+    """NVLink while the whole deployment sits in one node, the network otherwise."""
+    return Link.INTERCONNECT if deployment.total_gpus <= cfg.gpus_per_node else Link.NETWORK
+
+
+def cost_model(cfg: SimConfig, tp: int) -> StepCostModel:
+    return StepCostModel(cfg.hardware, cfg.shape, tp)

@@ -1,0 +1,127 @@
+"""Figures of a run: TTFT and TBT percentiles per request class, MFU, goodput.
+
+    MFU      = useful model FLOPs / (peak FLOP/s x GPUs x makespan); useful FLOPs count every
+               finished request's prefill once and each of its decode steps (recomputation
+               after preemption is work, not output, so it is left out)
+    goodput  = requests meeting both SLOs per second of makespan: TTFT <= slo_ttft and the
+               request's own p99 TBT <= slo_tbt (a failed or unfinished request never meets them)
+    makespan = first arrival to last token
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdserve.sim.costmodel import StepLoad
+from pdserve.sim.recorder import RequestTrace
+from pdserve.sim.shapes import ModelShape
+from pdserve.sim.simulator import SimResult
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    count: int
+    p50: float
+    p90: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Percentiles:
+        s = sorted(values)
+        return cls(len(s), percentile(s, 50), percentile(s, 90), percentile(s, 99), s[-1] if s else math.nan)
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float
+    tbt_s: float
+
+
+@dataclass(frozen=True)
+class ClassSummary:
+    kind: str
+    requests: int
+    finished: int
+    ttft_s: Percentiles
+    tbt_s: Percentiles  # pooled over every gap of the class's requests
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    name: str
+    gpus: int
+    makespan_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    mfu: float
+    failed: int
+    unfinished: int
+    preemptions: dict[str, int]
+    swapped_gib: float
+    steps: int
+    classes: dict[str, ClassSummary]
+    goodput_rps: float | None  # with an SLO
+    slo_met: int | None
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks; NaN for no values."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def useful_flops(shape: ModelShape, prompt: int, outputs: int) -> float:
+    """A request's prefill (sampling its first token) and its outputs - 1 decode steps."""
+    prefill = StepLoad.of([(prompt, prompt)])
+    decodes = StepLoad.decodes(outputs - 1, (outputs - 1) * prompt + (outputs - 1) * outputs // 2)
+    load = prefill + decodes if outputs > 1 else prefill
+    return (load.query_tokens * shape.linear_flops_per_token() + load.chunks * shape.lm_head_flops()
+            + load.attended * shape.attention_flops_per_position())
+
+
+def meets(trace: RequestTrace, slo: Slo) -> bool:
+    if trace.finish_s is None or trace.ttft_s is None or trace.ttft_s > slo.ttft_s:
+        return False
+    gaps = sorted(trace.gaps())
+    return not gaps or percentile(gaps, 99) <= slo.tbt_s
+
+
+def summarize(result: SimResult, slo: Slo | None = None) -> RunSummary:
+    traces = result.traces
+    ends = [t.token_times[-1] for t in traces if t.token_times]
+    start = min(t.spec.arrival_s for t in traces)
+    makespan = max(ends) - start if ends else 0.0
+    outputs = sum(len(t.token_times) for t in traces)
+    cfg = result.config
+    flops = sum(useful_flops(cfg.shape, t.spec.prompt_tokens, len(t.token_times)) for t in traces if t.token_times)
+    peak = cfg.hardware.peak_flops * result.gpus * makespan
+    met = sum(meets(t, slo) for t in traces) if slo else None
+    return RunSummary(
+        result.deployment.name, result.gpus, makespan, outputs, _rate(outputs, makespan), flops / peak if peak else 0.0,
+        sum(t.failure is not None for t in traces), sum(t.failure is None and t.finish_s is None for t in traces),
+        dict(result.preemptions), result.swapped_bytes / 2**30, result.steps, _classes(traces),
+        _rate(met, makespan) if met is not None else None, met,
+    )
+
+
+def _rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else 0.0
+
+
+def _classes(traces: Sequence[RequestTrace]) -> dict[str, ClassSummary]:
+    kinds = dict.fromkeys(t.spec.kind for t in traces)
+    return {kind: _class(kind, [t for t in traces if t.spec.kind == kind]) for kind in kinds}
+
+
+def _class(kind: str, traces: list[RequestTrace]) -> ClassSummary:
+    ttfts = [t.ttft_s for t in traces if t.ttft_s is not None]
+    gaps = [g for t in traces for g in t.gaps()]
+    return ClassSummary(kind, len(traces), sum(t.finish_s is not None for t in traces), Percentiles.of(ttfts),
+                        Percentiles.of(gaps))
