@@ -113,6 +113,7 @@ class RequestFlow:
         call = stub.Decode(wpb.DecodeRequest(request=self._worker_request(job, state), local_prefill=local),
                            metadata=job.metadata)
         yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local})
+        decode.assigned += 1
         try:
             events = call.__aiter__()
             if not local:
@@ -126,6 +127,7 @@ class RequestFlow:
                 self.pool.mark_failed(decode.address)
             raise
         finally:
+            decode.assigned -= 1
             call.cancel()
 
     def _worker_request(self, job: Job, state: FlowState) -> wpb.WorkerRequest:
@@ -143,6 +145,7 @@ class RequestFlow:
         stub = worker_pb2_grpc.PrefillWorkerStub(self.pool.channels.get(prefill.address))
         call = stub.Prefill(wpb.PrefillRequest(request=self._worker_request(job, state), target=first.reserved),
                             metadata=job.metadata)
+        prefill.assigned += 1
         try:
             async for event in call:  # noqa: B007 - the loop returns at PrefillDone
                 if event.WhichOneof("event") == "chunk":
@@ -165,6 +168,7 @@ class RequestFlow:
                 raise _PrefillFailed(exc) from exc
             raise
         finally:
+            prefill.assigned -= 1
             call.cancel()
         raise Unavailable(f"prefill worker {prefill.address} ended without a first token")
 

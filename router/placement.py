@@ -12,11 +12,11 @@ class NoWorker(RuntimeError):
 
 
 def choose_decode(workers: list[Worker], exclude: Collection[str] = ()) -> Worker:
-    """Most free KV blocks first, then fewest running requests."""
+    """Fewest requests in flight from this router, then most free KV blocks, then fewest running."""
     candidates = [w for w in workers if w.address not in exclude]
     if not candidates:
         raise NoWorker("no decode worker is ready")
-    return max(candidates, key=lambda w: (w.free_blocks - w.waiting * 4, -w.running))
+    return max(candidates, key=lambda w: (-w.assigned, w.free_blocks, -w.running))
 
 
 def choose_prefill(workers: list[Worker], cached: Mapping[str, int], exclude: Collection[str] = ()) -> Worker:
@@ -24,4 +24,4 @@ def choose_prefill(workers: list[Worker], cached: Mapping[str, int], exclude: Co
     candidates = [w for w in workers if w.address not in exclude]
     if not candidates:
         raise NoWorker("no prefill worker is ready")
-    return max(candidates, key=lambda w: (cached.get(w.address, 0), -(w.running + w.waiting)))
+    return max(candidates, key=lambda w: (cached.get(w.address, 0), -w.assigned, -(w.running + w.waiting)))

@@ -26,6 +26,7 @@ class Worker:
     total_blocks: int = 0
     running: int = 0
     waiting: int = 0
+    assigned: int = 0  # requests this router has in flight on it (fresher than polled stats)
 
     @property
     def usable(self) -> bool:

@@ -1,0 +1,113 @@
+"""A decode worker killed mid-stream: its requests resume elsewhere (or fail cleanly), others go on."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+
+import grpc
+import pytest
+
+from pdserve.cli.client import stream
+from pdserve.cli.supervisor import Supervisor
+from pdserve.cli.up import wait_serving
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--token-budget", "256",
+          "--max-chunk-tokens", "128"]
+PROMPTS = [f"Write a short story about a robot named Unit {i}." for i in range(4)]
+MAX_TOKENS = 40
+
+
+def _start(failover: str):
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+    children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE]) for n in ("prefill-0", "decode-0", "decode-1")]
+    ports = [sup.wait_ready(c, 240) for c in children]
+    router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{ports[0]}",
+                                  "--decode-workers", f"127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}",
+                                  "--decode-failover", failover])
+    target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
+    wait_serving(target, 60)
+    return sup, target, children
+
+
+def _request(text: str) -> pb.GenerateRequest:
+    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                                                    ignore_eos=True))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from pdserve.config import EngineConfig
+    from pdserve.engine.llm import LLM
+    from pdserve.requests import SamplingParams
+
+    llm = LLM(EngineConfig())
+    return [c.token_ids for c in llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                                                      ignore_eos=True))]
+
+
+def _run_and_kill(target: str, victim) -> list:
+    with grpc.insecure_channel(target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures = [pool.submit(_safe_stream, stub, _request(p)) for p in PROMPTS]
+            _wait_running(victim, 2)
+            time.sleep(2.0)
+            os.killpg(victim.process.pid, signal.SIGKILL)
+            return [f.result() for f in futures]
+
+
+def _wait_running(worker, count: int, timeout_s: float = 120.0) -> None:
+    """Until the worker decodes `count` requests: placement spreads them over both decode workers."""
+    from pdserve.v1 import worker_pb2 as wpb
+    from pdserve.v1 import worker_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+        stub = worker_pb2_grpc.DecodeWorkerStub(channel)
+        while time.monotonic() < deadline:
+            if stub.Stats(wpb.StatsRequest(), timeout=5).requests_running >= count:
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"{worker.name} never ran {count} requests")
+
+
+def _safe_stream(stub, request):
+    try:
+        return stream(stub, request, timeout=400)
+    except grpc.RpcError as exc:
+        return exc
+
+
+def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(reference):
+    sup, target, children = _start("resume")
+    try:
+        results = _run_and_kill(target, children[2])
+        for result, expected in zip(results, reference):
+            assert not isinstance(result, grpc.RpcError), result
+            assert tuple(result.token_ids) == tuple(expected)
+            assert result.finish_reason == "FINISH_REASON_LENGTH"
+    finally:
+        sup.stop()
+
+
+def test_killed_decode_worker_fails_its_streams_unavailable_others_finish():
+    sup, target, children = _start("fail")
+    try:
+        results = _run_and_kill(target, children[2])
+        failed = [r for r in results if isinstance(r, grpc.RpcError)]
+        finished = [r for r in results if not isinstance(r, grpc.RpcError)]
+        assert len(failed) == 2 and len(finished) == 2
+        assert all(r.code() == grpc.StatusCode.UNAVAILABLE for r in failed)
+        assert all(len(r.token_ids) == MAX_TOKENS for r in finished)
+        with grpc.insecure_channel(target) as channel:
+            after = stream(generation_pb2_grpc.GenerationStub(channel), _request("Hello"), timeout=200)
+        assert len(after.token_ids) == MAX_TOKENS
+    finally:
+        sup.stop()
