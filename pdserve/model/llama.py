@@ -9,14 +9,13 @@ see ForwardBatch); logits are computed only for the rows in `batch.logits_indice
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
-from pdserve.model.layers import DecoderLayer, RMSNorm
+from pdserve.model.layers import DecoderLayer, Linear, RMSNorm
 from pdserve.model.rope import RotaryEmbedding
 
 
@@ -24,10 +23,11 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        tied = config.tie_word_embeddings
+        self.embed_tokens = None if tied else nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)  # weight [hidden, vocab]
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 
     @torch.inference_mode()
@@ -37,14 +37,24 @@ class LlamaForCausalLM(nn.Module):
         Calls `attn.begin(batch, kv)` once, then each layer writes its K/V at `batch.slot_mapping`.
         """
         attn.begin(batch, kv)
-        x = self.embed_tokens(batch.input_ids)  # [T, hidden]
+        x = self.embed(batch.input_ids)  # [T, hidden]
         cos, sin = self.rotary(batch.positions, x.dtype)  # [T, 1, D/2] each
         for layer in self.layers:
             x = layer(x, cos, sin, kv, attn)
         x = self.norm(x[batch.logits_indices])  # [S, hidden]
-        return F.linear(x, self.output_weight)  # [S, vocab]
+        return self.lm_head(x)  # [S, vocab]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> [T, hidden]. Tied models keep one matrix, the lm_head's [hidden, vocab]: a
+        token's embedding is its column."""
+        if self.embed_tokens is not None:
+            return self.embed_tokens(input_ids)
+        return self.lm_head.weight.index_select(1, input_ids).t().contiguous()
 
     @property
-    def output_weight(self) -> torch.Tensor:
-        """[vocab, hidden]: the lm_head, or the embedding when they are tied."""
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device

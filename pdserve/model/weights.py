@@ -1,8 +1,9 @@
 """Checkpoint tensors (transformers names) -> a ready LlamaForCausalLM.
 
 Both loaders present their tensors under the transformers names; this module checks every shape,
-fuses q/k/v and gate/up into one matrix each, and assigns them to a model built on `meta`
-(no memory is allocated or initialised for weights that are about to be replaced).
+fuses q/k/v and gate/up into one matrix each, transposes projection matrices to the model's
+[in, out] layout, and assigns them to a model built on `meta` (no memory is allocated or
+initialised for weights that are about to be replaced).
 """
 
 from __future__ import annotations
@@ -25,39 +26,55 @@ class Part:
     shape: tuple[int, ...]
 
 
-def checkpoint_layout(config: ModelConfig) -> dict[str, tuple[Part, ...]]:
-    """Model parameter name -> the checkpoint tensors concatenated (dim 0) to form it."""
+@dataclass(frozen=True)
+class Assembly:
+    """The checkpoint tensors concatenated along dim 0 into one parameter, then transposed
+    ([out, in] -> [in, out]) when the parameter is a projection matrix."""
+
+    parts: tuple[Part, ...]
+    transpose: bool = False
+
+
+def checkpoint_layout(config: ModelConfig) -> dict[str, Assembly]:
+    """Model parameter name -> how to build it from checkpoint tensors."""
     c = config
-    layout = {"embed_tokens.weight": (Part("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)),)}
+    embedding = Part("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
+    layout = {} if c.tie_word_embeddings else {"embed_tokens.weight": Assembly((embedding,))}
     for i in range(c.num_layers):
         layout.update(_layer_layout(c, i))
-    layout["norm.weight"] = (Part("model.norm.weight", (c.hidden_size,)),)
-    if not c.tie_word_embeddings:
-        layout["lm_head.weight"] = (Part("lm_head.weight", (c.vocab_size, c.hidden_size)),)
+    layout["norm.weight"] = Assembly((Part("model.norm.weight", (c.hidden_size,)),))
+    output = embedding if c.tie_word_embeddings else Part("lm_head.weight", (c.vocab_size, c.hidden_size))
+    layout["lm_head.weight"] = Assembly((output,), transpose=True)
     return layout
 
 
-def _layer_layout(c: ModelConfig, i: int) -> dict[str, tuple[Part, ...]]:
+def _layer_layout(c: ModelConfig, i: int) -> dict[str, Assembly]:
     src, dst = f"model.layers.{i}.", f"layers.{i}."
     qkv_rows = {"q": c.q_size, "k": c.kv_size, "v": c.kv_size}
+
+    def one(name: str, shape: tuple[int, ...], transpose: bool = False) -> Assembly:
+        return Assembly((Part(src + name, shape),), transpose)
+
     layout = {
-        dst + "input_layernorm.weight": (Part(src + "input_layernorm.weight", (c.hidden_size,)),),
-        dst + "self_attn.qkv_proj.weight": tuple(
-            Part(f"{src}self_attn.{n}_proj.weight", (rows, c.hidden_size)) for n, rows in qkv_rows.items()
+        dst + "input_layernorm.weight": one("input_layernorm.weight", (c.hidden_size,)),
+        dst + "self_attn.qkv_proj.weight": Assembly(
+            tuple(Part(f"{src}self_attn.{n}_proj.weight", (rows, c.hidden_size)) for n, rows in qkv_rows.items()),
+            transpose=True,
         ),
-        dst + "self_attn.o_proj.weight": (Part(src + "self_attn.o_proj.weight", (c.hidden_size, c.q_size)),),
-        dst + "post_attention_layernorm.weight": (Part(src + "post_attention_layernorm.weight", (c.hidden_size,)),),
-        dst + "mlp.gate_up_proj.weight": tuple(
-            Part(f"{src}mlp.{n}_proj.weight", (c.intermediate_size, c.hidden_size)) for n in ("gate", "up")
+        dst + "self_attn.o_proj.weight": one("self_attn.o_proj.weight", (c.hidden_size, c.q_size), True),
+        dst + "post_attention_layernorm.weight": one("post_attention_layernorm.weight", (c.hidden_size,)),
+        dst + "mlp.gate_up_proj.weight": Assembly(
+            tuple(Part(f"{src}mlp.{n}_proj.weight", (c.intermediate_size, c.hidden_size)) for n in ("gate", "up")),
+            transpose=True,
         ),
-        dst + "mlp.down_proj.weight": (Part(src + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size)),),
+        dst + "mlp.down_proj.weight": one("mlp.down_proj.weight", (c.hidden_size, c.intermediate_size), True),
     }
     if c.attention_bias:
-        layout[dst + "self_attn.qkv_proj.bias"] = tuple(
-            Part(f"{src}self_attn.{n}_proj.bias", (rows,)) for n, rows in qkv_rows.items()
+        layout[dst + "self_attn.qkv_proj.bias"] = Assembly(
+            tuple(Part(f"{src}self_attn.{n}_proj.bias", (rows,)) for n, rows in qkv_rows.items())
         )
     if c.o_proj_bias:
-        layout[dst + "self_attn.o_proj.bias"] = (Part(src + "self_attn.o_proj.bias", (c.hidden_size,)),)
+        layout[dst + "self_attn.o_proj.bias"] = one("self_attn.o_proj.bias", (c.hidden_size,))
     return layout
 
 
@@ -68,8 +85,7 @@ def build_model(
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     state = {
-        name: _assemble(parts, fetch, origin).to(device=device, dtype=dtype)
-        for name, parts in checkpoint_layout(config).items()
+        name: _assemble(assembly, fetch, origin, device, dtype) for name, assembly in checkpoint_layout(config).items()
     }
     try:
         model.load_state_dict(state, strict=True, assign=True)
@@ -78,9 +94,12 @@ def build_model(
     return model.to(device).eval()
 
 
-def _assemble(parts: tuple[Part, ...], fetch: TensorFetch, origin: str) -> torch.Tensor:
-    tensors = [_fetch_checked(part, fetch, origin) for part in parts]
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+def _assemble(
+    assembly: Assembly, fetch: TensorFetch, origin: str, device: str | torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    tensors = [_fetch_checked(part, fetch, origin).to(device=device, dtype=dtype) for part in assembly.parts]
+    joined = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+    return joined.t().contiguous() if assembly.transpose else joined.contiguous()
 
 
 def _fetch_checked(part: Part, fetch: TensorFetch, origin: str) -> torch.Tensor:

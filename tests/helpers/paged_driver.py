@@ -36,9 +36,8 @@ class PagedDriver:
         """shuffle_seed: hand blocks out in a seeded random order instead of 0, 1, 2, ..."""
         self.model = model
         config = model.config
-        dtype = model.embed_tokens.weight.dtype
-        self.device = model.embed_tokens.weight.device
-        self.kv = KVCache(config.kv_shape(block_size), num_blocks, dtype, self.device)
+        self.device = model.device
+        self.kv = KVCache(config.kv_shape(block_size), num_blocks, model.dtype, self.device)
         self.backend = backend or TorchAttentionBackend()
         self._free = list(range(num_blocks))
         if shuffle_seed is not None:

@@ -35,7 +35,7 @@ def edit_config(folder: Path, **changes) -> None:
 
 def test_embedded_model_is_the_default(embedded_gguf_path, smollm2):
     assert smollm2.source_path == embedded_gguf_path
-    assert smollm2.config.num_layers == 30 and smollm2.model.lm_head is None
+    assert smollm2.config.num_layers == 30 and smollm2.model.embed_tokens is None
 
 
 def test_missing_path(tmp_path):
@@ -192,6 +192,6 @@ def test_gguf_with_separate_output_matches_transformers(tiny_model_dirs, tiny_mo
     path = tmp_path / "untied.gguf"
     write_llama_gguf(tiny_model_dirs["llama_untied"], path)
     loaded = load_model(str(path))
-    assert not loaded.config.tie_word_embeddings and loaded.model.lm_head is not None
+    assert not loaded.config.tie_word_embeddings and loaded.model.embed_tokens is not None
     expected = hf_last_logits(tiny_models["llama_untied"][1], PROMPT)
     torch.testing.assert_close(last_logits(loaded), expected, rtol=1e-4, atol=1e-4)
