@@ -81,7 +81,7 @@ def run(engine: Engine, arrivals: Sequence[Arrival], max_steps: int = 2000) -> T
     pending = sorted(arrivals, key=lambda a: a.at)
     while pending or engine.has_unfinished():
         while pending and pending[0].at <= trace.steps:
-            _add(engine, trace, pending.pop(0))
+            add(engine, trace, pending.pop(0))
         assert trace.steps < max_steps, f"no progress after {max_steps} steps: {engine.scheduler.stats()}"
         step(engine, trace)
     for request_id, request in trace.requests.items():
@@ -107,7 +107,7 @@ def step(engine: Engine, trace: Trace) -> None:
     trace.steps += 1
 
 
-def _add(engine: Engine, trace: Trace, arrival: Arrival) -> None:
+def add(engine: Engine, trace: Trace, arrival: Arrival) -> None:
     request = engine.add_request(arrival.request_id, arrival.prompt, arrival.sampling, arrival.priority)
     trace.requests[arrival.request_id] = request
     trace.streamed[arrival.request_id] = []

@@ -21,7 +21,7 @@ SMOL_QUESTIONS = (
 )
 
 
-@pytest.mark.timeout(280)
+@pytest.mark.timeout(420)
 def test_smollm2_batched_greedy_matches_transformers(smol_loaded, smol_tokenizer, oracle):
     prompts = [smol_tokenizer.apply_chat_template([ChatMessage("user", q)]) for q in SMOL_QUESTIONS]
     assert len(prompts[0]) < len(prompts[1]) < len(prompts[2])
