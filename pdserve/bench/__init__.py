@@ -1,0 +1,9 @@
+"""`pdserve bench`: a gRPC load generator and the policy comparison experiment.
+
+    workloads  deterministic request mixes (chat, mixed, shared-prefix) with Poisson arrivals
+    runner     sends a workload to a router on grpc.aio and records every streamed message
+    stats      TTFT / TBT / latency distributions, throughput and goodput per class
+    report     the screen table and the JSON document
+    compare    starts the service in each configuration and runs the seed's experiment
+    plot       TBT over time, one panel per configuration (PNG)
+"""
