@@ -13,8 +13,10 @@ Progress is event-driven, on the loop's thread:
 A rendezvous message is copied inside one ucp progress call (the receiver reads the sender's
 memory with CMA), so one call holds the loop for one message: the transports cut runs into
 messages of at most `max_message_bytes` to bound it. ucxx's own `progress()` would drain every
-arrived message in one call (100 ms for 128 MiB here), which is why it is not used. Endpoints are created from worker addresses with peer-failure detection off
-(the fast path); callers must put deadlines on everything.
+arrived message in one call (100 ms for 128 MiB here), which is why it is not used.
+
+Endpoints are created from worker addresses with peer-failure detection off (the fast path);
+callers must put deadlines on everything.
 """
 
 from __future__ import annotations
