@@ -2,10 +2,11 @@
 
 The pass is split into two kinds of work, planned once in `begin`:
 
-  * every 1-token sequence (decodes, 1-token chunks) in one padded SDPA call: its block table
-    gathered to [B, max_blocks * block_size] keys, padding masked out. GQA is folded into the
-    query length (the G query heads of one KV head act as G queries at the same position), so
-    no KV head is ever repeated;
+  * the 1-token sequences (decodes, 1-token chunks) in padded SDPA calls, one per group of
+    similar context lengths (block counts within a power of two, so one long context does not
+    pad every short one): block tables gathered to [B, max_blocks * block_size] keys, padding
+    masked out. GQA is folded into the query length (the G query heads of one KV head act as G
+    queries at the same position), so no KV head is ever repeated;
   * every longer chunk alone: a fresh prompt (context == chunk) attends its own k/v with
     `is_causal`; a chunk after a cached prefix reads its whole context from the pool with a
     bottom-right causal mask.
@@ -43,7 +44,7 @@ class _Chunk:
 @dataclass(frozen=True)
 class _Plan:
     slot_mapping: torch.Tensor
-    decode: _DecodeGroup | None
+    decodes: tuple[_DecodeGroup, ...]
     chunks: tuple[_Chunk, ...]
     covers_all: bool  # one piece of work holds every row: return its output as is
 
@@ -55,12 +56,12 @@ class TorchAttentionBackend(AttentionBackend):
         self._plan: _Plan | None = None
 
     def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
-        device, dtype = kv.data.device, kv.data.dtype
+        device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
         singles = [s for s in batch.seqs if s.query_len == 1]
-        decode = _plan_decode(singles, kv.block_size, device, dtype) if singles else None
-        chunks = tuple(_plan_chunk(s, kv.block_size, device, dtype) for s in batch.seqs if s.query_len > 1)
-        covers_all = len(chunks) + (decode is not None) == 1 and _rows_cover(decode, chunks, batch.num_tokens)
-        self._plan = _Plan(batch.slot_mapping, decode, chunks, covers_all)
+        decodes = tuple(_plan_decode(group, size, device, dtype) for group in _by_length(singles, size))
+        chunks = tuple(_plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
+        covers_all = len(chunks) + len(decodes) == 1 and _rows_cover(decodes, chunks, batch.num_tokens)
+        self._plan = _Plan(batch.slot_mapping, decodes, chunks, covers_all)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
@@ -68,20 +69,32 @@ class TorchAttentionBackend(AttentionBackend):
         kv.write(layer, plan.slot_mapping, k, v)
         cache = kv.layer(layer)  # [num_blocks, 2, block_size, kv_heads, head_dim]
         if plan.covers_all:
-            return _decode(q, cache, plan.decode) if plan.decode else _chunk(q, k, v, cache, plan.chunks[0])
+            return _decode(q, cache, plan.decodes[0]) if plan.decodes else _chunk(q, k, v, cache, plan.chunks[0])
         out = torch.empty_like(q)
-        if plan.decode is not None:
-            out[plan.decode.rows] = _decode(q, cache, plan.decode)
+        for group in plan.decodes:
+            out[group.rows] = _decode(q, cache, group)
         for chunk in plan.chunks:
             out[chunk.rows] = _chunk(q, k, v, cache, chunk)
         return out
 
 
+def _by_length(seqs: list[SeqSpan], block_size: int) -> list[list[SeqSpan]]:
+    """Groups whose block counts share a power-of-two bucket (1, 2-3, 4-7, ...), in batch order."""
+    groups: dict[int, list[SeqSpan]] = {}
+    for seq in seqs:
+        groups.setdefault(_blocks(seq, block_size).bit_length(), []).append(seq)
+    return list(groups.values())
+
+
+def _blocks(seq: SeqSpan, block_size: int) -> int:
+    return -(-seq.context_len // block_size)
+
+
 def _plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dtype: torch.dtype) -> _DecodeGroup:
-    max_blocks = max(-(-s.context_len // block_size) for s in seqs)
+    max_blocks = max(_blocks(s, block_size) for s in seqs)
     table = torch.zeros((len(seqs), max_blocks), dtype=torch.long)
     for i, s in enumerate(seqs):
-        used = s.block_table[: -(-s.context_len // block_size)]
+        used = s.block_table[: _blocks(s, block_size)]
         table[i, : len(used)] = torch.tensor(used, dtype=torch.long)
     lengths = torch.tensor([s.context_len for s in seqs])
     valid = torch.arange(max_blocks * block_size)[None, :] < lengths[:, None]  # [B, L]
@@ -94,7 +107,7 @@ def _plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torc
     rows = slice(seq.query_start, seq.query_start + seq.query_len)
     if seq.context_len == seq.query_len:
         return _Chunk(rows, seq.context_len, None, None)
-    used = seq.block_table[: -(-seq.context_len // block_size)]
+    used = seq.block_table[: _blocks(seq, block_size)]
     first = seq.context_len - seq.query_len
     query_pos = torch.arange(first, seq.context_len)[:, None]  # [Q, 1]
     visible = torch.arange(seq.context_len)[None, :] <= query_pos  # [Q, C]
@@ -145,6 +158,6 @@ def _to(rows: Rows, device: torch.device) -> Rows:
     return rows if isinstance(rows, slice) else rows.to(device)
 
 
-def _rows_cover(decode: _DecodeGroup | None, chunks: tuple[_Chunk, ...], num_tokens: int) -> bool:
-    rows = decode.rows if decode is not None else chunks[0].rows
+def _rows_cover(decodes: tuple[_DecodeGroup, ...], chunks: tuple[_Chunk, ...], num_tokens: int) -> bool:
+    rows = decodes[0].rows if decodes else chunks[0].rows
     return isinstance(rows, slice) and rows.start == 0 and rows.stop == num_tokens

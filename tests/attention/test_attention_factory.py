@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from pdserve.attention import AttentionBackendUnavailable, make_attention_backen
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.flashinfer_backend import paged_layout
 from pdserve.attention.torch_backend import TorchAttentionBackend
+from tests.attention.naive import naive_attention
 
 
 def test_torch_and_auto_on_cpu_give_the_torch_backend():
@@ -66,3 +69,41 @@ def test_paged_layout_gathers_rows_when_the_batch_has_gaps():
     layout = paged_layout(batch_of(spans, 4), block_size=4, device=torch.device("cpu"))
     assert layout.qo_indptr.tolist() == [0, 2, 3]
     assert layout.row_order.tolist() == [0, 1, 3]
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    from tests.attention.fake_flashinfer import FakeBatchPrefillWithPagedKVCacheWrapper, FakeFlashInferModule
+
+    FakeBatchPrefillWithPagedKVCacheWrapper.instances.clear()
+    monkeypatch.setitem(sys.modules, "flashinfer", FakeFlashInferModule())
+    return FakeBatchPrefillWithPagedKVCacheWrapper.instances
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_flashinfer_backend_wiring_against_a_documented_stand_in(fake_flashinfer, shuffle):
+    """The backend plans once per pass, passes the strided per-layer pool view, and returns rows
+    in batch order: checked on CPU against dense attention through a fake of flashinfer's API."""
+    from pdserve.attention.flashinfer_backend import FlashInferBackend
+    from tests.attention.test_attention_torch import LAYERS, Case, build, new_rows
+
+    cases = [Case(0, 7), Case(9, 1), Case(20, 6), Case(3, 1)]
+    kv, batch, q, keys, values = build(cases, 6, 2, 16, 4, seed=2, shuffle=shuffle)
+    kv.data = kv.data.to(torch.bfloat16)
+    backend = FlashInferBackend("cpu")
+    backend.begin(batch, kv)
+    for layer in range(LAYERS):
+        k = torch.empty(batch.num_tokens, 2, 16)
+        v = torch.empty_like(k)
+        for i, case in enumerate(cases):
+            k[new_rows(batch, i)] = keys[i][layer, case.cached :]
+            v[new_rows(batch, i)] = values[i][layer, case.cached :]
+        out = backend.forward(layer, q[layer].bfloat16(), k.bfloat16(), v.bfloat16(), kv)
+        for i, case in enumerate(cases):
+            expected = naive_attention(q[layer][new_rows(batch, i)], keys[i][layer], values[i][layer], case.cached)
+            torch.testing.assert_close(out[new_rows(batch, i)].double(), expected, rtol=0.05, atol=0.05)
+    (wrapper,) = fake_flashinfer
+    assert len(wrapper.plans) == 1 and wrapper.runs == LAYERS
+    plan = wrapper.plans[0]
+    assert plan["causal"] and (plan["heads"], plan["kv_heads"], plan["page_size"]) == (6, 2, 4)
+    assert plan["q_dtype"] == torch.bfloat16
