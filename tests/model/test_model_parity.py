@@ -61,3 +61,15 @@ def test_tiny_model_logits_close_to_transformers(tiny_models, name):
     with torch.inference_mode():
         expected = reference(torch.tensor([prompt])).logits[0, -1]
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_half_precision_runs_close_to_float32(tiny_model_dirs, tiny_models):
+    from pdserve.model import load_model
+
+    prompt = tiny_prompt(20, 384, seed=9)
+    full = PagedDriver(tiny_models["qwen2_bias"][0].model, block_size=4)
+    half = PagedDriver(load_model(str(tiny_model_dirs["qwen2_bias"]), dtype=torch.bfloat16).model, block_size=4)
+    expected = full.step([(full.new_sequence(prompt), 20)])
+    got = half.step([(half.new_sequence(prompt), 20)])
+    assert got.dtype == torch.bfloat16 and half.kv.data.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=0.05, atol=0.1)
