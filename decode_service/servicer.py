@@ -7,6 +7,7 @@ from opentelemetry.trace import SpanKind
 
 from decode_service.worker import DecodeJob, DecodeWorker
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
+from pdserve.rpc.drain import Drain
 from pdserve.rpc.stats import stats_to_pb
 from pdserve.telemetry import extract_context
 from pdserve.v1 import worker_pb2 as wpb
@@ -16,7 +17,7 @@ from pdserve.worker.events import Finished, Notice, Reserved, Tokens
 
 class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
     def __init__(self, worker: DecodeWorker, transport: str, kv_address: bytes, endpoint: str,
-                 block_size: int, block_nbytes: int, tracer: trace.Tracer, draining: callable = lambda: False):
+                 block_size: int, block_nbytes: int, tracer: trace.Tracer, draining: Drain):
         self.worker = worker
         self.tracer = tracer
         self.transport = transport
@@ -27,6 +28,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         self.draining = draining
 
     async def Decode(self, request: wpb.DecodeRequest, context):
+        self.draining.refuse_if_draining()
         r = request.request
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                         priority_from_pb(r.priority), r.kv_timeout_s or 30.0, request.local_prefill,
@@ -75,7 +77,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
         stats = await self.worker.engine.call(lambda e: e.scheduler.stats())
-        return stats_to_pb("decode", stats, self.draining())
+        return stats_to_pb("decode", stats, self.draining.draining)
 
 
 def _trace_event(span, event) -> None:

@@ -7,6 +7,7 @@ from opentelemetry.trace import SpanKind
 
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import priority_from_pb, sampling_from_pb
+from pdserve.rpc.drain import Drain
 from pdserve.rpc.stats import stats_to_pb
 from pdserve.telemetry import Metrics, extract_context
 from pdserve.v1 import worker_pb2 as wpb
@@ -33,13 +34,14 @@ class GrpcDecodePeer(DecodePeer):
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
-    def __init__(self, worker: PrefillWorker, tracer: trace.Tracer, metrics: Metrics, draining=lambda: False):
+    def __init__(self, worker: PrefillWorker, tracer: trace.Tracer, metrics: Metrics, draining: Drain):
         self.worker = worker
         self.tracer = tracer
         self.metrics = metrics
         self.draining = draining
 
     async def Prefill(self, request: wpb.PrefillRequest, context):
+        self.draining.refuse_if_draining()
         r, t = request.request, request.target
         target = Target(t.transfer_id, t.kv_address, tuple(t.block_ids), t.block_size, t.block_nbytes,
                         t.decode_endpoint)
@@ -76,7 +78,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
         stats = await self.worker.engine.call(lambda e: e.scheduler.stats())
-        return stats_to_pb("prefill", stats, self.draining())
+        return stats_to_pb("prefill", stats, self.draining.draining)
 
 
 def _event_to_pb(event) -> wpb.PrefillEvent:

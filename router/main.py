@@ -1,18 +1,21 @@
-"""Starts the router: tokenizer and limits of the model, worker pool, public gRPC server."""
+"""Starts the router: tokenizer and limits of the model, worker discovery, public gRPC server."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.engine.validation import Limits
 from pdserve.model.metadata import read_model_config
 from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.drain import Drain
+from pdserve.rpc.security import security_from_args
 from pdserve.rpc.server import RunningServer, ServiceBinding, start_server
-from pdserve.worker.observability import Observability, start_observability
 from pdserve.tokenizer import load_tokenizer
-from pdserve.v1 import generation_pb2, generation_pb2_grpc
+from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdserve.worker.observability import Observability, start_observability
+from router.discovery import DnsDiscovery, RegistryServicer
 from router.flow import FlowConfig, RequestFlow
 from router.frontend import Frontend
 from router.servicer import GenerationServicer
@@ -26,6 +29,9 @@ class RouterService:
     pool: WorkerPool
     channels: ChannelPool
     observability: Observability
+    servicer: GenerationServicer
+    drainer: Drain
+    discoveries: list[DnsDiscovery] = field(default_factory=list)
 
     @property
     def port(self) -> int:
@@ -35,7 +41,14 @@ class RouterService:
     def metrics_port(self) -> int | None:
         return self.observability.metrics_port
 
+    async def drain(self, timeout_s: float) -> int:
+        self.drainer.draining = True
+        await self.server.set_serving(False)
+        return await self.drainer.wait_idle(lambda: len(self.servicer.active), timeout_s)
+
     async def stop(self) -> None:
+        for discovery in self.discoveries:
+            discovery.stop()
         await self.pool.stop()
         await self.server.stop(1.0)
         await self.channels.close()
@@ -47,30 +60,40 @@ def _addresses(value: str) -> list[str]:
 
 
 async def start_router(args: argparse.Namespace) -> RouterService:
+    security = security_from_args(args)
     config = read_model_config(args.model)
-    limits = Limits(config.vocab_size, config.max_position_embeddings, args.kv_capacity_tokens)
-    frontend = Frontend(load_tokenizer(args.model), limits)
-    channels = ChannelPool()
-    holder: dict = {}
+    frontend = Frontend(load_tokenizer(args.model),
+                        Limits(config.vocab_size, config.max_position_embeddings, args.kv_capacity_tokens))
+    channels = ChannelPool(security)
+    drainer = Drain()
+    sync: list = []
     pool = WorkerPool(channels, [] if args.colocated else _addresses(args.prefill_workers),
-                      _addresses(args.decode_workers), on_change=lambda: holder.get("sync", lambda: None)())
+                      _addresses(args.decode_workers), on_change=lambda: sync and sync[0]())
     flow = RequestFlow(pool, FlowConfig(colocated=args.colocated,
                                         resume_on_decode_failure=args.decode_failover == "resume",
                                         kv_timeout_s=args.kv_timeout))
     obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
     servicer = GenerationServicer(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),
-                                  args.max_active)
-    name = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
-    server = await start_server([ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, servicer, name)],
-                                args.host, args.port)
-    ready = _readiness(pool, args.colocated)
-    holder["sync"] = lambda: asyncio.ensure_future(server.set_serving(ready()))
+                                  drainer, args.max_active)
+    bindings = [
+        ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
+                       generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name),
+        ServiceBinding(worker_pb2_grpc.add_RegistryServicer_to_server, RegistryServicer(pool),
+                       worker_pb2.DESCRIPTOR.services_by_name["Registry"].full_name),
+    ]
+    server = await start_server(bindings, args.host, args.port, security.server_credentials(),
+                                security.server_interceptors(), args.health_port)
+    ready = (lambda: bool(pool.of_role("decode"))) if args.colocated else (lambda: pool.ready)
+    sync.append(lambda: asyncio.ensure_future(server.set_serving(ready() and not drainer.draining)))
+    discoveries = _dns(pool, args)
     pool.start()
-    return RouterService(server, pool, channels, obs)
+    return RouterService(server, pool, channels, obs, servicer, drainer, discoveries)
 
 
-def _readiness(pool: WorkerPool, colocated: bool):
-    if colocated:
-        return lambda: bool(pool.of_role("decode"))
-    return lambda: pool.ready
+def _dns(pool: WorkerPool, args: argparse.Namespace) -> list[DnsDiscovery]:
+    found = [DnsDiscovery(pool, role, target, args.dns_refresh_s)
+             for role, target in (("prefill", args.prefill_dns), ("decode", args.decode_dns)) if target]
+    for discovery in found:
+        discovery.start()
+    return found

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.text_stream import TextStream
 from pdserve.requests import FinishReason
+from pdserve.rpc.drain import Drain
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.errors import status_of
 from pdserve.tokenizer import ChatMessage
@@ -22,7 +23,9 @@ TraceFactory = Callable[[object], RequestTrace]
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, max_active: int = 1024):
+    def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, drain: Drain,
+                 max_active: int = 1024):
+        self.drain = drain
         self.frontend = frontend
         self.flow = flow
         self.traces = traces
@@ -50,6 +53,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             self.active.pop(job.request_id, None)
 
     def _admit(self, request: pb.GenerateRequest, trace: RequestTrace) -> Job:
+        self.drain.refuse_if_draining()
         prompt = self._prompt(request)
         sampling = sampling_from_pb(request.sampling)
         self.frontend.check(prompt, sampling)

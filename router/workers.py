@@ -27,6 +27,8 @@ class Worker:
     running: int = 0
     waiting: int = 0
     assigned: int = 0  # requests this router has in flight on it (fresher than polled stats)
+    source: str = "static"  # static | registry | dns:NAME
+    failures: int = 0  # consecutive failed polls
 
     @property
     def usable(self) -> bool:
@@ -40,6 +42,7 @@ class WorkerPool:
         self.workers = {a: Worker(a, "prefill") for a in prefill} | {a: Worker(a, "decode") for a in decode}
         self.poll_s = poll_s
         self.on_change = on_change
+        self.forget_after = 6  # failed polls before a registered worker is dropped
         self._task: asyncio.Task | None = None
 
     def of_role(self, role: str) -> list[Worker]:
@@ -49,12 +52,23 @@ class WorkerPool:
     def ready(self) -> bool:
         return bool(self.of_role("prefill")) and bool(self.of_role("decode"))
 
-    def add(self, address: str, role: str) -> None:
-        self.workers.setdefault(address, Worker(address, role))
+    def add(self, address: str, role: str, source: str = "static") -> None:
+        if address not in self.workers:
+            log.info("worker %s (%s) joined via %s", address, role, source)
+            self.workers[address] = Worker(address, role, source=source)
 
     def remove(self, address: str) -> None:
-        self.workers.pop(address, None)
-        self.on_change()
+        """Stop routing to a worker; requests already on it keep their connection."""
+        if self.workers.pop(address, None) is not None:
+            log.info("worker %s left", address)
+            self.on_change()
+
+    def sync(self, role: str, addresses: set[str], source: str) -> None:
+        """Make the workers of one discovery source exactly `addresses`."""
+        for address in addresses:
+            self.add(address, role, source)
+        for worker in [w for w in self.workers.values() if w.source == source and w.address not in addresses]:
+            self.remove(worker.address)
 
     def mark_failed(self, address: str) -> None:
         worker = self.workers.get(address)
@@ -87,7 +101,11 @@ class WorkerPool:
             stats = await stub_cls(self.channels.get(worker.address)).Stats(wpb.StatsRequest(), timeout=2.0)
         except grpc.aio.AioRpcError:
             worker.ready = False
+            worker.failures += 1
+            if worker.source == "registry" and worker.failures >= self.forget_after:
+                self.remove(worker.address)
             return
+        worker.failures = 0
         worker.ready, worker.draining = True, stats.draining
         worker.free_blocks, worker.total_blocks = stats.blocks_free + stats.blocks_cached, stats.blocks_total
         worker.running, worker.waiting = stats.requests_running, stats.requests_waiting

@@ -1,4 +1,8 @@
-"""`pdserve router|prefill|decode`: run one service in this process until SIGINT/SIGTERM."""
+"""`pdserve router|prefill|decode`: run one service in this process until SIGINT/SIGTERM.
+
+SIGTERM drains: health turns NOT_SERVING, new work is refused with UNAVAILABLE, work in flight
+may finish for --drain-timeout-s, then the process exits 0.
+"""
 
 from __future__ import annotations
 
@@ -9,29 +13,43 @@ import os
 import signal
 
 from pdserve.cli.options import add_engine_flags
+from pdserve.rpc.security import add_security_flags
+
+DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help=f"run the {name} service")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default={"router": 50051, "prefill": 50061, "decode": 50071}[name])
-    p.add_argument("--metrics-port", type=int, default=None)
-    p.add_argument("--otlp-traces-endpoint", default=None)
-    p.add_argument("--ready-file", default=None, help="write the bound port here once serving")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORTS[name])
+    p.add_argument("--health-port", type=int, default=None, help="extra plaintext port serving only grpc.health.v1")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: any free port)")
+    p.add_argument("--otlp-traces-endpoint", default=None, help="OTLP endpoint for traces (else OTEL_* env)")
+    p.add_argument("--drain-timeout-s", type=float, default=float(os.environ.get("PDSERVE_DRAIN_TIMEOUT_S", 30)))
+    p.add_argument("--ready-file", default=None, help="write the bound ports here (JSON) once serving")
+    add_security_flags(p, api_token=name == "router")
     if name == "router":
-        p.add_argument("--model", default=None, help="the workers' model (tokenizer and limits)")
-        p.add_argument("--prefill-workers", default="", help="host:port,... of prefill workers")
-        p.add_argument("--decode-workers", default="", help="host:port,... of decode workers")
-        p.add_argument("--colocated", action="store_true", help="decode workers prefill themselves")
-        p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
-        p.add_argument("--kv-timeout", type=float, default=30.0)
-        p.add_argument("--max-active", type=int, default=1024)
-        p.add_argument("--kv-capacity-tokens", type=int, default=None)
+        _router_flags(p)
     else:
         add_engine_flags(p)
         p.add_argument("--transport", default="ucx", choices=["ucx", "none"])
-        p.add_argument("--advertise-host", default=None)
+        p.add_argument("--advertise-host", default=None, help="host other services dial (default: --host)")
+        p.add_argument("--register-with", default="", help="router host:port,... to register with (heartbeat)")
     p.set_defaults(run=run, role=name)
+
+
+def _router_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="the workers' model (tokenizer and limits)")
+    p.add_argument("--prefill-workers", default="", help="host:port,... of prefill workers")
+    p.add_argument("--decode-workers", default="", help="host:port,... of decode workers")
+    p.add_argument("--prefill-dns", default=None, help="NAME:PORT; every address NAME resolves to is a prefill worker")
+    p.add_argument("--decode-dns", default=None, help="NAME:PORT; every address NAME resolves to is a decode worker")
+    p.add_argument("--dns-refresh-s", type=float, default=5.0)
+    p.add_argument("--colocated", action="store_true", help="decode workers prefill themselves")
+    p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
+    p.add_argument("--kv-timeout", type=float, default=30.0, help="seconds for a request's KV to arrive")
+    p.add_argument("--max-active", type=int, default=1024, help="requests in flight before RESOURCE_EXHAUSTED")
+    p.add_argument("--kv-capacity-tokens", type=int, default=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,23 +58,29 @@ def run(args: argparse.Namespace) -> int:
     return uvloop.run(_serve(args))
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _start(args: argparse.Namespace):
     if args.role == "router":
         from router.main import start_router as start
     elif args.role == "prefill":
         from prefill_service.main import start_prefill as start
     else:
         from decode_service.main import start_decode as start
-    service = await start(args)
+    return await start(args)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    service = await _start(args)
     if args.ready_file:
         _write_ready(args.ready_file, service.port, service.metrics_port)
-    stop = asyncio.Event()
+    signals = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     metrics = f", metrics on :{service.metrics_port}/metrics" if service.metrics_port else ""
     print(f"pdserve {args.role} serving on {args.host}:{service.port}{metrics}", flush=True)
-    await stop.wait()
+    if await signals.get() == signal.SIGTERM:
+        left = await service.drain(args.drain_timeout_s)
+        print(f"pdserve {args.role} drained ({left} requests left)", flush=True)
     await service.stop()
     return 0
 

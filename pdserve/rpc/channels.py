@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import grpc
 
+from pdserve.rpc.security import MetadataInjector, Security
+
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -11,10 +13,11 @@ CHANNEL_OPTIONS = (
 
 
 class ChannelPool:
-    def __init__(self, credentials: grpc.ChannelCredentials | None = None,
-                 interceptors: tuple[grpc.aio.ClientInterceptor, ...] = ()):
-        self.credentials = credentials
-        self.interceptors = interceptors
+    def __init__(self, security: Security = Security()):
+        self.credentials = security.channel_credentials()
+        metadata = security.client_metadata()
+        self.interceptors = (MetadataInjector(metadata),) if metadata else ()
+        self.options = (*CHANNEL_OPTIONS, *security.channel_options())
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def get(self, address: str) -> grpc.aio.Channel:
@@ -26,8 +29,8 @@ class ChannelPool:
 
     def _open(self, address: str) -> grpc.aio.Channel:
         if self.credentials is not None:
-            return grpc.aio.secure_channel(address, self.credentials, CHANNEL_OPTIONS, interceptors=self.interceptors)
-        return grpc.aio.insecure_channel(address, CHANNEL_OPTIONS, interceptors=self.interceptors)
+            return grpc.aio.secure_channel(address, self.credentials, self.options, interceptors=self.interceptors)
+        return grpc.aio.insecure_channel(address, self.options, interceptors=self.interceptors)
 
     async def drop(self, address: str) -> None:
         channel = self._channels.pop(address, None)

@@ -34,6 +34,7 @@ class RunningServer:
     health: health.aio.HealthServicer
     port: int
     service_names: tuple[str, ...]
+    health_server: grpc.aio.Server | None = None
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -43,6 +44,8 @@ class RunningServer:
     async def stop(self, grace_s: float | None = 1.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        if self.health_server is not None:
+            await self.health_server.stop(grace_s)
 
 
 async def start_server(
@@ -51,6 +54,7 @@ async def start_server(
     port: int,
     credentials: grpc.ServerCredentials | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    health_port: int | None = None,
 ) -> RunningServer:
     server = grpc.aio.server(interceptors=(*interceptors, ErrorInterceptor()), options=SERVER_OPTIONS)
     for binding in bindings:
@@ -66,5 +70,17 @@ async def start_server(
         raise OSError(f"cannot listen on {address}")
     await server.start()
     running = RunningServer(server, health_servicer, bound, names)
+    if health_port is not None:
+        running.health_server = await _start_health_server(health_servicer, host, health_port)
     await running.set_serving(False)
     return running
+
+
+async def _start_health_server(servicer: health.aio.HealthServicer, host: str, port: int) -> grpc.aio.Server:
+    """Plaintext, health only: for probes that cannot speak TLS or send tokens."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"cannot listen on {host}:{port} for health checks")
+    await server.start()
+    return server

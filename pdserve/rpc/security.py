@@ -1,0 +1,143 @@
+"""TLS, mutual TLS and bearer tokens for every gRPC server and client of the service.
+
+    server: --tls-cert/--tls-key -> TLS; + --tls-ca -> clients must present a certificate it signed
+    client: --tls-ca verifies peers (and with --tls-cert/--tls-key presents ours: mutual TLS)
+    tokens: --cluster-token-file guards PrefillWorker/DecodeWorker (and is sent on every internal
+            call); --api-token-file guards Generation and reflection. Health never needs a token.
+
+Plaintext only when no certificate is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+INTERNAL_SERVICES = ("/pdserve.v1.PrefillWorker/", "/pdserve.v1.DecodeWorker/", "/pdserve.v1.Registry/")
+PUBLIC_SERVICES = ("/pdserve.v1.Generation/", "/grpc.reflection.")
+
+
+@dataclass(frozen=True)
+class Security:
+    cert: bytes | None = None
+    key: bytes | None = None
+    ca: bytes | None = None
+    server_name: str | None = None
+    cluster_token: str | None = None
+    api_token: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.cert is not None
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        if not self.tls:
+            return None
+        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
+                                           require_client_auth=self.ca is not None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        if self.ca is None and not self.tls:
+            return None
+        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
+                                            certificate_chain=self.cert)
+
+    def channel_options(self) -> tuple[tuple[str, str], ...]:
+        return (("grpc.ssl_target_name_override", self.server_name),) if self.server_name else ()
+
+    def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        guards = [(INTERNAL_SERVICES, self.cluster_token), (PUBLIC_SERVICES, self.api_token)]
+        return [TokenGuard(prefixes, token) for prefixes, token in guards if token]
+
+    def client_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.cluster_token}"),) if self.cluster_token else ()
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def _token(path: str | None) -> str | None:
+    return Path(path).read_text().strip() if path else None
+
+
+def security_from_args(args: argparse.Namespace) -> Security:
+    cert, key = _read(getattr(args, "tls_cert", None)), _read(getattr(args, "tls_key", None))
+    if (cert is None) != (key is None):
+        raise SystemExit("--tls-cert and --tls-key go together")
+    return Security(cert, key, _read(getattr(args, "tls_ca", None)), getattr(args, "tls_server_name", None),
+                    _token(getattr(args, "cluster_token_file", None)), _token(getattr(args, "api_token_file", None)))
+
+
+def add_security_flags(p: argparse.ArgumentParser, api_token: bool) -> None:
+    g = p.add_argument_group("security")
+    g.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key: serve TLS)")
+    g.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    g.add_argument("--tls-ca", default=None, help="PEM CA bundle: mutual TLS, and verifies peers")
+    g.add_argument("--tls-server-name", default=None, help="name expected in peers' certificates")
+    g.add_argument("--cluster-token-file", default=None, help="shared token of internal RPCs")
+    if api_token:
+        g.add_argument("--api-token-file", default=None, help="token clients must send on the public API")
+
+
+class TokenGuard(grpc.aio.ServerInterceptor):
+    """Refuses calls to the guarded services without `authorization: Bearer <token>`."""
+
+    def __init__(self, prefixes: Sequence[str], token: str):
+        self.prefixes = tuple(prefixes)
+        self.expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, details):
+        if not details.method.startswith(self.prefixes) or self._allowed(details.invocation_metadata):
+            return await continuation(details)
+        return _refuse(await continuation(details))
+
+    def _allowed(self, metadata) -> bool:
+        given = dict(metadata or ()).get("authorization", "")
+        return hmac.compare_digest(given.encode() if isinstance(given, str) else given, self.expected)
+
+
+def _refuse(handler):
+    async def deny(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+    async def deny_stream(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        yield  # pragma: no cover - makes this an async generator
+
+    if handler is None:
+        return None
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(deny_stream, handler.request_deserializer,
+                                                    handler.response_serializer)
+    if handler.stream_stream:
+        async def deny_bidi(requests, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            yield  # pragma: no cover
+        return grpc.stream_stream_rpc_method_handler(deny_bidi, handler.request_deserializer,
+                                                     handler.response_serializer)
+    return handler
+
+
+class MetadataInjector(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+    """Adds fixed metadata (the cluster token) to every call a channel makes."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]):
+        self.metadata = metadata
+
+    def _details(self, details):
+        merged = (*(details.metadata or ()), *self.metadata)
+        return details._replace(metadata=grpc.aio.Metadata(*merged))
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation, details, request):
+        return await continuation(self._details(details), request)
