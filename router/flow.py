@@ -93,8 +93,11 @@ class RequestFlow:
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE or not self._may_retry(state):
+                if exc.code() not in RETRYABLE:
                     raise
+                if not self._may_retry(state):
+                    raise Unavailable(f"the decode worker serving {job.request_id} failed "
+                                      f"({exc.code().name}: {exc.details()})") from exc
                 log.warning("request %s attempt %d failed (%s): retrying", job.request_id, attempt, exc.code())
         raise Unavailable(f"request {job.request_id} failed after {self.config.max_attempts} attempts")
 

@@ -42,6 +42,8 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 
 def status_of(exc: BaseException) -> grpc.StatusCode:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code()
     for kind, code in STATUS_OF:
         if isinstance(exc, kind):
             return code
@@ -52,14 +54,15 @@ async def _abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> None
     code = status_of(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
-    await context.abort(code, str(exc) or type(exc).__name__)
+    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    await context.abort(code, details or type(exc).__name__)
 
 
 def _wrap_unary(fn: Callable) -> Callable:
     async def handler(request, context):
         try:
             return await fn(request, context)
-        except (grpc.aio.AbortError, grpc.RpcError):
+        except grpc.aio.AbortError:
             raise
         except Exception as exc:
             await _abort_with(context, exc)
@@ -72,7 +75,7 @@ def _wrap_stream(fn: Callable) -> Callable:
         try:
             async for item in fn(request, context):
                 yield item
-        except (grpc.aio.AbortError, grpc.RpcError):
+        except grpc.aio.AbortError:
             raise
         except Exception as exc:
             await _abort_with(context, exc)
