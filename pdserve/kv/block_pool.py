@@ -10,6 +10,10 @@ Every block is in exactly one state:
                    │  └────decref to 0──> CACHED ──evict──> FREE
                    └── mark_cached (prefix cache takes it)    └─incref─> ACTIVE (prefix hit)
 
+CACHED blocks are kept in the order they became CACHED (least recently released first).
+NOTE: a holder releases a path of blocks leaf first (`free` does), so a cached block always
+became CACHED after its cached descendants: the oldest CACHED block is a leaf of the prefix tree.
+
 The host swap pool is a second instance: its ACTIVE blocks are the swapped ones.
 Mechanism only: which request owns a block is recorded by the KV manager.
 """
@@ -17,6 +21,7 @@ Mechanism only: which request owns a block is recorded by the KV manager.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -51,7 +56,7 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._cache_held = [False] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
-        self._num_cached = 0
+        self._cached: dict[int, None] = {}  # insertion-ordered: least recently released first
 
     @property
     def num_free(self) -> int:
@@ -59,11 +64,15 @@ class BlockPool:
 
     @property
     def num_cached(self) -> int:
-        return self._num_cached
+        return len(self._cached)
 
     @property
     def num_active(self) -> int:
-        return self.num_blocks - len(self._free) - self._num_cached
+        return self.num_blocks - len(self._free) - len(self._cached)
+
+    def least_recently_cached(self, n: int) -> list[int]:
+        """Up to n CACHED blocks, the longest unreferenced first."""
+        return list(itertools.islice(self._cached, n))
 
     def refcount(self, block: int) -> int:
         return self._refs[block]
@@ -89,7 +98,7 @@ class BlockPool:
         if self._refs[block] == 0:
             if not self._cache_held[block]:
                 raise BlockStateError(f"incref of free block {block}")
-            self._num_cached -= 1
+            del self._cached[block]
         self._refs[block] += 1
 
     def decref(self, block: int) -> None:
@@ -100,12 +109,13 @@ class BlockPool:
         if refs > 1:
             return
         if self._cache_held[block]:
-            self._num_cached += 1
+            self._cached[block] = None
         else:
             self._free.append(block)
 
     def free(self, blocks: list[int] | tuple[int, ...]) -> None:
-        for block in blocks:
+        """Drop one reference to each block of a path, last block first."""
+        for block in reversed(blocks):
             self.decref(block)
 
     def mark_cached(self, block: int) -> None:
@@ -119,7 +129,7 @@ class BlockPool:
         if self._refs[block] != 0 or not self._cache_held[block]:
             raise BlockStateError(f"block {block} is not evictable ({self.state(block)})")
         self._cache_held[block] = False
-        self._num_cached -= 1
+        del self._cached[block]
         self._free.append(block)
 
     def check_integrity(self) -> None:
@@ -127,8 +137,8 @@ class BlockPool:
         assert len(free) == len(self._free), "a block is on the free list twice"
         for block in free:
             assert self._refs[block] == 0 and not self._cache_held[block], f"free block {block} in use"
-        cached = sum(1 for b in range(self.num_blocks) if self._refs[b] == 0 and self._cache_held[b])
-        assert cached == self._num_cached, f"cached count {self._num_cached} != {cached}"
+        cached = {b for b in range(self.num_blocks) if self._refs[b] == 0 and self._cache_held[b]}
+        assert cached == set(self._cached), "the cached set drifted"
         lost = [b for b in range(self.num_blocks) if self._refs[b] == 0 and not self._cache_held[b]
                 and b not in free]
         assert not lost, f"blocks leaked (refcount 0, not free, not cached): {lost[:8]}"

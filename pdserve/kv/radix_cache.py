@@ -4,15 +4,13 @@
                  │                └─── (u32..u47)      the block's B token ids, the node holds
                  └──── ...                             the device block with their KV
 
-NOTE: requests reference whole prefixes (a block table is a path from the root), so a node
-whose block is unreferenced has only unreferenced descendants: evicting leaves first always
-reaches every CACHED block.
+NOTE: requests reference whole prefixes (a block table is a path from the root) and release
+them leaf first, so the least recently released CACHED block (BlockPool.least_recently_cached)
+is always a leaf: eviction is LRU over unreferenced leaves in O(evicted).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Sequence
 
 from pdserve.kv.block_pool import BlockPool
@@ -20,7 +18,7 @@ from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixCache, Pref
 
 
 class _Node:
-    __slots__ = ("key", "block", "parent", "children", "depth", "last_used")
+    __slots__ = ("key", "block", "parent", "children", "depth")
 
     def __init__(self, key: tuple[int, ...], block: int, parent: _Node | None, depth: int):
         self.key = key
@@ -28,7 +26,6 @@ class _Node:
         self.parent = parent
         self.children: dict[tuple[int, ...], _Node] = {}
         self.depth = depth
-        self.last_used = 0
 
 
 class RadixPrefixCache(PrefixCache):
@@ -36,24 +33,22 @@ class RadixPrefixCache(PrefixCache):
         self.block_size = block_size
         self._pool = pool
         self._root = _Node((), -1, None, 0)
-        self._clock = itertools.count(1)
-        self._num_blocks = 0
+        self._by_block: dict[int, _Node] = {}
 
     def match(self, token_ids: Sequence[int]) -> MatchResult:
-        node, blocks, now = self._root, [], next(self._clock)
+        node, blocks = self._root, []
         for i in range(len(token_ids) // self.block_size):
             child = node.children.get(tuple(token_ids[i * self.block_size:(i + 1) * self.block_size]))
             if child is None:
                 break
             node = child
-            node.last_used = now
             blocks.append(node.block)
         return MatchResult(tuple(blocks), len(blocks) * self.block_size, node)
 
     def insert(self, token_ids: Sequence[int], blocks: Sequence[int],
                after: PrefixHandle | None = None) -> InsertResult:
         node = after if isinstance(after, _Node) else self._root
-        first, now, num_new = node.depth, next(self._clock), 0
+        first, num_new = node.depth, 0
         end = min(len(token_ids) // self.block_size, len(blocks))
         cached = []
         for i, key in enumerate(block_keys(token_ids, self.block_size, first, end), start=first):
@@ -61,7 +56,6 @@ class RadixPrefixCache(PrefixCache):
             if child is None:
                 child = self._add_child(node, key, blocks[i])
                 num_new += 1
-            child.last_used = now
             cached.append(child.block)
             node = child
         return InsertResult(first, tuple(cached), num_new, node)
@@ -70,33 +64,17 @@ class RadixPrefixCache(PrefixCache):
         self._pool.mark_cached(block)
         child = _Node(key, block, parent, parent.depth + 1)
         parent.children[key] = child
-        self._num_blocks += 1
+        self._by_block[block] = child
         return child
 
     def evict(self, num_blocks: int) -> int:
-        if num_blocks <= 0:
-            return 0
-        heap = [(n.last_used, n.depth, id(n), n) for n in self._leaves() if self._evictable(n)]
-        heapq.heapify(heap)
-        freed = 0
-        while heap and freed < num_blocks:
-            node = heapq.heappop(heap)[3]
-            parent = self._remove_leaf(node)
-            freed += 1
-            if parent is not self._root and not parent.children and self._evictable(parent):
-                heapq.heappush(heap, (parent.last_used, parent.depth, id(parent), parent))
-        return freed
-
-    def _evictable(self, node: _Node) -> bool:
-        return self._pool.refcount(node.block) == 0
-
-    def _remove_leaf(self, node: _Node) -> _Node:
-        parent = node.parent
-        assert parent is not None and not node.children
-        del parent.children[node.key]
-        self._pool.evict(node.block)
-        self._num_blocks -= 1
-        return parent
+        victims = self._pool.least_recently_cached(num_blocks)
+        for block in victims:
+            node = self._by_block.pop(block)
+            assert not node.children, "an unreferenced block has cached descendants"
+            del node.parent.children[node.key]
+            self._pool.evict(block)
+        return len(victims)
 
     def _nodes(self):
         stack = list(self._root.children.values())
@@ -105,15 +83,13 @@ class RadixPrefixCache(PrefixCache):
             yield node
             stack.extend(node.children.values())
 
-    def _leaves(self):
-        return (n for n in self._nodes() if not n.children)
-
     def num_blocks(self) -> int:
-        return self._num_blocks
+        return len(self._by_block)
 
     def check_integrity(self, pool: BlockPool) -> None:
         nodes = list(self._nodes())
-        assert len(nodes) == self._num_blocks, "node count drifted"
+        assert len(nodes) == len(self._by_block), "node count drifted"
+        assert all(self._by_block[n.block] is n for n in nodes), "block index drifted"
         blocks = {n.block for n in nodes}
         assert len(blocks) == len(nodes), "a block sits in two nodes"
         held = {b for b in range(pool.num_blocks) if pool.is_cache_held(b)}

@@ -18,7 +18,7 @@ from pdserve.kv.manager import BlockHold, KVManager
 from pdserve.requests import FinishReason, Request, RequestState
 from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, PromptTooLongError, QueueFullError
 from pdserve.scheduler.finished_kv import FinishedKV, HoldFinished
-from pdserve.scheduler.output import SchedulerOutput
+from pdserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.preemptor import Preemptor
 from pdserve.scheduler.results import Reservation, SchedulerStats
@@ -105,20 +105,22 @@ class Scheduler(abc.ABC):
         finished = []
         for chunk in output.chunks:
             request = chunk.request
-            if request.state != RequestState.RUNNING or self._q.requests.get(request.request_id) is not request:
-                continue
-            samples = chunk.samples
-            request.num_computed_tokens = chunk.end
-            if samples:
-                request.output_token_ids.append(sampled[request.request_id])
-                reason = stop_reason(request, self.max_model_len)
-                if reason is not None:
-                    self._finish(request, reason)
-                    finished.append(request)
-                    continue
-            self.kv.cache_computed(request)
+            if request.state == RequestState.RUNNING and self._advance(request, chunk, sampled):
+                finished.append(request)
         self.kv.end_step()
         return finished
+
+    def _advance(self, request: Request, chunk: ScheduledChunk, sampled: Mapping[str, int]) -> bool:
+        """True when the request finished. (A request that ended after schedule() is skipped.)"""
+        request.num_computed_tokens = chunk.start + chunk.num_tokens
+        if chunk.samples:
+            request.output_token_ids.append(sampled[request.request_id])
+            reason = stop_reason(request, self.max_model_len)
+            if reason is not None:
+                self._finish(request, reason)
+                return True
+        self.kv.cache_computed(request)
+        return False
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason

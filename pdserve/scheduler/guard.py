@@ -8,8 +8,6 @@ always be preempted to make room for them.
 
 from __future__ import annotations
 
-from itertools import chain
-
 from pdserve.kv.manager import KVManager
 from pdserve.requests import Priority, Request
 from pdserve.scheduler.state import Queues
@@ -24,10 +22,10 @@ class VipReserve:
     def allows(self, request: Request) -> bool:
         if request.priority != Priority.VIP:
             return True
-        vips = (r for r in chain(self._q.running, self._q.receiving.values()) if r.priority == Priority.VIP)
-        held = sum(self.worst_case_blocks(r) for r in vips)
+        held = sum(self.worst_case_blocks(r) for r in self._q.vips.values())
         return held + self.worst_case_blocks(request) <= self._kv.device.num_blocks
 
     def worst_case_blocks(self, request: Request) -> int:
-        tokens = min(request.num_prompt_tokens + request.sampling.max_tokens, self._max_model_len)
-        return self._kv.blocks_for(max(tokens, request.num_tokens))
+        """NOTE: a request never outgrows prompt + max_tokens: it finishes there."""
+        return self._kv.blocks_for(min(len(request.prompt_token_ids) + request.sampling.max_tokens,
+                                       self._max_model_len))

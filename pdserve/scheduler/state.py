@@ -14,7 +14,7 @@ import bisect
 import itertools
 
 from pdserve.kv.manager import KVManager
-from pdserve.requests import PreemptionMode, Request, RequestState
+from pdserve.requests import PreemptionMode, Priority, Request, RequestState
 from pdserve.scheduler.ordering import QueueOrder
 from pdserve.scheduler.queue import Group, RequestQueue
 
@@ -29,6 +29,7 @@ class Queues:
         self.running: list[Request] = []
         self.receiving: dict[str, Request] = {}
         self.remote: set[str] = set()  # waiting requests whose prompt KV comes from a prefill worker
+        self.vips: dict[str, Request] = {}  # VIP requests holding device blocks (running, receiving)
         self._entered: dict[str, float] = {}
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
@@ -71,10 +72,13 @@ class Queues:
     def _start(self, request: Request) -> None:
         request.state = RequestState.RUNNING
         request.admit_seq = next(self._admissions)
+        if request.priority == Priority.VIP:
+            self.vips[request.request_id] = request
 
     def preempt(self, request: Request, mode: PreemptionMode) -> None:
         """RUNNING -> WAITING (recompute: KV dropped) or SWAPPED. Keeps its arrival place."""
         self.running.remove(request)
+        self.vips.pop(request.request_id, None)
         request.num_preemptions += 1
         entered = self._entered[request.request_id]
         if mode == PreemptionMode.SWAP:
@@ -99,6 +103,7 @@ class Queues:
         del self.requests[request.request_id]
         del self._entered[request.request_id]
         self.remote.discard(request.request_id)
+        self.vips.pop(request.request_id, None)
 
     def check_integrity(self, kv: KVManager) -> None:
         running, receiving = set(map(id, self.running)), set(map(id, self.receiving.values()))
@@ -110,6 +115,8 @@ class Queues:
         assert len(self.running) + len(self.receiving) <= self.max_running
         keys = [self._running_key(r) for r in self.running]
         assert keys == sorted(keys), "running is out of order"
+        holding = [r for r in (*self.running, *self.receiving.values()) if r.priority == Priority.VIP]
+        assert set(map(id, holding)) == set(map(id, self.vips.values())), "VIP tally drifted"
         for request in self.requests.values():
             _check_request(request, kv, request.request_id in self.receiving)
 

@@ -47,8 +47,8 @@ class Steps:
         for request in tuple(self._q.running):
             if plan.budget_left < 1:
                 return
-            if request.state == RequestState.RUNNING and not request.is_prefilling \
-                    and request.request_id not in plan.touched:
+            if request.state == RequestState.RUNNING and request.request_id not in plan.touched \
+                    and _uncomputed(request) == 1:
                 self._chunk(plan, request, 1)
 
     def prefills(self, plan: StepPlan, groups: Collection[Group] = ALL_GROUPS) -> None:
@@ -67,14 +67,17 @@ class Steps:
         head = next(self._queued(plan, (Group.SWAPPED, Group.WAITING)), None)
         if head is None or not self._q.running or head.rank >= self._q.order.lane(self._q.running[-1]):
             return
-        if not self._guard.allows(head.request):
-            return
         need = self._blocks_to_start(head.request, plan)
-        while not self._q.has_slot() or need + self.reserve_blocks() > self._kv.num_available:
+        if self._fits(need) or not self._guard.allows(head.request):
+            return
+        while not self._fits(need):
             victim = self._preemptor.pick(plan, worse_than=head.rank)
             if victim is None:
                 return
             self._preemptor.preempt(plan, victim, HIGHER_PRIORITY_WAITING)
+
+    def _fits(self, blocks: int) -> bool:
+        return self._q.has_slot() and blocks + self.reserve_blocks() <= self._kv.num_available
 
     def _blocks_to_start(self, request: Request, plan: StepPlan) -> int:
         if request.state == RequestState.SWAPPED:
@@ -119,7 +122,9 @@ class Steps:
         return self._chunking.size(request.num_tokens - computed, plan.budget_left, plan.num_tokens)
 
     def _chunk(self, plan: StepPlan, request: Request, n: int) -> bool:
-        result = self._preemptor.allocate(plan, request, n)
+        result = self._kv.allocate_slots(request, n)
+        if isinstance(result, OutOfBlocks):
+            result = self._preemptor.allocate(plan, request, n)
         if isinstance(result, OutOfBlocks):
             return False
         plan.add_chunk(request, n, result.blocks)
@@ -162,3 +167,8 @@ class Steps:
         self._q.admit(request)
         plan.add_chunk(request, n, result.blocks)
         return True
+
+
+def _uncomputed(request: Request) -> int:
+    """Tokens without KV: 1 for a decode (Request.is_prefilling, inlined for the hot loop)."""
+    return len(request.prompt_token_ids) + len(request.output_token_ids) - request.num_computed_tokens

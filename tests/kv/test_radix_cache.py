@@ -46,22 +46,37 @@ def test_insert_continues_after_a_handle() -> None:
     assert cache.match(tokens).blocks == blocks
 
 
-def test_eviction_takes_unreferenced_lru_leaves_first() -> None:
+def test_eviction_takes_least_recently_released_leaves_first() -> None:
     pool = BlockPool(8)
     cache = RadixPrefixCache(pool, B)
     a = pool.allocate(2).blocks
-    b = pool.allocate(1).blocks
     cache.insert(list(range(8)), a)
-    cache.insert(list(range(4)) + [9, 9, 9, 9], [a[0], b[0]])
+    pool.incref(a[0])  # a second request shares the first block and branches off
+    b = (a[0], *pool.allocate(1).blocks)
+    cache.insert(list(range(4)) + [9, 9, 9, 9], b)
     pool.free(a)
-    pool.free(b)
+    pool.free(b)  # released last: b's branch is the most recently used
     assert pool.num_cached == 3
-    cache.match(list(range(4)) + [9, 9, 9, 9])  # the b branch is now the most recent
     assert cache.evict(1) == 1
-    assert pool.state(a[1]) == BlockState.FREE and pool.state(b[0]) == BlockState.CACHED
-    assert cache.evict(5) == 2  # the parent goes once its children are gone
-    assert pool.num_free == 8
+    assert pool.state(a[1]) == BlockState.FREE and pool.state(b[1]) == BlockState.CACHED
+    assert cache.evict(5) == 2  # then b's leaf, then the shared parent (a leaf by then)
+    assert pool.num_free == 8 and cache.num_blocks() == 0
     cache.check_integrity(pool)
+
+
+def test_a_revived_prefix_becomes_recent_again() -> None:
+    pool = BlockPool(8)
+    cache = RadixPrefixCache(pool, B)
+    old, new = pool.allocate(1).blocks, pool.allocate(1).blocks
+    cache.insert([1] * 4, old)
+    cache.insert([2] * 4, new)
+    pool.free(old)
+    pool.free(new)
+    hit = cache.match([1] * 4)
+    pool.incref(hit.blocks[0])  # a request reuses the old prefix...
+    pool.free(hit.blocks)  # ...and releases it
+    cache.evict(1)
+    assert pool.state(new[0]) == BlockState.FREE and pool.state(old[0]) == BlockState.CACHED
 
 
 def test_referenced_blocks_are_never_evicted() -> None:

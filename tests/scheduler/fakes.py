@@ -4,6 +4,7 @@ blocks reused too early show up as wrong context."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -84,7 +85,8 @@ def build(policy: str = "chunked", *, max_model_len: int = 4096, clock: FakeCloc
 
 def request(rid: str, prompt_len: int = 8, *, max_tokens: int = 4, priority: Priority = Priority.NORMAL,
             prompt: list[int] | None = None, **sampling) -> Request:
-    tokens = prompt if prompt is not None else [(hash(rid) + i) % 500 for i in range(prompt_len)]
+    base = zlib.crc32(rid.encode())  # stable across runs, unlike hash()
+    tokens = prompt if prompt is not None else [(base + 7 * i) % 50_000 + 100 for i in range(prompt_len)]
     return Request(rid, list(tokens), replace(SamplingParams(), max_tokens=max_tokens, **sampling), priority)
 
 
