@@ -13,7 +13,7 @@ An instance with nothing to compute (an empty output) goes idle until the flow k
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from pdserve.config import CacheConfig, PreemptionConfig, SchedulerConfig
@@ -54,6 +54,7 @@ class Instance:
         self.name, self.role, self.tp = name, role, tp
         self.model: StepCostModel = cost_model(cfg, tp)
         self._block_bytes = cfg.shape.kv_block_bytes(cfg.block_size)
+        self._chunk_overhead_s = cfg.chunk_overhead_s
         self._loop, self._listener, self._check = loop, listener, check_integrity
         self.scheduler: Scheduler = make_scheduler(
             _scheduler_config(cfg, self.model, policy), _cache_config(cfg, self.model),
@@ -68,8 +69,9 @@ class Instance:
 
     def price(self, output: SchedulerOutput) -> StepCost:
         chunks = [(c.num_tokens, c.end) for c in output.chunks]
-        return self.model.step_time(chunks, len(output.swap_out) * self._block_bytes,
+        cost = self.model.step_time(chunks, len(output.swap_out) * self._block_bytes,
                                     len(output.swap_in) * self._block_bytes)
+        return with_chunk_overhead(cost, len(chunks), self._chunk_overhead_s)
 
     def kick(self) -> None:
         """Start a step now unless one is running or there is nothing to schedule."""
@@ -107,6 +109,14 @@ class Instance:
         if self._check:
             self.scheduler.check_integrity()
         self._listener.step_done(self, record)
+
+
+def with_chunk_overhead(cost: StepCost, chunks: int, per_chunk_s: float) -> StepCost:
+    """The stack's per-sequence cost added to a priced step (it only ever adds time)."""
+    if not chunks or not per_chunk_s:
+        return cost
+    extra = chunks * per_chunk_s
+    return replace(cost, overhead_s=cost.overhead_s + extra, total_s=cost.total_s + extra)
 
 
 def _cache_config(cfg: SimConfig, model: StepCostModel) -> CacheConfig:

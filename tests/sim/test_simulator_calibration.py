@@ -1,0 +1,120 @@
+"""Calibration fit and the validation loop, with fake engines (no model, fast)."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from pdserve.sim.calibrate import CpuClock, EngineClock, StepSample, WallClock, fit_profile, load_report
+from pdserve.sim.costmodel import StepCostModel
+from pdserve.sim.hardware import cpu_local
+from pdserve.sim.metrics import Percentiles
+from pdserve.sim.shapes import smollm2_135m
+from pdserve.sim.validate import Comparison, compare, run_engine
+from pdserve.sim.workloads import get_workload
+
+SHAPE = smollm2_135m()
+
+
+def _synthetic(flops: float, bandwidth: float, overhead: float, per_seq: float) -> list[StepSample]:
+    truth = StepCostModel(cpu_local().calibrated(peak_flops=flops, mem_bandwidth_bytes_s=bandwidth,
+                                                 step_overhead_s=overhead), SHAPE, 1)
+    shapes = [((n, n),) for n in (64, 128, 256, 512, 1024)] + [((1, 40),) * b for b in (1, 2, 4, 8, 16)]
+    return [StepSample("prefill" if len(c) == 1 and c[0][0] > 1 else "decode", c,
+                       truth.step_time(c).total_s + len(c) * per_seq) for c in shapes]
+
+
+def test_fit_recovers_a_known_profile_from_its_step_times():
+    fit = fit_profile(_synthetic(60e9, 12e9, 3e-3, 2e-3), SHAPE, cpu_local())
+    assert fit.profile.peak_flops == pytest.approx(60e9, rel=0.05)
+    assert fit.profile.mem_bandwidth_bytes_s == pytest.approx(12e9, rel=0.1)
+    assert fit.chunk_overhead_s + fit.profile.step_overhead_s == pytest.approx(5e-3, rel=0.2)
+    assert max(abs(e) for e in fit.relative_errors()) < 0.03
+    report = load_report(fit)
+    assert "prefill 1024" in report and "decode x16" in report and "GFLOP/s" in report
+
+
+def test_fitted_profile_never_prices_a_step_below_the_base_bounds_it_was_fitted_to():
+    fit = fit_profile(_synthetic(80e9, 9e9, 2e-3, 4e-3), SHAPE, cpu_local())
+    for sample, predicted in zip(fit.samples, fit.predicted):
+        assert predicted >= 0.97 * sample.seconds
+
+
+class ManualClock(EngineClock):
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def wait_until(self, when: float) -> None:
+        self.t = max(self.t, when)
+
+
+@dataclass
+class _Out:
+    request_id: str
+    new_token_ids: tuple
+
+
+@dataclass
+class _Result:
+    outputs: list
+
+
+@dataclass
+class FakeEngine:
+    """One token per live request per step; each step costs 50 ms of the clock."""
+
+    clock: ManualClock
+    live: dict = field(default_factory=dict)
+    added_at: dict = field(default_factory=dict)
+
+    def add_request(self, request_id, prompt, sampling, priority):
+        self.live[request_id] = sampling.max_tokens
+        self.added_at[request_id] = self.clock.now()
+
+    def has_unfinished(self):
+        return bool(self.live)
+
+    def step(self):
+        self.clock.t += 0.05
+        outs = [_Out(rid, (7,)) for rid in self.live]
+        self.live = {rid: n - 1 for rid, n in self.live.items() if n > 1}
+        return _Result(outs)
+
+
+def test_run_engine_adds_requests_at_their_arrival_and_stamps_every_token():
+    workload = get_workload("validate")
+    clock = ManualClock()
+    engine = FakeEngine(clock)
+    times = run_engine(engine, workload, clock)
+    for spec in workload.requests:
+        assert len(times[spec.request_id]) == spec.output_tokens
+        assert spec.arrival_s <= engine.added_at[spec.request_id] < spec.arrival_s + 0.05 + 1e-9
+        assert times[spec.request_id][0] == pytest.approx(engine.added_at[spec.request_id] + 0.05)
+
+
+def test_cpu_clock_skips_idle_time_and_wall_clock_sleeps():
+    cpu = CpuClock()
+    cpu.wait_until(5.0)
+    assert 5.0 <= cpu.now() < 5.5
+    wall = WallClock()
+    wall.wait_until(0.02)
+    assert wall.now() >= 0.02
+
+
+def test_comparison_errors_are_relative_to_the_measurement():
+    m = {"TTFT": Percentiles.of([1.0, 2.0]), "TBT": Percentiles.of([0.1, 0.1])}
+    s = {"TTFT": Percentiles.of([1.1, 2.2]), "TBT": Percentiles.of([0.09, 0.09])}
+    rows = compare(m, s)
+    assert [r.metric for r in rows] == ["TTFT p50", "TTFT p99", "TBT p50", "TBT p99"]
+    assert rows[0].error == pytest.approx(0.1) and rows[2].error == pytest.approx(-0.1)
+    assert Comparison("x", 2.0, 1.0).error == -0.5
+
+
+def test_a_measured_bandwidth_is_kept_and_the_rest_is_fitted_around_it():
+    fit = fit_profile(_synthetic(70e9, 10e9, 4e-3, 1e-3), SHAPE, cpu_local(), bandwidth=10e9)
+    assert fit.profile.mem_bandwidth_bytes_s == 10e9
+    assert fit.profile.peak_flops == pytest.approx(70e9, rel=0.05)
+    assert fit.profile.step_overhead_s == pytest.approx(4e-3, rel=0.2)
+    assert fit.chunk_overhead_s == pytest.approx(1e-3, rel=0.3)
