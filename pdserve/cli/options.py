@@ -17,8 +17,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-blocks", type=int, default=2048, help="device KV blocks")
     g.add_argument("--host-kv-blocks", type=int, default=2048, help="host swap blocks")
     g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--token-budget", type=int, default=2048, help="tokens per step (256-8192)")
-    g.add_argument("--max-chunk-tokens", type=int, default=1024, help="one request's share of a step")
+    g.add_argument("--token-budget", type=int, default=None,
+                   help="tokens per step, 256-8192 (default: 2048 on a GPU, 512 on a CPU)")
+    g.add_argument("--max-chunk-tokens", type=int, default=None,
+                   help="one request's share of a step's prefill (default: half the budget)")
     g.add_argument("--policy", default="chunked", choices=["chunked", "fcfs", "decode-first"])
     g.add_argument("--no-prefix-cache", action="store_true")
     g.add_argument("--max-model-len", type=int, default=None)
@@ -26,15 +28,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    if not 256 <= args.token_budget <= 8192:
-        raise SystemExit(f"--token-budget must be within 256-8192, got {args.token_budget}")
+    budget = args.token_budget or (2048 if args.device.startswith("cuda") else 512)
+    if not 256 <= budget <= 8192:
+        raise SystemExit(f"--token-budget must be within 256-8192, got {budget}")
+    chunk = min(args.max_chunk_tokens or budget // 2, budget)
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
         max_model_len=args.max_model_len,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,
                           num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache),
-        scheduler=SchedulerConfig(policy=args.policy, token_budget=args.token_budget,
-                                  max_chunk_tokens=min(args.max_chunk_tokens, args.token_budget)),
+        scheduler=SchedulerConfig(policy=args.policy, token_budget=budget, max_chunk_tokens=chunk),
     )
 
 
