@@ -118,8 +118,8 @@ def _plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torc
 def _decode(q: torch.Tensor, cache: torch.Tensor, group: _DecodeGroup) -> torch.Tensor:
     batch, num_heads, head_dim = group.block_table.shape[0], q.shape[1], q.shape[2]
     kv_heads = cache.shape[3]
-    keys = cache[:, 0][group.block_table].view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
-    values = cache[:, 1][group.block_table].view(batch, -1, kv_heads, head_dim).transpose(1, 2)
+    keys = _gather(cache[:, 0], group.block_table).view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
+    values = _gather(cache[:, 1], group.block_table).view(batch, -1, kv_heads, head_dim).transpose(1, 2)
     queries = q[group.rows].view(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask)  # [B, Hkv, G, D]
     return out.reshape(batch, num_heads, head_dim)
@@ -131,8 +131,8 @@ def _chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tenso
         keys, values = k[chunk.rows], v[chunk.rows]  # [C, Hkv, D]
     else:
         kv_heads, head_dim = cache.shape[3], cache.shape[4]
-        keys = cache[:, 0][chunk.blocks].view(-1, kv_heads, head_dim)[: chunk.context_len]
-        values = cache[:, 1][chunk.blocks].view(-1, kv_heads, head_dim)[: chunk.context_len]
+        keys = _gather(cache[:, 0], chunk.blocks).view(-1, kv_heads, head_dim)[: chunk.context_len]
+        values = _gather(cache[:, 1], chunk.blocks).view(-1, kv_heads, head_dim)[: chunk.context_len]
     out = F.scaled_dot_product_attention(
         queries,
         keys.transpose(0, 1)[None],
@@ -142,6 +142,11 @@ def _chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tenso
         enable_gqa=True,
     )  # [1, H, Q, D]
     return out[0].transpose(0, 1)
+
+
+def _gather(pool: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """pool [num_blocks, block_size, Hkv, D] (K or V of one layer), blocks [...] -> [..., block_size, Hkv, D]."""
+    return pool.index_select(0, blocks.flatten()).view(*blocks.shape, *pool.shape[1:])
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

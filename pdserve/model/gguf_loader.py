@@ -71,7 +71,8 @@ def gguf_metadata(reader: Any) -> dict[str, Any]:
 def gguf_config(meta: dict[str, Any], tensors: dict[str, Any], fallback_name: str) -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: {supported}")
     key = _keyed(meta, arch)
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))

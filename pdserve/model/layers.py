@@ -56,13 +56,11 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, attn: AttentionBackend
     ) -> torch.Tensor:
-        tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) * D]
-        qk = qkv[:, : (self.num_heads + self.num_kv_heads) * self.head_dim]
-        qk = apply_rope(qk.view(tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # [T, H, D], [T, Hkv, D]
-        v = qkv[:, (self.num_heads + self.num_kv_heads) * self.head_dim :].view(tokens, self.num_kv_heads, self.head_dim)
-        out = attn.forward(self.layer, q, k, v, kv)  # [T, H, D]
+        tokens, heads, kv_heads, head_dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qk, v = self.qkv_proj(x).split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
+        qk = apply_rope(qk.view(tokens, heads + kv_heads, head_dim), cos, sin)  # [T, H + Hkv, D]
+        q, k = qk.split([heads, kv_heads], dim=1)  # [T, H, D], [T, Hkv, D]
+        out = attn.forward(self.layer, q, k, v.view(tokens, kv_heads, head_dim), kv)  # [T, H, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 

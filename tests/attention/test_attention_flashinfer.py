@@ -28,7 +28,8 @@ def cuda_copy(kv: KVCache, dtype: torch.dtype) -> KVCache:
 
 def to_device(kv, batch, q, keys, values, dtype):
     kv = cuda_copy(kv, dtype)
-    fields = {name: getattr(batch, name).cuda() for name in ("input_ids", "positions", "slot_mapping", "logits_indices")}
+    names = ("input_ids", "positions", "slot_mapping", "logits_indices")
+    fields = {name: getattr(batch, name).cuda() for name in names}
     batch = type(batch)(seqs=batch.seqs, **fields)
     move = lambda d: {i: t.to("cuda", dtype) for i, t in d.items()}  # noqa: E731
     return kv, batch, q.to("cuda", dtype), move(keys), move(values)

@@ -24,7 +24,9 @@ class Case:
     new: int
 
 
-def build(cases: list[Case], heads: int, kv_heads: int, head_dim: int, block_size: int, seed: int, shuffle: bool = False):
+def build(
+    cases: list[Case], heads: int, kv_heads: int, head_dim: int, block_size: int, seed: int, shuffle: bool = False
+):
     """Pool with random cached K/V, a batch for the new tokens, and the dense per-sequence K/V."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -44,8 +46,9 @@ def build(cases: list[Case], heads: int, kv_heads: int, head_dim: int, block_siz
         seq_slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(total)])
         full_keys[index] = torch.randn(LAYERS, total, kv_heads, head_dim, generator=gen)
         full_values[index] = torch.randn(LAYERS, total, kv_heads, head_dim, generator=gen)
+        cached = seq_slots[: case.cached]
         for layer in range(LAYERS):
-            kv.write(layer, seq_slots[: case.cached], full_keys[index][layer, : case.cached], full_values[index][layer, : case.cached])
+            kv.write(layer, cached, full_keys[index][layer, : case.cached], full_values[index][layer, : case.cached])
         spans[index] = SeqSpan(start, case.new, total, tuple(blocks))
         slots.append(seq_slots[case.cached :])
         start += case.new

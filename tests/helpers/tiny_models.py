@@ -113,7 +113,8 @@ def tiny_qwen2_bias(folder: Path, seed: int = 1) -> Path:
     """Qwen2: q/k/v projections with (random) biases, tied embeddings, rope theta 1e6."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**_common(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True))
+    rope = {"rope_type": "default", "rope_theta": 1e6}
+    config = Qwen2Config(**_common(rope_parameters=rope, tie_word_embeddings=True))
     return _save(folder, config, Qwen2ForCausalLM, seed)
 
 

@@ -69,7 +69,9 @@ def test_llama_attention_bias_covers_the_output_projection():
 
 
 def test_mistral_context_is_capped_to_its_sliding_window():
-    raw = llama_json(architectures=["MistralForCausalLM"], sliding_window=1024, max_position_embeddings=32768, head_dim=64)
+    raw = llama_json(
+        architectures=["MistralForCausalLM"], sliding_window=1024, max_position_embeddings=32768, head_dim=64
+    )
     config = config_from_hf(raw, name="mistral")
     assert config.max_position_embeddings == 1024 and config.sliding_window == 1024
     assert config.head_dim == 64 and config.q_size == 512
@@ -81,7 +83,8 @@ def test_eos_lists_and_generation_config_ids_are_merged():
 
 
 def test_unsupported_architecture_is_named():
-    with pytest.raises(UnsupportedModelError, match="unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM"):
+    message = "unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM"
+    with pytest.raises(UnsupportedModelError, match=message):
         config_from_hf(llama_json(architectures=["GPT2LMHeadModel"]), name="m")
 
 

@@ -95,7 +95,8 @@ def test_missing_tensor(tiny_model_dirs, tmp_path):
 def test_shape_mismatch(tiny_model_dirs, tmp_path):
     folder = copy_model(tiny_model_dirs, "llama_untied", tmp_path)
     edit_config(folder, intermediate_size=96)
-    with pytest.raises(ModelLoadError, match=r"'model.layers.0.mlp.gate_proj.weight' has shape \(128, 64\), the config implies \(96, 64\)"):
+    message = r"'model.layers.0.mlp.gate_proj.weight' has shape \(128, 64\), the config implies \(96, 64\)"
+    with pytest.raises(ModelLoadError, match=message):
         load_model(str(folder))
 
 

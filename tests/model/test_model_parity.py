@@ -19,27 +19,28 @@ def tiny_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
     return [1] + torch.randint(3, vocab_size, (length - 1,), generator=generator).tolist()
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(SMOL_PROMPTS))
 def test_smollm2_whole_prompt_matches_transformers(smollm2, smollm2_reference_ids, name):
     driver = PagedDriver(smollm2.model, block_size=16, shuffle_seed=7)
     assert driver.greedy(SMOL_PROMPTS[name], SMOL_NEW_TOKENS) == smollm2_reference_ids[name]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(("name", "chunk"), [("france", 1), ("france", 7), ("summary", 64)])
 def test_smollm2_chunked_prefill_matches_transformers(smollm2, smollm2_reference_ids, name, chunk):
     driver = PagedDriver(smollm2.model, block_size=16, shuffle_seed=chunk)
     assert driver.greedy(SMOL_PROMPTS[name], SMOL_NEW_TOKENS, chunk=chunk) == smollm2_reference_ids[name]
 
 
+@pytest.mark.timeout(900)
 def test_smollm2_answers_the_france_question(smollm2, smollm2_reference_ids):
     """The documented answer "The capital of France is Paris." then <|im_end|> (id 2)."""
     generated = smollm2_reference_ids["france"]
     assert generated[:8] == [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_tiny_models_match_transformers(tiny_models, name):
     ours, reference = tiny_models[name]
@@ -53,6 +54,7 @@ def test_tiny_models_match_transformers(tiny_models, name):
 
 
 @pytest.mark.parametrize("name", TINY_NAMES)
+@pytest.mark.timeout(900)
 def test_tiny_model_logits_close_to_transformers(tiny_models, name):
     ours, reference = tiny_models[name]
     prompt = tiny_prompt(50, ours.config.vocab_size, seed=3)
