@@ -1,16 +1,17 @@
 """`pdserve bench --compare`: the seed's experiment, each configuration started here and stopped after.
 
-    service                            runs (same seed everywhere)
+    service (in this order)            runs (same seed everywhere)
+    disaggregated, no prefix cache     shared-prefix
+    disaggregated 1P+1D                each document of mixed alone, shared-prefix with the
+                                       prefix cache, chat (the chats of mixed, alone)
+    disaggregated 1P+1D (fresh)        mixed
     colocated fcfs                     mixed
     colocated decode-first             mixed
     colocated chunked                  mixed
-    disaggregated 1P+1D                mixed
-    disaggregated 1P+1D (fresh)        chat (the chats of mixed, alone), each document alone,
-                                       shared-prefix with the prefix cache
-    disaggregated, no prefix cache     shared-prefix
 
-Every service is a fresh process tree (so no run finds another's prompts cached), warmed up with
-two tiny requests, and stopped in `finally` whatever happens.
+Runs compared by a ratio follow each other in time, so a load that drifts on a shared machine
+skews them least. Every service is a fresh process tree (so no run finds another's prompts
+cached), warmed up with two tiny requests, and stopped in `finally` whatever happens.
 """
 
 from __future__ import annotations
@@ -99,17 +100,18 @@ def run_experiment(opts: CompareOptions) -> CompareRuns:
     mixed = workloads.build("mixed", opts.requests, opts.rate, opts.seed)
     chats = workloads.chat(len(mixed.of_kind(workloads.Kind.CHAT)), mixed.rate, opts.seed)
     shared = workloads.build("shared-prefix", opts.shared_requests, None, opts.seed)
-    mixed_runs = {}
-    for config in MIXED_CONFIGS:
-        with service(config, opts) as target:
-            mixed_runs[config.name] = _run(target, mixed, opts, f"mixed on {config.name}")
+    with service(NO_PREFIX_CACHE, opts) as target:
+        uncached = _run(target, shared, opts, "shared-prefix, no prefix cache")
     with service(DISAGGREGATED, opts) as target:
-        chat_run = _run(target, chats, opts, "chat on disaggregated")
         alone = tuple(_run(target, mixed.alone(doc), opts, f"document {doc.index} alone")
                       for doc in mixed.of_kind(workloads.Kind.DOCUMENT))
         cached = _run(target, shared, opts, "shared-prefix, prefix cache")
-    with service(NO_PREFIX_CACHE, opts) as target:
-        uncached = _run(target, shared, opts, "shared-prefix, no prefix cache")
+        chat_run = _run(target, chats, opts, "chat on disaggregated")
+    mixed_runs = {}
+    for config in (DISAGGREGATED, *MIXED_CONFIGS[:-1]):
+        with service(config, opts) as target:
+            mixed_runs[config.name] = _run(target, mixed, opts, f"mixed on {config.name}")
+    mixed_runs = {c.name: mixed_runs[c.name] for c in MIXED_CONFIGS}
     return CompareRuns(mixed_runs, chat_run, alone, cached, uncached)
 
 

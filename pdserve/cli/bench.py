@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     g.add_argument("--compare", action="store_true", help="start each configuration and run the experiment")
     g.add_argument("--out-dir", default="benchmarks/compare_results", help="--compare: JSON and PNG go here")
     g.add_argument("--kv-blocks", type=int, default=2048, help="--compare: device KV blocks per worker")
-    g.add_argument("--token-budget", type=int, default=512, help="--compare: tokens per step")
+    g.add_argument("--token-budget", type=int, default=256, help="--compare: tokens per step")
     g.add_argument("--max-chunk-tokens", type=int, default=128, help="--compare: prefill chunk (chunked policy)")
     g.add_argument("--shared-requests", type=int, default=None, help="--compare: shared-prefix requests")
     g.add_argument("--ready-timeout", type=float, default=300.0, help="--compare: seconds to wait for a service")
