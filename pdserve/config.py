@@ -44,5 +44,6 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | flashinfer
     max_model_len: int | None = None  # default: the model's max positions
     seed: int = 0
+    calibrate: bool = False  # measure prefill speed and host link at start for the preemption cost model
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

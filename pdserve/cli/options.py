@@ -34,7 +34,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     chunk = min(args.max_chunk_tokens or budget // 2, budget)
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
-        max_model_len=args.max_model_len,
+        max_model_len=args.max_model_len, calibrate=True,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,
                           num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache),
         scheduler=SchedulerConfig(policy=args.policy, token_budget=budget, max_chunk_tokens=chunk),

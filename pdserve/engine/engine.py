@@ -9,6 +9,7 @@ Token level only; text in and out lives in pdserve/engine/llm.py and in the rout
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -16,6 +17,7 @@ import torch
 
 from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
+from pdserve.engine.calibration import calibrated
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner
 from pdserve.engine.outputs import RequestOutput, StepResult
@@ -47,8 +49,12 @@ class Engine:
         self.host_kv = KVCache(shape, config.cache.num_host_blocks, dtype, "cpu")
         attn = make_attention_backend(config.attention_backend, torch.device(config.device))
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed)
+        sched_cfg = config.scheduler
+        if config.calibrate:
+            measured = calibrated(sched_cfg.preemption, self.loaded.model, self.kv, self.host_kv, attn)
+            sched_cfg = dataclasses.replace(sched_cfg, preemption=measured)
         self.scheduler = make_scheduler(
-            config.scheduler, config.cache, self.kv_bytes_per_token, self.max_model_len, clock,
+            sched_cfg, config.cache, self.kv_bytes_per_token, self.max_model_len, clock,
             hold_finished=hold_blocks,
         )
 
