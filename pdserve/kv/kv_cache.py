@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pdserve.transfer.descriptors import merge_runs
+
 
 @dataclass(frozen=True)
 class KVShape:
@@ -56,9 +58,8 @@ class KVCache:
         self.data[blocks, layer, 1, offsets] = v
 
     def copy_blocks_to(self, dst: "KVCache", pairs: list[tuple[int, int]]) -> None:
-        """Copy whole blocks src_id -> dst_id into another pool (swap out / swap in)."""
-        if not pairs:
-            return
-        src = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=self.data.device)
-        dst_ids = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=dst.data.device)
-        dst.data[dst_ids] = self.data[src].to(dst.data.device, non_blocking=True)
+        """Copy whole blocks src_id -> dst_id into another pool (swap out / swap in), one slice
+        copy per run of consecutive ids (non-blocking between a GPU and pinned host memory)."""
+        for run in merge_runs(pairs):
+            dst.data[run.dst_start : run.dst_start + run.count].copy_(
+                self.data[run.src_start : run.src_start + run.count], non_blocking=True)
