@@ -46,7 +46,8 @@ class Engine:
                                  self.model_config.max_position_embeddings)
         shape = self.model_config.kv_shape(config.cache.block_size)
         self.kv = KVCache(shape, config.cache.num_blocks, dtype, config.device)
-        self.host_kv = KVCache(shape, config.cache.num_host_blocks, dtype, "cpu")
+        self.host_kv = KVCache(shape, config.cache.num_host_blocks, dtype, "cpu",
+                               pin_memory=torch.device(config.device).type == "cuda")
         attn = make_attention_backend(config.attention_backend, torch.device(config.device))
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed)
         sched_cfg = config.scheduler

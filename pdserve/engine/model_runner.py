@@ -31,11 +31,11 @@ class ModelRunner:
         self.sampler = Sampler()
         self.device = kv.data.device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.swap_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def execute(self, output: SchedulerOutput) -> dict[str, int]:
         """Run the step; return the sampled token of every chunk that samples."""
-        self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
-        self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))
+        self._swap(output)
         if not output.chunks:
             return {}
         batch = build_forward_batch(output.chunks, self.kv.block_size, self.device)
@@ -49,3 +49,19 @@ class ModelRunner:
             self.generator,
         )
         return {c.request.request_id: t for c, t in zip(sampling, tokens)}
+
+    def _swap(self, output: SchedulerOutput) -> None:
+        """swap_out before swap_in (a block freed by one may be the target of the other). On a
+        GPU the copies run on a side stream; the forward pass waits for them on the device only."""
+        if not (output.swap_out or output.swap_in):
+            return
+        if self.swap_stream is None:
+            self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
+            self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))
+            return
+        compute = torch.cuda.current_stream(self.device)
+        self.swap_stream.wait_stream(compute)
+        with torch.cuda.stream(self.swap_stream):
+            self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
+            self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))
+        compute.wait_stream(self.swap_stream)

@@ -29,13 +29,16 @@ class KVShape:
 
 
 class KVCache:
-    def __init__(self, shape: KVShape, num_blocks: int, dtype: torch.dtype, device: str | torch.device):
+    def __init__(self, shape: KVShape, num_blocks: int, dtype: torch.dtype, device: str | torch.device,
+                 pin_memory: bool = False):
+        """`pin_memory`: a host pool that a GPU copies into and out of asynchronously."""
         self.shape = shape
         self.num_blocks = num_blocks
         self.data = torch.zeros(
             (num_blocks, shape.num_layers, 2, shape.block_size, shape.num_kv_heads, shape.head_dim),
             dtype=dtype,
             device=device,
+            pin_memory=pin_memory,
         )
 
     @property
