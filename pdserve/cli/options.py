@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pdserve.config import CacheConfig, EngineConfig, SchedulerConfig
+from pdserve.config import CacheConfig, EngineConfig, PreemptionConfig, SchedulerConfig
 from pdserve.requests import Priority, SamplingParams
 
 
@@ -25,6 +25,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-cache", action="store_true")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    g.add_argument("--recompute-below-tokens", type=int, default=2048,
+                   help="a preempted request shorter than this is always recomputed")
+    g.add_argument("--swap-above-tokens", type=int, default=16384,
+                   help="a preempted request longer than this is swapped to host memory when there is room")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -37,7 +41,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len, calibrate=True,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,
                           num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache),
-        scheduler=SchedulerConfig(policy=args.policy, token_budget=budget, max_chunk_tokens=chunk),
+        scheduler=SchedulerConfig(policy=args.policy, token_budget=budget, max_chunk_tokens=chunk,
+                                  preemption=PreemptionConfig(recompute_below_tokens=args.recompute_below_tokens,
+                                                              swap_above_tokens=args.swap_above_tokens)),
     )
 
 

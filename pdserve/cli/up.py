@@ -11,7 +11,8 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.cli.supervisor import Supervisor
 
 ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
-                "policy", "max_model_len", "device", "dtype", "attention_backend")
+                "policy", "max_model_len", "device", "dtype", "attention_backend", "recompute_below_tokens",
+                "swap_above_tokens")
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
