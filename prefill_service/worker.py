@@ -12,10 +12,11 @@ the send finished, so preemption or eviction can never recycle blocks under a tr
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from pdserve.engine.async_engine import AsyncEngine
@@ -51,11 +52,16 @@ class Piece:
     timeout_s: float
 
 
-class DecodePeer:
-    """The control-plane calls a prefill worker makes on a decode worker (wire side injects it)."""
+class DecodePeer(abc.ABC):
+    """The control-plane calls a prefill worker makes on a decode worker (the wire side implements it)."""
 
-    push_kv: Callable[[str, Piece], Awaitable[None]]
-    complete_kv: Callable[[str, str, int, int], Awaitable[None]]
+    @abc.abstractmethod
+    async def push_kv(self, endpoint: str, piece: Piece) -> None:
+        """Announce a piece: the decode worker posts receives for exactly its blocks."""
+
+    @abc.abstractmethod
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
+        """Every piece was sent; the decode worker starts decoding after the first token."""
 
 
 @dataclass
