@@ -3,8 +3,11 @@
     MFU      = useful model FLOPs / (peak FLOP/s x GPUs x makespan); useful FLOPs count every
                finished request's prefill once and each of its decode steps (recomputation
                after preemption is work, not output, so it is left out)
-    goodput  = requests meeting both SLOs per second of makespan: TTFT <= slo_ttft and the
-               request's own p99 TBT <= slo_tbt (a failed or unfinished request never meets them)
+    goodput  = requests meeting both SLOs per second of the workload's arrival window (first to
+               last arrival; the makespan if they all arrive at once): TTFT <= slo_ttft and the
+               request's own p99 TBT <= slo_tbt (a failed or unfinished request never meets them).
+               The window is the same for every deployment, so a deployment that drops requests
+               cannot raise its goodput by finishing early.
     makespan = first arrival to last token
 """
 
@@ -65,6 +68,7 @@ class RunSummary:
     classes: dict[str, ClassSummary]
     goodput_rps: float | None  # with an SLO
     slo_met: int | None
+    window_s: float  # goodput's denominator
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -103,11 +107,12 @@ def summarize(result: SimResult, slo: Slo | None = None) -> RunSummary:
     flops = sum(useful_flops(cfg.shape, t.spec.prompt_tokens, len(t.token_times)) for t in traces if t.token_times)
     peak = cfg.hardware.peak_flops * result.gpus * makespan
     met = sum(meets(t, slo) for t in traces) if slo else None
+    window = (max(t.spec.arrival_s for t in traces) - start) or makespan
     return RunSummary(
         result.deployment.name, result.gpus, makespan, outputs, _rate(outputs, makespan), flops / peak if peak else 0.0,
         sum(t.failure is not None for t in traces), sum(t.failure is None and t.finish_s is None for t in traces),
         dict(result.preemptions), result.swapped_bytes / 2**30, result.steps, _classes(traces),
-        _rate(met, makespan) if met is not None else None, met,
+        _rate(met, window) if met is not None else None, met, window,
     )
 
 

@@ -2,7 +2,7 @@
 
 Tries colocated instances at every TP that fits, and every xPyD split (x + y = N) with every
 TP pair that fits, simulates the workload on each and ranks them by goodput: requests that
-meet both SLOs per second (metrics.py).
+meet both SLOs per second of the workload's arrival window (metrics.py).
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def candidates(gpus: int, cfg: SimConfig, policy: str = "chunked") -> list[Deplo
 
 def plan(workload: Workload, cfg: SimConfig, gpus: int, slo: Slo, policy: str = "chunked",
          progress: Callable[[Deployment], None] | None = None) -> list[PlanRow]:
-    """Simulate every candidate; best goodput first (ties: more output tokens/s first)."""
+    """Simulate every candidate; best goodput first (ties: fewer failed requests, then more
+    output tokens/s)."""
     rows = []
     for deployment in candidates(gpus, cfg, policy):
         if progress is not None:
             progress(deployment)
         rows.append(PlanRow(deployment, summarize(simulate(workload, deployment, cfg), slo)))
-    return sorted(rows, key=lambda r: (-r.goodput_rps, -r.summary.output_tokens_per_s))
+    return sorted(rows, key=lambda r: (-r.goodput_rps, r.summary.failed, -r.summary.output_tokens_per_s))

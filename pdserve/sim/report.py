@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pdserve.sim.bounds import min_decode_step_time, min_prefill_time, min_step_time, min_total_prefill_time
 from pdserve.sim.deployment import SimConfig
 from pdserve.sim.metrics import RunSummary
+from pdserve.sim.recorder import InstanceStats
 from pdserve.sim.simulator import SimResult
 from pdserve.sim.workloads import Workload
 
@@ -47,7 +48,7 @@ class Bounds:
 class Row:
     summary: RunSummary
     min_step_over_bound: float  # the smallest (step time / its physical bound) over the run's steps
-    instances: tuple
+    instances: tuple[InstanceStats, ...]
 
 
 def physical_bounds(workload: Workload, cfg: SimConfig, gpus: int) -> Bounds:
@@ -78,7 +79,7 @@ def _s(seconds: float) -> str:
 
 
 _HEADER = ("configuration", "chat TBT p50 ms", "p99 ms", "max ms", "chat TTFT p50 s", "p99 s",
-           "long TTFT p50 s", "max s", "MFU", "failed", "preempt rec/swap", "out tok/s", "step/bound")
+           "long TTFT p50 s", "max s", "MFU", "failed (OOM)", "preempt rec/swap", "out tok/s", "step/bound")
 
 
 def _cells(r: Row, short: str, long: str) -> tuple[str, ...]:
@@ -113,7 +114,7 @@ def bounds_text(b: Bounds, cfg: SimConfig) -> str:
     return (f"physics on {b.gpus} x {cfg.hardware.name} at 100% of peak, {cfg.shape.name}: "
             f"prefill of one {b.longest_prompt:,}-token prompt >= {b.longest_prefill_s:.2f} s; "
             f"a decode step >= {b.decode_step_weights_s * 1e3:.2f} ms (weights alone); "
-            f"every prompt of the workload >= {b.workload_prefill_s:.1f} s of all {b.gpus} GPUs")
+            f"every prompt of the workload >= {b.workload_prefill_s:.1f} s of all {b.gpus} devices")
 
 
 def jsonable(value):

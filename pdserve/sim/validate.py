@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from pdserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdserve.requests import SamplingParams
-from pdserve.sim.calibrate import PREFILL_SIZES, CpuClock, EngineClock, Fit, WallClock, calibrate, load_report
+from pdserve.sim.calibrate import PREFILL_SIZES, Fit, calibrate, load_report
+from pdserve.sim.clocks import CpuClock, EngineClock, WallClock
 from pdserve.sim.deployment import Colocated, SimConfig
 from pdserve.sim.hardware import cpu_local
 from pdserve.sim.metrics import Percentiles

@@ -4,7 +4,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pdserve.sim.calibrate import CpuClock, EngineClock, StepSample, WallClock, fit_profile, load_report
+from pdserve.sim.calibrate import StepSample, fit_profile, load_report
+from pdserve.sim.clocks import CpuClock, EngineClock, WallClock
 from pdserve.sim.costmodel import StepCostModel
 from pdserve.sim.hardware import cpu_local
 from pdserve.sim.metrics import Percentiles

@@ -35,8 +35,10 @@ def test_planner_tries_every_split_and_returns_them_best_goodput_first():
     assert {"1P3D (P 1xTP1, D 3xTP1)", "3P1D (P 3xTP1, D 1xTP1)", "colocated chunked"} <= names
     goodputs = [r.goodput_rps for r in rows]
     assert goodputs == sorted(goodputs, reverse=True) and goodputs[0] > 0
+    window = workload.requests[-1].arrival_s - workload.requests[0].arrival_s
     for r in rows:
-        assert r.summary.goodput_rps == pytest.approx(r.summary.slo_met / r.summary.makespan_s)
+        assert r.summary.window_s == pytest.approx(window)
+        assert r.summary.goodput_rps == pytest.approx(r.summary.slo_met / window)
 
 
 def test_candidates_skip_tps_that_do_not_fit_or_divide():
