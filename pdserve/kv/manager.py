@@ -221,15 +221,20 @@ class KVManager:
         self.host.free(self._host_releasing)
         self._host_releasing = []
 
-    def hold(self, request: Request) -> BlockHold:
-        """Reference every device block the request holds now (computed full blocks are cached
-        first). The request keeps its blocks; several holds may coexist."""
+    def hold(self, request: Request, num_tokens: int | None = None) -> BlockHold:
+        """Reference the device blocks holding the request's first num_tokens tokens (default:
+        its computed tokens), after caching its full computed blocks. The request keeps its
+        blocks; several holds may coexist.
+        NOTE: holding at most one block that is not yet in the prefix cache keeps every holder's
+        cached blocks a path from the root (what leaf-first eviction relies on)."""
         self.cache_computed(request)
         table = self._tables.get(request.request_id)
-        blocks = tuple(table.blocks) if table is not None else ()
+        count = self.blocks_for(request.num_computed_tokens if num_tokens is None else num_tokens)
+        blocks = tuple(table.blocks[:count]) if table is not None else ()
         for block in blocks:
             self.device.incref(block)
-        hold = BlockHold(request.request_id, blocks, request.num_computed_tokens, next(self._hold_ids))
+        hold = BlockHold(request.request_id, blocks, min(request.num_computed_tokens, count * self.block_size),
+                         next(self._hold_ids))
         self._holds[hold.hold_id] = hold
         return hold
 

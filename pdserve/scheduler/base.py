@@ -17,7 +17,7 @@ from pdserve.config import SchedulerConfig
 from pdserve.kv.manager import BlockHold, KVManager
 from pdserve.requests import FinishReason, Request, RequestState
 from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, PromptTooLongError, QueueFullError
-from pdserve.scheduler.finished_kv import FinishedKV, HoldFinished
+from pdserve.scheduler.finished_kv import FinishedKV, HoldAll
 from pdserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.preemptor import Preemptor
@@ -37,7 +37,7 @@ class Scheduler(abc.ABC):
         self._preemptor = preemptor
         self._steps = steps
         self._finished_kv = finished_kv
-        self._quarantine = HoldFinished()
+        self._quarantine = HoldAll()
         self._clock = clock
         self._finished: list[Request] = []
         self._reserved: list[Reservation] = []

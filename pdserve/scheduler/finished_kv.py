@@ -29,3 +29,13 @@ class HoldFinished(FinishedKV):
         hold = kv.hold(request) if kv.has_blocks(request.request_id) else None
         kv.free(request)
         return hold
+
+
+class HoldAll(FinishedKV):
+    """A request whose remote KV may still be arriving: every reserved block stays held until
+    the engine knows the transfer is over (abort or finish while receiving)."""
+
+    def settle(self, kv: KVManager, request: Request) -> BlockHold | None:
+        hold = kv.hold(request, num_tokens=len(kv.block_table(request.request_id)) * kv.block_size)
+        kv.free(request)
+        return hold

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pdserve.config import PreemptionConfig
+from pdserve.kv.manager import BlockHold
 from pdserve.requests import Priority, Request, RequestState
 from pdserve.scheduler import PromptTooLongError, Scheduler, SchedulerOutput
 from tests.scheduler.fakes import FakeClock, FakeExecutor, build, request
@@ -35,6 +36,8 @@ scenario = st.fixed_dictionaries({
     "swap_threshold": st.sampled_from([0, 8, 10_000]),
     "arrivals": st.lists(arrival, min_size=1, max_size=14),
     "aborts": st.lists(st.tuples(st.integers(0, 40), st.integers(0, 13)), max_size=4),
+    "hold_finished": st.booleans(),  # a prefill worker: finished requests' blocks are held
+    "hold_every": st.sampled_from([0, 1, 3]),  # holds on running requests (KV being streamed)
 })
 
 
@@ -49,8 +52,9 @@ class Driver:
             sc["policy"], num_blocks=sc["num_blocks"], num_host_blocks=sc["num_host_blocks"],
             watermark=sc["watermark"], prefix_cache=sc["prefix_cache"], token_budget=sc["token_budget"],
             max_chunk_tokens=sc["max_chunk_tokens"], max_running=sc["max_running"], aging_seconds=1.0,
-            preemption=preemption, block_size=4, max_model_len=128)
+            preemption=preemption, block_size=4, max_model_len=128, hold_finished=sc["hold_finished"])
         self.requests: list[Request] = []
+        self.holds: list[tuple[int, BlockHold]] = []  # (release at step, hold)
         self.receiving_since: dict[str, int] = {}
         self.step_no = 0
 
@@ -82,8 +86,15 @@ class Driver:
                 del self.receiving_since[rid]
                 if self.s.get(rid) is not None:
                     self.s.mark_received(rid, first_token=999)
-        for hold in self.s.take_holds().values():
+        every = self.sc["hold_every"]
+        if every and self.step_no % every == 0:
+            for r in self.requests:
+                hold = self.s.hold(r.request_id)
+                if hold is not None:
+                    self.holds.append((self.step_no + 2, hold))
+        for due, hold in [h for h in self.holds if h[0] <= self.step_no or not self.busy_requests()]:
             self.s.release_hold(hold)
+            self.holds.remove((due, hold))
 
     def step(self) -> None:
         self.arrive()
@@ -96,12 +107,16 @@ class Driver:
         sampled = self.ex.execute(output)
         self.s.update(output, sampled)
         self.s.check_integrity()
+        self.holds += [(self.step_no + 1, hold) for hold in self.s.take_holds().values()]
         self.clock.advance(0.25)
         self.step_no += 1
 
-    def busy(self) -> bool:
+    def busy_requests(self) -> bool:
         pending = any(a["at_step"] >= self.step_no for a in self.sc["arrivals"])
         return pending or self.s.has_work() or bool(self.s.stats().receiving)
+
+    def busy(self) -> bool:
+        return self.busy_requests() or bool(self.holds)
 
 
 def check_step(s: Scheduler, output: SchedulerOutput, vip_running: set[str], sc: dict) -> None:
