@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.requests import SamplingParams
-from tests.engine.driver import GREEDY, Arrival, assert_all_blocks_released, make_engine, run, step, tiny_prompt, Trace
+from tests.engine.driver import GREEDY, Arrival, assert_all_blocks_released, make_engine, run, tiny_prompt
 
 MODEL = "llama_gqa_llama3"
 LENGTHS_AND_STARTS = ((5, 0), (100, 0), (33, 3), (61, 5), (17, 9))

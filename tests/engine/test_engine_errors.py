@@ -15,7 +15,8 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
 from pdserve.engine.llm import LLM
 from pdserve.model.errors import ModelLoadError
-from tests.engine.driver import GREEDY, Arrival, Trace, add, assert_all_blocks_released, make_engine, run, step, tiny_prompt
+from tests.engine.driver import (GREEDY, Arrival, Trace, add, assert_all_blocks_released, make_engine, run, step,
+                                 tiny_prompt)
 
 MODEL = "llama_gqa_llama3"  # 512 positions, vocabulary of 384
 
@@ -84,7 +85,8 @@ def test_refused_requests_change_nothing_and_the_engine_goes_on(tiny_loaded, ora
         before = engine.scheduler.stats()
         with pytest.raises(error, match=message):
             engine.add_request(request_id, prompt, sampling)
-        assert engine.scheduler.stats() == before and engine.scheduler.get(request_id) in (None, trace.requests["running"])
+        assert engine.scheduler.stats() == before
+        assert engine.scheduler.get(request_id) in (None, trace.requests["running"])
         engine.scheduler.check_integrity()
     while engine.has_unfinished():
         step(engine, trace)

@@ -69,3 +69,16 @@ def test_small_host_pool_mixes_swap_and_recompute(tiny_loaded, oracle):
     assert trace.modes() == {PreemptionMode.SWAP, PreemptionMode.RECOMPUTE}
     _check_against_oracle(trace, arrivals, oracle)
     assert_all_blocks_released(engine)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "decode-first"])
+@pytest.mark.parametrize("preemption", [ALWAYS_RECOMPUTE, ALWAYS_SWAP], ids=["recompute", "swap"])
+def test_other_policies_under_pressure(tiny_loaded, oracle, policy, preemption):
+    loaded = tiny_loaded[MODEL]
+    engine = make_engine(loaded, block_size=BLOCK_SIZE, num_blocks=TIGHT_BLOCKS, num_host_blocks=64, policy=policy,
+                         token_budget=64, max_chunk_tokens=16, preemption=preemption)
+    arrivals = _arrivals(loaded.config.vocab_size)
+    trace = run(engine, arrivals)
+    assert trace.preemptions
+    _check_against_oracle(trace, arrivals, oracle)
+    assert_all_blocks_released(engine)

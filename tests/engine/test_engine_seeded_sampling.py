@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pdserve.config import PreemptionConfig
-from pdserve.requests import Priority, SamplingParams
+from pdserve.requests import Priority
 from tests.engine.driver import GREEDY, SEEDED, Arrival, assert_all_blocks_released, make_engine, run, tiny_prompt
 
 MODEL = "llama_untied"

@@ -12,8 +12,7 @@ from pdserve.engine.llm import LLM
 from pdserve.requests import FinishReason, RequestState, SamplingParams
 from pdserve.tokenizer import ChatMessage
 from tests.engine.conftest import SMOL
-from tests.engine.driver import (GREEDY, Arrival, Trace, add, assert_all_blocks_released, make_engine, run, step,
-                                 tiny_prompt)
+from tests.engine.driver import GREEDY, Arrival, Trace, add, assert_all_blocks_released, make_engine, step, tiny_prompt
 
 MODEL = "qwen2_bias"
 FRANCE = [ChatMessage("user", "What is the capital of France?")]
