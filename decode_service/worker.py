@@ -13,6 +13,7 @@ one step: the transfer is withdrawn first, then the engine aborts the request.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class DecodeWorker:
         self.sessions = SessionTable()
         self.intakes: dict[str, Intake] = {}
         self._timeouts: dict[str, float] = {}
+        self._transfer_ids = itertools.count()  # a transfer id is never reused, even after a failure
         engine.add_listener(self.on_step)
 
     async def open(self, job: DecodeJob) -> Session:
@@ -175,7 +177,7 @@ class DecodeWorker:
         session = self.sessions.get(request_id)
         if session is None:
             return
-        transfer_id = f"{request_id}#{id(session):x}"
+        transfer_id = f"{request_id}#{next(self._transfer_ids)}"
         intake = Intake(transfer_id, block_ids)
         timeout = self._timeouts.get(request_id, 30.0)
         intake.deadline = asyncio.get_running_loop().call_later(timeout, self._expire, request_id)
