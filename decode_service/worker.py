@@ -82,16 +82,16 @@ class DecodeWorker:
         """The stream ended (finished, cancelled or failed): free whatever is left."""
         self.sessions.close(session.request_id)
         self._timeouts.pop(session.request_id, None)
-        await self._drop_intake(session.request_id)
+        safe = await self._drop_intake(session.request_id)
         if not session.closed:
-            await self.engine.call(lambda e: e.abort(session.request_id))
+            await self.engine.call(lambda e: _abort(e, session.request_id, safe))
 
     async def abort(self, request_id: str) -> bool:
         session = self.sessions.get(request_id)
         if session is None:
             return False
-        await self._drop_intake(request_id)
-        found = await self.engine.call(lambda e: e.abort(request_id))
+        safe = await self._drop_intake(request_id)
+        found = await self.engine.call(lambda e: _abort(e, request_id, safe))
         session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
         return bool(found)
 
@@ -138,18 +138,20 @@ class DecodeWorker:
         if session is not None:
             session.fail(task.exception())
 
-    async def _drop_intake(self, request_id: str) -> None:
+    async def _drop_intake(self, request_id: str) -> bool:
+        """Withdraw the request's transfer; False when a block may still be written (keep it held)."""
         intake = self.intakes.pop(request_id, None)
         if intake is None:
-            return
+            return True
         self._cancel_deadline(intake)
         assert self.receiver is not None
         result = self.receiver.cancel(intake.transfer_id)
-        if result.unsafe_blocks:
-            log.error("transfer %s left blocks %s possibly written after cancel", intake.transfer_id,
-                      result.unsafe_blocks)
         for task in intake.pieces.values():
             task.cancel()
+        if result.unsafe_blocks:
+            log.error("transfer %s: blocks %s may still be written; they stay out of use", intake.transfer_id,
+                      result.unsafe_blocks)
+        return not result.unsafe_blocks
 
     def _expire(self, request_id: str) -> None:
         session = self.sessions.get(request_id)
@@ -172,6 +174,8 @@ class DecodeWorker:
             self._notify(request.request_id, Notice("", "", "resumed"))
         for out in result.outputs:
             self._on_output(out)
+        for hold in result.holds.values():  # nothing of a decode worker's is sent on
+            self.engine.call_nowait(lambda e, h=hold: e.release(h))
 
     def _on_reserved(self, request_id: str, block_ids: tuple[int, ...]) -> None:
         session = self.sessions.get(request_id)
@@ -206,3 +210,13 @@ def _add(engine: Engine, job: DecodeJob) -> None:
         engine.add_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
     else:
         engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority)
+
+
+def _abort(engine: Engine, request_id: str, release: bool) -> bool:
+    """Abort and give back the blocks of a withdrawn transfer at once (unless a late write could
+    still land in them: then they stay held for good)."""
+    result = engine.abort(request_id)
+    if release:
+        for hold in result.holds:
+            engine.release(hold)
+    return result.found

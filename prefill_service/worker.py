@@ -122,10 +122,15 @@ class PrefillWorker:
     async def close(self, session: Session) -> None:
         job = self.jobs.get(session.request_id)
         self._forget(session.request_id)
-        if job is not None and not session.closed:
-            for task in job.tasks:
-                task.cancel()
-            await self.engine.call(lambda e: e.abort(session.request_id))
+        if job is None or session.closed:
+            return
+        for task in job.tasks:
+            task.cancel()
+        result = await self.engine.call(lambda e: e.abort(session.request_id))
+        if job.tasks:
+            await asyncio.wait(job.tasks, timeout=job.kv_timeout_s)
+        for hold in result.holds:
+            self.engine.call_nowait(lambda e, h=hold: e.release(h))
 
     def _forget(self, request_id: str) -> None:
         self.sessions.close(request_id)
@@ -141,14 +146,13 @@ class PrefillWorker:
     # ---- engine steps -> pieces ----
 
     def on_step(self, result: StepResult) -> None:
+        unclaimed = dict(result.holds)
         for chunk in result.chunks:
-            hold = result.holds.get(chunk.request.request_id)
             job = self.jobs.get(chunk.request.request_id)
-            if job is None:
-                if hold is not None:
-                    self.engine.call_nowait(lambda e, h=hold: e.release(h))
-                continue
-            self._on_chunk(job, chunk, hold, result.seconds)
+            if job is not None:
+                self._on_chunk(job, chunk, unclaimed.pop(chunk.request.request_id, None), result.seconds)
+        for hold in unclaimed.values():  # requests that ended without a piece to send
+            self.engine.call_nowait(lambda e, h=hold: e.release(h))
 
     def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold, step_s: float) -> None:
         request = chunk.request

@@ -20,7 +20,7 @@ from pdserve.config import EngineConfig
 from pdserve.engine.calibration import calibrated
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner
-from pdserve.engine.outputs import RequestOutput, StepResult
+from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
 from pdserve.engine.validation import Limits, validate_request
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.loader import LoadedModel, load_model
@@ -150,8 +150,12 @@ class Engine:
         """End a request for a reason found above the token level (a stop string)."""
         self.scheduler.finish(request_id, reason)
 
-    def abort(self, request_id: str) -> bool:
-        return self.scheduler.abort(request_id) is not None
+    def abort(self, request_id: str) -> AbortResult:
+        """End a request in any state. Blocks a transfer may still touch (a prefill worker's, or
+        a decode worker's request still receiving KV) come back as holds: release them once the
+        transfer is withdrawn."""
+        found = self.scheduler.abort(request_id) is not None
+        return AbortResult(found, tuple(self.scheduler.take_holds().values()) if found else ())
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()

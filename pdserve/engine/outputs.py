@@ -36,3 +36,12 @@ class StepResult:
     @property
     def is_idle(self) -> bool:
         return not (self.outputs or self.chunks or self.preemptions or self.reserved or self.resumed)
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    found: bool
+    holds: tuple = ()  # BlockHolds to give back with Engine.release once no transfer touches them
+
+    def __bool__(self) -> bool:
+        return self.found
