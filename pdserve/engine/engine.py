@@ -21,7 +21,7 @@ from pdserve.engine.calibration import calibrated
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner
 from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
-from pdserve.engine.validation import Limits, validate_request
+from pdserve.engine.validation import Limits, validate_request, validate_resumed
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.loader import LoadedModel, load_model
 from pdserve.requests import FinishReason, Priority, Request, SamplingParams
@@ -79,6 +79,7 @@ class Engine:
         were produced elsewhere; they are re-prefilled). Raises InvalidRequestError,
         DuplicateRequestError, OverloadedError; nothing else in the engine changes then."""
         request = self.make_request(request_id, prompt_token_ids, sampling, priority)
+        validate_resumed(output_token_ids, sampling, self.limits)
         request.output_token_ids.extend(output_token_ids)
         self._queue(self.scheduler.add, request)
         return request

@@ -36,3 +36,14 @@ def validate_request(prompt: Sequence[int], sampling: SamplingParams, limits: Li
     if limits.kv_capacity_tokens is not None and total > limits.kv_capacity_tokens:
         raise InvalidRequestError(
             f"prompt + max_tokens = {total} tokens exceeds a worker's KV pool of {limits.kv_capacity_tokens} tokens")
+
+
+def validate_resumed(output: Sequence[int], sampling: SamplingParams, limits: Limits) -> None:
+    """Tokens a resumed request already generated elsewhere: in the vocabulary, and fewer than
+    max_tokens (which counts them), so at least one token is left to generate."""
+    bad = next((t for t in output if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(f"output token id {bad} is outside the vocabulary (size {limits.vocab_size})")
+    if len(output) >= sampling.max_tokens:
+        raise InvalidRequestError(
+            f"the request already has {len(output)} output tokens, max_tokens is {sampling.max_tokens}")

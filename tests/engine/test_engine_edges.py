@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from pdserve.engine.errors import InvalidRequestError
 from tests.engine.driver import (GREEDY, SEEDED, Arrival, Trace, assert_all_blocks_released, make_engine, run, step,
                                  tiny_prompt)
 
@@ -45,3 +46,18 @@ def test_resumed_request_continues_where_it_left_off(tiny_loaded, sampling):
     assert request.output_token_ids == whole
     assert trace.tokens("resumed") == whole[7:]
     assert_all_blocks_released(engine)
+
+
+@pytest.mark.parametrize(("output", "message"), [([5] * 16, "already has 16 output tokens, max_tokens is 16"),
+                                                 ([5, 384], "output token id 384 is outside the vocabulary"),
+                                                 ([-2], "output token id -2 is outside the vocabulary")])
+def test_resumed_request_with_impossible_output_is_refused(tiny_loaded, output, message):
+    """Before this was checked, an out-of-vocabulary output id crashed the next step (an index
+    error inside the model, for every request in the batch) and a full output got one more token."""
+    loaded = tiny_loaded[MODEL]
+    engine = make_engine(loaded, block_size=BLOCK_SIZE)
+    prompt = tiny_prompt(10, loaded.config.vocab_size, seed=4)
+    with pytest.raises(InvalidRequestError, match=message):
+        engine.add_request("resumed", prompt, GREEDY, output_token_ids=output)
+    assert engine.scheduler.get("resumed") is None
+    assert len(run(engine, [Arrival("next", prompt)]).tokens("next")) == GREEDY.max_tokens
