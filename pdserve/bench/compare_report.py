@@ -91,7 +91,7 @@ def ratios(runs: CompareRuns, rows: dict[str, Row], slo: Slo) -> list[Ratio]:
     if "disaggregated" in runs.mixed:
         mixed = _doc_ttfts(runs.mixed["disaggregated"])
         alone = {i: t for run in runs.alone for i, t in _doc_ttfts(run).items() if i in mixed}
-        found.append(Ratio("document TTFT, mixed on disaggregated / alone (mean over documents)",
+        found.append(Ratio("document TTFT, mixed on disaggregated / alone (documents finished in both)",
                            sum(mixed[i] for i in alone) or None, sum(alone.values()) or None, 1.3))
     found.append(Ratio("shared-prefix TTFT p50, prefix cache / none", _ttft_p50(runs.shared_cached, slo),
                        _ttft_p50(runs.shared_uncached, slo), 0.3))

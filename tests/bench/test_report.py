@@ -62,7 +62,7 @@ def test_compare_rows_and_ratios():
     tbt = found["chat P99 TBT, mixed on disaggregated / chat alone"]
     assert tbt.value == pytest.approx(1.0) and tbt.verdict == "meets"
     assert found["chat P99 TBT, mixed on colocated-fcfs / chat alone"].value > 5
-    doc = found["document TTFT, mixed on disaggregated / alone (mean over documents)"]
+    doc = found["document TTFT, mixed on disaggregated / alone (documents finished in both)"]
     assert doc.value == pytest.approx(1.2) and doc.limit == 1.3
     shared = found["shared-prefix TTFT p50, prefix cache / none"]
     assert shared.value == pytest.approx(1.0) and shared.verdict == "MISSES"
