@@ -76,7 +76,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
-        stats = await self.worker.engine.call(lambda e: e.scheduler.stats())
+        stats = self.worker.engine.stats
         return stats_to_pb("decode", stats, self.draining.draining)
 
 

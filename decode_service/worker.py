@@ -105,6 +105,7 @@ class DecodeWorker:
                 f"piece {seq} of {transfer_id}: blocks [{block_index}, {end}) outside the reservation "
                 f"of {len(intake.block_ids)} blocks or repeated")
         pairs = list(zip(src_blocks, intake.block_ids[block_index:end]))
+        self._arm_deadline(intake, self._request_of(transfer_id))
         assert self.receiver is not None
         task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s))
         task.add_done_callback(lambda t: self._piece_done(transfer_id, t))
@@ -158,6 +159,13 @@ class DecodeWorker:
         if session is not None and request_id in self.intakes:
             session.fail(TimeoutError(f"KV for {request_id} did not arrive in time"))
 
+    def _arm_deadline(self, intake: Intake, request_id: str) -> None:
+        """KV must keep arriving: at most kv_timeout between pieces and until CompleteKV. Before
+        the first piece the router guards the request (it cancels this stream if prefill fails)."""
+        self._cancel_deadline(intake)
+        timeout = self._timeouts.get(request_id, 30.0)
+        intake.deadline = asyncio.get_running_loop().call_later(timeout, self._expire, request_id)
+
     @staticmethod
     def _cancel_deadline(intake: Intake) -> None:
         if intake.deadline is not None:
@@ -182,10 +190,7 @@ class DecodeWorker:
         if session is None:
             return
         transfer_id = f"{request_id}#{next(self._transfer_ids)}"
-        intake = Intake(transfer_id, block_ids)
-        timeout = self._timeouts.get(request_id, 30.0)
-        intake.deadline = asyncio.get_running_loop().call_later(timeout, self._expire, request_id)
-        self.intakes[request_id] = intake
+        self.intakes[request_id] = Intake(transfer_id, block_ids)
         session.push(Reserved(transfer_id, block_ids))
 
     def _on_output(self, out) -> None:

@@ -77,7 +77,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
-        stats = await self.worker.engine.call(lambda e: e.scheduler.stats())
+        stats = self.worker.engine.stats
         return stats_to_pb("prefill", stats, self.draining.draining)
 
 

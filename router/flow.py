@@ -26,8 +26,9 @@ from router.placement import NoWorker, choose_decode, choose_prefill
 from router.workers import WorkerPool
 
 log = logging.getLogger(__name__)
+# A worker that failed or went away; DEADLINE_EXCEEDED is the client's own deadline: never retried.
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
+             grpc.StatusCode.INTERNAL)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class Job:
     sampling: SamplingParams
     priority: Priority
     metadata: tuple[tuple[str, str], ...] = ()
+    deadline: float | None = None  # time.monotonic() at which the client stops waiting
+
+    def timeout_s(self) -> float | None:
+        """What is left of the client's deadline, for the calls made on its behalf."""
+        return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class Done:
     reason: FinishReason
     cached_tokens: int
     preemptions: int
+    preemptions_by_mode: dict = field(default_factory=dict)  # "recompute" | "swap" -> count
 
 
 @dataclass(frozen=True)
@@ -64,9 +71,11 @@ FlowEvent = NewTokens | Done | Milestone
 
 @dataclass
 class FlowState:
+    attempt: int = 0
     generated: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     preemptions: int = 0
+    by_mode: dict[str, int] = field(default_factory=dict)
     excluded_prefill: set[str] = field(default_factory=set)
     excluded_decode: set[str] = field(default_factory=set)
 
@@ -87,6 +96,7 @@ class RequestFlow:
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
         state = FlowState()
         for attempt in range(self.config.max_attempts):
+            state.attempt = attempt
             decode = self._pick_decode(state)
             try:
                 async for event in self._attempt(job, state, decode):
@@ -114,7 +124,7 @@ class RequestFlow:
         local = self.config.colocated or bool(state.generated)
         stub = worker_pb2_grpc.DecodeWorkerStub(self.pool.channels.get(decode.address))
         call = stub.Decode(wpb.DecodeRequest(request=self._worker_request(job, state), local_prefill=local),
-                           metadata=job.metadata)
+                           metadata=job.metadata, timeout=job.timeout_s())
         yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local})
         decode.assigned += 1
         try:
@@ -134,7 +144,9 @@ class RequestFlow:
             call.cancel()
 
     def _worker_request(self, job: Job, state: FlowState) -> wpb.WorkerRequest:
-        return wpb.WorkerRequest(request_id=job.request_id, prompt_token_ids=list(job.prompt),
+        """Each attempt has its own id on the workers, so a retry never meets the previous one."""
+        worker_id = job.request_id if state.attempt == 0 else f"{job.request_id}@{state.attempt}"
+        return wpb.WorkerRequest(request_id=worker_id, prompt_token_ids=list(job.prompt),
                                  sampling=sampling_to_pb(job.sampling), priority=priority_to_pb(job.priority),
                                  kv_timeout_s=self.config.kv_timeout_s, output_token_ids=state.generated)
 
@@ -147,7 +159,7 @@ class RequestFlow:
                                               "pdserve.kv_blocks_reserved": len(first.reserved.block_ids)})
         stub = worker_pb2_grpc.PrefillWorkerStub(self.pool.channels.get(prefill.address))
         call = stub.Prefill(wpb.PrefillRequest(request=self._worker_request(job, state), target=first.reserved),
-                            metadata=job.metadata)
+                            metadata=job.metadata, timeout=job.timeout_s())
         prefill.assigned += 1
         try:
             async for event in call:  # noqa: B007 - the loop returns at PrefillDone
@@ -205,12 +217,14 @@ class RequestFlow:
                 yield NewTokens(tuple(event.tokens.token_ids))
             elif kind == "preempted":
                 p = event.preempted
+                if p.phase == "preempted":
+                    state.by_mode[p.mode] = state.by_mode.get(p.mode, 0) + 1
                 yield Milestone(f"decode.{p.phase}", {"mode": p.mode, "reason": p.reason})
             elif kind == "finished":
                 f = event.finished
                 state.preemptions += f.preemptions
                 cached = state.cached_tokens or f.cached_tokens
-                yield Done(finish_from_pb(f.finish_reason), cached, state.preemptions)
+                yield Done(finish_from_pb(f.finish_reason), cached, state.preemptions, dict(state.by_mode))
                 return
         raise Unavailable("the decode worker ended the stream without finishing the request")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 
@@ -35,7 +36,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context):
         trace = self.traces(context.invocation_metadata())
         try:
-            job = self._admit(request, trace)
+            job = self._admit(request, trace, context.time_remaining())
         except Exception as exc:
             trace.fail(exc, status_of(exc).name)
             raise
@@ -52,13 +53,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             task.cancel()
             self.active.pop(job.request_id, None)
 
-    def _admit(self, request: pb.GenerateRequest, trace: RequestTrace) -> Job:
+    def _admit(self, request: pb.GenerateRequest, trace: RequestTrace, remaining_s: float | None) -> Job:
         self.drain.refuse_if_draining()
         prompt = self._prompt(request)
         sampling = sampling_from_pb(request.sampling)
         self.frontend.check(prompt, sampling)
+        deadline = None if remaining_s is None else time.monotonic() + remaining_s
         job = Job(request.request_id or uuid.uuid4().hex, tuple(prompt), sampling,
-                  priority_from_pb(request.priority), trace.metadata())
+                  priority_from_pb(request.priority), trace.metadata(), deadline)
         if job.request_id in self.active:
             raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
         if len(self.active) >= self.max_active:
@@ -89,12 +91,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             elif isinstance(event, Done):
                 trace.finish(event.reason, completion)
                 yield self._last(job, [], text.finish(), event.reason, completion, event.cached_tokens,
-                                 event.preemptions)
+                                 event.preemptions, event.preemptions_by_mode)
                 return
 
-    def _last(self, job: Job, ids, text: str, reason: FinishReason, completion: int, cached: int, preemptions: int):
+    def _last(self, job: Job, ids, text: str, reason: FinishReason, completion: int, cached: int, preemptions: int,
+              by_mode: dict | None = None):
+        by_mode = by_mode or {}
         usage = pb.Usage(prompt_tokens=len(job.prompt), cached_tokens=cached, completion_tokens=completion,
-                         preemptions=preemptions)
+                         preemptions=preemptions, recompute_preemptions=by_mode.get("recompute", 0),
+                         swap_preemptions=by_mode.get("swap", 0))
         return pb.GenerateResponse(request_id=job.request_id, token_ids=list(ids), text=text,
                                    finish_reason=finish_to_pb(reason), usage=usage)
 

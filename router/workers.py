@@ -99,9 +99,10 @@ class WorkerPool:
         stub_cls = worker_pb2_grpc.PrefillWorkerStub if worker.role == "prefill" else worker_pb2_grpc.DecodeWorkerStub
         try:
             stats = await stub_cls(self.channels.get(worker.address)).Stats(wpb.StatsRequest(), timeout=2.0)
-        except grpc.aio.AioRpcError:
-            worker.ready = False
+        except grpc.aio.AioRpcError as exc:
             worker.failures += 1
+            busy = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and worker.failures < 3
+            worker.ready = worker.ready and busy
             if worker.source == "registry" and worker.failures >= self.forget_after:
                 self.remove(worker.address)
             return

@@ -42,11 +42,13 @@ def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
 
 
 def plan_cpus(count: int) -> list[set[int] | None]:
-    """One core per worker where there are enough; otherwise no pinning."""
+    """Cores split evenly between workers, each pinned to its share; no pinning when there are
+    fewer cores than workers."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < count:
         return [None] * count
-    return [{c} for c in cores[:count]]
+    share = len(cores) // count
+    return [set(cores[i * share:(i + 1) * share]) for i in range(count)]
 
 
 def start(args: argparse.Namespace, sup: Supervisor) -> int:
@@ -56,7 +58,7 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
     cpus = plan_cpus(len(roles))
     workers = []
     for i, (role, cpu) in enumerate(zip(roles, cpus)):
-        threads = ["--threads", str(len(cpu))] if cpu else []
+        threads = ["--threads", str(len(cpu) if cpu else 1)]
         workers.append((role, sup.spawn(f"{role}-{i}", worker_argv(args, role) + threads, cpu)))
     addresses = {"prefill": [], "decode": []}
     for role, child in workers:

@@ -37,6 +37,7 @@ class AsyncEngine:
         self._listeners: list[StepListener] = []
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stats = engine.scheduler.stats()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -63,9 +64,16 @@ class AsyncEngine:
         self._commands.put((fn, Future()))
         self._wake.set()
 
+    @property
+    def stats(self):
+        """The scheduler's statistics as of the end of the last step or command (never waits for
+        a step: placement and health must not stall behind a long prefill)."""
+        return self._stats
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain_commands()
+            self._stats = self.engine.scheduler.stats()
             if not self.engine.has_unfinished():
                 self._wake.wait(self._idle_wait_s)
                 self._wake.clear()
@@ -75,6 +83,7 @@ class AsyncEngine:
             except Exception:  # a bug must not kill the worker silently
                 log.exception("engine step failed")
                 raise
+            self._stats = self.engine.scheduler.stats()
             if not result.is_idle or result.holds:
                 self._publish(result)
 

@@ -35,7 +35,7 @@ class MetricsFeed:
                 self.metrics.add_prefix_cache_hit_tokens(out.request.num_cached_tokens)
 
     async def refresh(self) -> None:
-        stats = await self.engine.call(lambda e: e.scheduler.stats())
+        stats = self.engine.stats
         kv = stats.kv
         self.metrics.set_kv_blocks(free=kv.free, active=kv.active, cached=kv.cached, swapped=kv.swapped)
         self.metrics.set_queue_sizes(running=stats.running + stats.receiving, waiting=stats.waiting + stats.swapped)
