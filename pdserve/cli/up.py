@@ -23,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
     p.add_argument("--otlp-traces-endpoint", default=None)
     p.add_argument("--demo", action="store_true", help="run a short demo once serving, then keep serving")
+    p.add_argument("--kv-timeout", type=float, default=30.0, help="router: seconds allowed between KV pieces")
+    p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
     p.add_argument("--ready-timeout", type=float, default=300.0)
     add_engine_flags(p)
     p.set_defaults(run=run)
@@ -69,6 +71,8 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
         router_argv += ["--model", args.model]
     if args.mode == "colocated":
         router_argv.append("--colocated")
+    router_argv += ["--kv-timeout", str(getattr(args, "kv_timeout", 30.0)),
+                    "--decode-failover", getattr(args, "decode_failover", "resume")]
     if args.otlp_traces_endpoint:
         router_argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     router = sup.spawn("router", router_argv)
