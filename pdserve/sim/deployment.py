@@ -37,10 +37,12 @@ class SimConfig:
     aging_seconds: float | None = 30.0
     prefix_cache: bool = True
     gpus_per_node: int = 8  # a KV transfer between instances of one node uses NVLink
-    # The serving stack's own cost per sequence in a step (batch building, per-sequence attention
-    # calls, sampling, bookkeeping), on top of the hardware's fixed step overhead. 0 for the GPU
-    # profiles; fitted for the CPU engine by calibrate.py.
+    # The serving stack's own costs on top of the roofline and the hardware's fixed step overhead:
+    # per sequence in a step (batch building, per-sequence attention calls, sampling) and per
+    # context token attended (KV gathered and expanded per sequence). 0 for the GPU profiles;
+    # fitted for the CPU engine (fit.py).
     chunk_overhead_s: float = 0.0
+    context_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)

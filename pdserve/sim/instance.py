@@ -54,7 +54,7 @@ class Instance:
         self.name, self.role, self.tp = name, role, tp
         self.model: StepCostModel = cost_model(cfg, tp)
         self._block_bytes = cfg.shape.kv_block_bytes(cfg.block_size)
-        self._chunk_overhead_s = cfg.chunk_overhead_s
+        self._per_chunk_s, self._per_context_s = cfg.chunk_overhead_s, cfg.context_overhead_s
         self._loop, self._listener, self._check = loop, listener, check_integrity
         self.scheduler: Scheduler = make_scheduler(
             _scheduler_config(cfg, self.model, policy), _cache_config(cfg, self.model),
@@ -71,7 +71,8 @@ class Instance:
         chunks = [(c.num_tokens, c.end) for c in output.chunks]
         cost = self.model.step_time(chunks, len(output.swap_out) * self._block_bytes,
                                     len(output.swap_in) * self._block_bytes)
-        return with_chunk_overhead(cost, len(chunks), self._chunk_overhead_s)
+        extra = len(chunks) * self._per_chunk_s + sum(end for _, end in chunks) * self._per_context_s
+        return with_stack_overhead(cost, extra)
 
     def kick(self) -> None:
         """Start a step now unless one is running or there is nothing to schedule."""
@@ -111,12 +112,11 @@ class Instance:
         self._listener.step_done(self, record)
 
 
-def with_chunk_overhead(cost: StepCost, chunks: int, per_chunk_s: float) -> StepCost:
-    """The stack's per-sequence cost added to a priced step (it only ever adds time)."""
-    if not chunks or not per_chunk_s:
+def with_stack_overhead(cost: StepCost, extra_s: float) -> StepCost:
+    """The serving stack's own cost added to a priced step (it only ever adds time)."""
+    if extra_s <= 0:
         return cost
-    extra = chunks * per_chunk_s
-    return replace(cost, overhead_s=cost.overhead_s + extra, total_s=cost.total_s + extra)
+    return replace(cost, overhead_s=cost.overhead_s + extra_s, total_s=cost.total_s + extra_s)
 
 
 def _cache_config(cfg: SimConfig, model: StepCostModel) -> CacheConfig:

@@ -1,13 +1,14 @@
 """`pdserve simulate --validate`: the same small workload on the real engine and in the simulator.
 
     1. load SmolLM2-135M into an in-process Engine (fp32, CPU, `threads` torch threads)
-    2. calibrate the cpu-local profile from measured step times (calibrate.py)
+    2. measure step times for the cpu-local profile (calibrate.py)
     3. run the `validate` workload on the engine: requests added at their arrival times on the
        engine clock, Engine.step() in a loop, every new token stamped by the clock
        (WallClock: perf_counter and sleeps; CpuClock: the stepping thread's CPU time with idle
        waits skipped, for a shared machine: see calibrate.py)
-    4. simulate the same workload, same scheduler settings, on the calibrated profile
-    5. compare TTFT and TBT p50 / p99
+    4. measure the step times again; fit the profile to the mean of both passes
+    5. simulate the same workload, same scheduler settings, on the calibrated profile
+    6. compare TTFT and TBT p50 / p99
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from pdserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdserve.requests import SamplingParams
-from pdserve.sim.calibrate import PREFILL_SIZES, Fit, calibrate, load_report
+from pdserve.sim.calibrate import PREFILL_SIZES, Fit, load_report, measure
 from pdserve.sim.clocks import CpuClock, EngineClock, WallClock
 from pdserve.sim.deployment import Colocated, SimConfig
 from pdserve.sim.hardware import cpu_local
@@ -27,7 +28,7 @@ from pdserve.sim.shapes import smollm2_135m
 from pdserve.sim.simulator import simulate
 from pdserve.sim.workloads import Workload, get_workload, make_request
 
-TOKEN_BUDGET, MAX_CHUNK = 512, 256
+TOKEN_BUDGET, MAX_CHUNK = 256, 128  # short steps: TTFT is not at the mercy of step boundaries
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def engine_config(seed: int = 0, token_budget: int = TOKEN_BUDGET, max_chunk: in
 
 def sim_config(fit: Fit) -> SimConfig:
     return SimConfig(fit.profile, smollm2_135m(), token_budget=TOKEN_BUDGET, max_chunk_tokens=MAX_CHUNK,
-                     prefix_cache=False, max_model_len=8192, chunk_overhead_s=fit.chunk_overhead_s)
+                     prefix_cache=False, max_model_len=8192, chunk_overhead_s=fit.overheads.per_sequence_s,
+                     context_overhead_s=fit.overheads.per_context_token_s)
 
 
 def run_engine(engine, workload: Workload, clock: EngineClock) -> dict[str, list[float]]:
@@ -118,13 +120,14 @@ def validate(threads: int = 1, clock: str = "cpu", seed: int = 0,
     torch.set_num_threads(threads)
     log(f"loading SmolLM2-135M ({threads} torch threads, {clock} clock)")
     calibrating = Engine(engine_config(seed, 2048, max(PREFILL_SIZES)))
-    fit = calibrate(calibrating, CLOCKS[clock](), smollm2_135m(), cpu_local(), log)
+    before = measure(calibrating, CLOCKS[clock](), log)
     engine = Engine(engine_config(seed), loaded=calibrating.loaded)
     workload = get_workload("validate", seed)
     log(f"running {len(workload.requests)} requests on the real engine")
     started = time.perf_counter()
     measured = run_engine(engine, workload, CLOCKS[clock]())
     wall = time.perf_counter() - started
+    fit = before.merged(measure(calibrating, CLOCKS[clock](), log)).fit(smollm2_135m(), cpu_local())
     result = simulate(workload, Colocated(1, 1, "chunked"), sim_config(fit))
     simulated = {t.spec.request_id: t.token_times for t in result.traces}
     comparisons = compare(_figures(workload, measured), _figures(workload, simulated))

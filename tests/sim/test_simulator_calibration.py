@@ -4,9 +4,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pdserve.sim.calibrate import StepSample, fit_profile, load_report
+from pdserve.sim.calibrate import Measurements, load_report
 from pdserve.sim.clocks import CpuClock, EngineClock, WallClock
 from pdserve.sim.costmodel import StepCostModel
+from pdserve.sim.fit import StepSample, fit_profile
 from pdserve.sim.hardware import cpu_local
 from pdserve.sim.metrics import Percentiles
 from pdserve.sim.shapes import smollm2_135m
@@ -16,22 +17,27 @@ from pdserve.sim.workloads import get_workload
 SHAPE = smollm2_135m()
 
 
-def _synthetic(flops: float, bandwidth: float, overhead: float, per_seq: float) -> list[StepSample]:
+def _synthetic(flops: float, bandwidth: float, overhead: float, per_seq: float, per_ctx: float = 0.0) -> list[StepSample]:
+    """Step times a known profile and stack would give, for the shapes calibrate.py measures."""
     truth = StepCostModel(cpu_local().calibrated(peak_flops=flops, mem_bandwidth_bytes_s=bandwidth,
                                                  step_overhead_s=overhead), SHAPE, 1)
-    shapes = [((n, n),) for n in (64, 128, 256, 512, 1024)] + [((1, 40),) * b for b in (1, 2, 4, 8, 16)]
-    return [StepSample("prefill" if len(c) == 1 and c[0][0] > 1 else "decode", c,
-                       truth.step_time(c).total_s + len(c) * per_seq) for c in shapes]
+    shapes = [((n, n),) for n in (64, 128, 256, 512, 1024)] + [((1, n + 3),) for n in (64, 128, 256, 512, 1024)]
+    shapes += [((1, 104),) * b for b in (1, 2, 4, 8, 16)]
+    return [StepSample("prefill" if c[0][0] > 1 else "decode", c,
+                       truth.step_time(c).total_s + len(c) * per_seq + sum(e for _, e in c) * per_ctx)
+            for c in shapes]
 
 
 def test_fit_recovers_a_known_profile_from_its_step_times():
-    fit = fit_profile(_synthetic(60e9, 12e9, 3e-3, 2e-3), SHAPE, cpu_local())
+    fit = fit_profile(_synthetic(60e9, 12e9, 3e-3, 2e-3, 20e-6), SHAPE, cpu_local())
     assert fit.profile.peak_flops == pytest.approx(60e9, rel=0.05)
     assert fit.profile.mem_bandwidth_bytes_s == pytest.approx(12e9, rel=0.1)
-    assert fit.chunk_overhead_s + fit.profile.step_overhead_s == pytest.approx(5e-3, rel=0.2)
+    assert fit.overheads.per_context_token_s == pytest.approx(20e-6, rel=0.2)
+    assert fit.overheads.per_sequence_s + fit.overheads.step_s == pytest.approx(5e-3, rel=0.2)
+    assert fit.profile.step_overhead_s == fit.overheads.step_s
     assert max(abs(e) for e in fit.relative_errors()) < 0.03
     report = load_report(fit)
-    assert "prefill 1024" in report and "decode x16" in report and "GFLOP/s" in report
+    assert "prefill 1024" in report and "decode x16 at 104" in report and "per context token" in report
 
 
 def test_fitted_profile_never_prices_a_step_below_the_base_bounds_it_was_fitted_to():
@@ -117,5 +123,15 @@ def test_a_measured_bandwidth_is_kept_and_the_rest_is_fitted_around_it():
     fit = fit_profile(_synthetic(70e9, 10e9, 4e-3, 1e-3), SHAPE, cpu_local(), bandwidth=10e9)
     assert fit.profile.mem_bandwidth_bytes_s == 10e9
     assert fit.profile.peak_flops == pytest.approx(70e9, rel=0.05)
-    assert fit.profile.step_overhead_s == pytest.approx(4e-3, rel=0.2)
-    assert fit.chunk_overhead_s == pytest.approx(1e-3, rel=0.3)
+    assert fit.overheads.step_s == pytest.approx(4e-3, rel=0.2)
+    assert fit.overheads.per_sequence_s == pytest.approx(1e-3, rel=0.3)
+    assert fit.overheads.per_context_token_s == pytest.approx(0.0, abs=1e-7)
+
+
+def test_two_measurement_passes_merge_into_their_mean():
+    a = Measurements(10e9, tuple(_synthetic(60e9, 10e9, 3e-3, 2e-3)))
+    b = Measurements(12e9, tuple(StepSample(s.kind, s.chunks, s.seconds * 1.2) for s in a.samples))
+    merged = a.merged(b)
+    assert merged.bandwidth == 11e9
+    assert [m.seconds for m in merged.samples] == pytest.approx([s.seconds * 1.1 for s in a.samples])
+    assert merged.fit(SHAPE, cpu_local()).profile.mem_bandwidth_bytes_s == 11e9
