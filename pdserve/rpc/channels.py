@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from pdserve.rpc.security import MetadataInjector, Security
+from pdserve.rpc.security import Security, metadata_injectors
 
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -16,7 +16,7 @@ class ChannelPool:
     def __init__(self, security: Security = Security()):
         self.credentials = security.channel_credentials()
         metadata = security.client_metadata()
-        self.interceptors = (MetadataInjector(metadata),) if metadata else ()
+        self.interceptors = metadata_injectors(metadata) if metadata else ()
         self.options = (*CHANNEL_OPTIONS, *security.channel_options())
         self._channels: dict[str, grpc.aio.Channel] = {}
 

@@ -126,18 +126,27 @@ def _refuse(handler):
     return handler
 
 
-class MetadataInjector(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
-    """Adds fixed metadata (the cluster token) to every call a channel makes."""
+def metadata_injectors(metadata: tuple[tuple[str, str], ...]) -> tuple[grpc.aio.ClientInterceptor, ...]:
+    """Client interceptors adding fixed metadata (the cluster token) to every call of a channel.
+    NOTE: a channel files each interceptor under one call type only, hence one object per type."""
+    return (_UnaryInjector(metadata), _StreamInjector(metadata))
 
+
+def _with(details, metadata: tuple[tuple[str, str], ...]):
+    return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), *metadata))
+
+
+class _UnaryInjector(grpc.aio.UnaryUnaryClientInterceptor):
     def __init__(self, metadata: tuple[tuple[str, str], ...]):
         self.metadata = metadata
 
-    def _details(self, details):
-        merged = (*(details.metadata or ()), *self.metadata)
-        return details._replace(metadata=grpc.aio.Metadata(*merged))
-
     async def intercept_unary_unary(self, continuation, details, request):
-        return await continuation(self._details(details), request)
+        return await continuation(_with(details, self.metadata), request)
+
+
+class _StreamInjector(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, metadata: tuple[tuple[str, str], ...]):
+        self.metadata = metadata
 
     async def intercept_unary_stream(self, continuation, details, request):
-        return await continuation(self._details(details), request)
+        return await continuation(_with(details, self.metadata), request)
