@@ -1,0 +1,33 @@
+"""Placement policies: pure functions of worker snapshots."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.placement import NoWorker, choose_decode, choose_prefill
+from router.workers import Worker
+
+
+def _w(address: str, role: str, **kw) -> Worker:
+    return Worker(address, role, ready=True, **kw)
+
+
+def test_decode_spreads_in_flight_requests_then_prefers_free_blocks():
+    a, b = _w("a", "decode", free_blocks=10), _w("b", "decode", free_blocks=50)
+    assert choose_decode([a, b]).address == "b"
+    b.assigned = 1
+    assert choose_decode([a, b]).address == "a"
+    assert choose_decode([a, b], exclude={"a"}).address == "b"
+
+
+def test_prefill_prefers_the_longest_cached_prefix_then_load():
+    a, b = _w("a", "prefill", running=5), _w("b", "prefill")
+    assert choose_prefill([a, b], {}).address == "b"
+    assert choose_prefill([a, b], {"a": 512, "b": 0}).address == "a"
+
+
+def test_no_worker_is_an_error():
+    with pytest.raises(NoWorker):
+        choose_decode([], ())
+    with pytest.raises(NoWorker):
+        choose_prefill([_w("a", "prefill")], {}, exclude={"a"})
