@@ -77,6 +77,7 @@ class KVManager:
         self._host_tables: dict[str, tuple[int, ...]] = {}
         self._holds: dict[int, BlockHold] = {}
         self._hold_ids = itertools.count(1)
+        self._hold_refs: Counter[int] = Counter()  # block -> references held by holds
         self._host_releasing: list[int] = []
 
     @property
@@ -233,6 +234,7 @@ class KVManager:
         blocks = tuple(table.blocks[:count]) if table is not None else ()
         for block in blocks:
             self.device.incref(block)
+        self._hold_refs.update(blocks)
         hold = BlockHold(request.request_id, blocks, min(request.num_computed_tokens, count * self.block_size),
                          next(self._hold_ids))
         self._holds[hold.hold_id] = hold
@@ -241,7 +243,15 @@ class KVManager:
     def release(self, hold: BlockHold) -> None:
         """Give back a hold's references. Idempotent."""
         if self._holds.pop(hold.hold_id, None) is not None:
+            for block in hold.blocks:
+                self._hold_refs[block] -= 1
+                if not self._hold_refs[block]:
+                    del self._hold_refs[block]
             self.device.free(hold.blocks)
+
+    def num_held_only(self) -> int:
+        """Blocks only holds keep: they come back when those holds are released."""
+        return sum(1 for block, n in self._hold_refs.items() if self.device.refcount(block) == n)
 
     def holds(self) -> list[BlockHold]:
         return list(self._holds.values())
@@ -255,7 +265,9 @@ class KVManager:
         self.host.check_integrity()
         self.prefix.check_integrity(self.device)
         device_refs = Counter(b for t in self._tables.values() for b in t.blocks)
-        device_refs.update(b for h in self._holds.values() for b in h.blocks)
+        held = Counter(b for h in self._holds.values() for b in h.blocks)
+        assert held == self._hold_refs, "hold references drifted"
+        device_refs.update(held)
         for block in range(self.device.num_blocks):
             assert self.device.refcount(block) == device_refs[block], f"device block {block} refcount"
         host_refs = Counter(b for blocks in self._host_tables.values() for b in blocks)

@@ -19,6 +19,8 @@ class StepPlan:
         self.swap_in: list[tuple[int, int]] = []
         self.resumed: list[Request] = []
         self.reserved: list[Reservation] = []
+        self.prefilling: list | None = None  # running prefill candidates, found once per step
+        self.growth_reserve = 0  # blocks kept for decodes scheduled after admissions
 
     def add_chunk(self, request: Request, num_tokens: int, block_table: tuple[int, ...]) -> None:
         self.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_tokens, block_table))

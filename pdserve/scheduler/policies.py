@@ -25,6 +25,7 @@ class ChunkedScheduler(Scheduler):
 class FcfsScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         plan = self._begin_step()
+        self._steps.reserve_decode_growth(plan)
         self._steps.prefills(plan)
         self._steps.decodes(plan)
         return self._end_step(plan)

@@ -24,13 +24,14 @@ class Preemptor:
 
     def allocate(self, plan: StepPlan, request: Request, num_new_tokens: int) -> Allocation:
         """Blocks for the request's next num_new_tokens, preempting victims while short. The
-        request itself may be the victim (it is then no longer running)."""
+        request itself may be the victim (it is then no longer running), unless the blocks it
+        lacks are only pinned by holds: then it waits, as they come back when transfers end."""
         while True:
             result = self._kv.allocate_slots(request, num_new_tokens)
             if isinstance(result, Allocated):
                 return result
             victim = self.pick(plan)
-            if victim is None:
+            if victim is None or (victim is request and result.needed <= result.available + self._kv.num_held_only()):
                 return result
             self.preempt(plan, victim, OUT_OF_BLOCKS)
             if victim is request:

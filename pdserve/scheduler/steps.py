@@ -35,9 +35,16 @@ class Steps:
         self._preemptor = preemptor
         self._chunking = chunking
 
-    def reserve_blocks(self) -> int:
-        """Watermark kept free for running decodes' growth; none when nothing runs."""
-        return self._kv.watermark_blocks if self._q.running or self._q.receiving else 0
+    def reserve_blocks(self, plan: StepPlan) -> int:
+        """Blocks an admission must leave: the watermark for running decodes' growth (none when
+        nothing runs), plus this step's growth when decodes are scheduled after admissions."""
+        watermark = self._kv.watermark_blocks if self._q.running or self._q.receiving else 0
+        return watermark + plan.growth_reserve
+
+    def reserve_decode_growth(self, plan: StepPlan) -> None:
+        """For policies that admit before decoding: keep the blocks this step's decodes grow
+        into, so an admission or swap-in cannot take them (and be preempted right after)."""
+        plan.growth_reserve = sum(self._kv.num_new_blocks(r, 1) for r in self._q.running if _uncomputed(r) == 1)
 
     def decoding(self) -> bool:
         return any(not r.is_prefilling for r in self._q.running)
@@ -59,28 +66,38 @@ class Steps:
             if not self._handle(plan, cand):
                 return
         for cand in running:
-            if cand.request.request_id not in plan.touched and not self._continue(plan, cand.request):
+            if cand.request.request_id not in plan.touched and cand.request.state == RequestState.RUNNING \
+                    and not self._continue(plan, cand.request):
                 return
 
     def priority_preemption(self, plan: StepPlan) -> None:
-        """Preempt lower classes (lowest, latest first) until the best queued request fits."""
-        head = next(self._queued(plan, (Group.SWAPPED, Group.WAITING)), None)
-        if head is None or not self._q.running or head.rank >= self._q.order.lane(self._q.running[-1]):
+        """Before decodes take their blocks: preempt lower classes (lowest, latest first) until
+        the best prefill, running or queued, can have its next chunk."""
+        if not self._q.running:
             return
-        need = self._blocks_to_start(head.request, plan)
-        if self._fits(need) or not self._guard.allows(head.request):
+        queued = self._queued(plan, (Group.SWAPPED, Group.WAITING))
+        head = next(heapq.merge(self._running_prefills(plan), queued), None)
+        if head is None or head.rank >= self._q.order.lane(self._q.running[-1]):
             return
-        while not self._fits(need):
+        need = self._blocks_to_start(head, plan)
+        if self._fits(plan, head, need) or not self._guard.allows(head.request):
+            return
+        while not self._fits(plan, head, need):
             victim = self._preemptor.pick(plan, worse_than=head.rank)
             if victim is None:
                 return
             self._preemptor.preempt(plan, victim, HIGHER_PRIORITY_WAITING)
 
-    def _fits(self, blocks: int) -> bool:
-        return self._q.has_slot() and blocks + self.reserve_blocks() <= self._kv.num_available
+    def _fits(self, plan: StepPlan, head: Candidate, blocks: int) -> bool:
+        if head.group == Group.RUNNING:
+            return blocks <= self._kv.num_available
+        return self._q.has_slot() and blocks + self.reserve_blocks(plan) <= self._kv.num_available
 
-    def _blocks_to_start(self, request: Request, plan: StepPlan) -> int:
-        if request.state == RequestState.SWAPPED:
+    def _blocks_to_start(self, head: Candidate, plan: StepPlan) -> int:
+        request = head.request
+        if head.group == Group.RUNNING:
+            return self._kv.num_new_blocks(request, self._chunk_size(plan, request, request.num_computed_tokens))
+        if head.group == Group.SWAPPED:
             return len(self._kv.host_blocks(request.request_id))
         if request.request_id in self._q.remote:
             return self._kv.blocks_for(request.num_prompt_tokens)
@@ -89,8 +106,12 @@ class Steps:
         return self._kv.admission_cost(match, n)
 
     def _running_prefills(self, plan: StepPlan) -> list[Candidate]:
-        return sorted(Candidate(self._q.rank(r, plan.now), Group.RUNNING, r.arrival_seq, r)
-                      for r in self._q.running if r.is_prefilling and r.request_id not in plan.touched)
+        """Running requests with more than one token to compute, in (rank, arrival) order;
+        found once per step (requests preempted later in the step are skipped when met)."""
+        if plan.prefilling is None:
+            plan.prefilling = sorted(Candidate(self._q.rank(r, plan.now), Group.RUNNING, r.arrival_seq, r)
+                                     for r in self._q.running if _uncomputed(r) > 1)
+        return plan.prefilling
 
     def _admissions(self, plan: StepPlan, groups: Collection[Group]) -> Iterator[Candidate]:
         return self._queued(plan, groups) if self._q.has_slot() else iter(())
@@ -131,7 +152,7 @@ class Steps:
         return True
 
     def _swap_in(self, plan: StepPlan, request: Request) -> bool:
-        result = self._kv.swap_in(request, self.reserve_blocks())
+        result = self._kv.swap_in(request, self.reserve_blocks(plan))
         if not isinstance(result, SwapPlan):
             return False
         plan.swap_in.extend(result.pairs)
@@ -145,7 +166,7 @@ class Steps:
         return True
 
     def _reserve(self, plan: StepPlan, request: Request) -> bool:
-        result = self._kv.reserve(request, request.num_prompt_tokens, self.reserve_blocks())
+        result = self._kv.reserve(request, request.num_prompt_tokens, self.reserve_blocks(plan))
         if isinstance(result, OutOfBlocks):
             return False
         self._q.reserve(request)
@@ -156,7 +177,7 @@ class Steps:
     def _admit(self, plan: StepPlan, request: Request) -> bool:
         match = self._kv.match(request)
         n = self._chunk_size(plan, request, match.num_tokens)
-        result = self._kv.admit(request, match, n, self.reserve_blocks()) if n > 0 else None
+        result = self._kv.admit(request, match, n, self.reserve_blocks(plan)) if n > 0 else None
         if not isinstance(result, Allocated):
             return False
         if request.admit_seq < 0:

@@ -62,8 +62,27 @@ def test_same_class_waiting_does_not_preempt() -> None:
 
 
 def test_a_request_scheduled_earlier_in_the_step_is_not_preempted_later() -> None:
-    # d (BATCH) decodes first in the step; p (NORMAL) then needs a block for its prefill chunk.
-    # d is the policy's favourite victim, but it is already in this step: p yields instead.
+    # b (BATCH, aged one class up) and n (NORMAL) share rank 1; n was admitted later, so n is
+    # the policy's victim. But n decodes first in the step (NORMAL lane); when b then needs a
+    # block, n is already in the step: b yields instead.
+    s, ex, clock = build(num_blocks=6, token_budget=64, max_chunk_tokens=64, preemption=NEVER_SWAP,
+                         aging_seconds=1.0)
+    b = request("b", 4, max_tokens=30, priority=Priority.BATCH)
+    s.add(b)
+    step(s, ex)
+    clock.advance(1.5)
+    n = request("n", 9, max_tokens=30)
+    s.add(n)
+    out = grow_until_preemption(s, ex)
+    assert n.admit_seq > b.admit_seq
+    assert [x.request.request_id for x in out.preempted] == ["b"]
+    assert "n" in {c.request.request_id for c in out.chunks} and n.state == RequestState.RUNNING
+    run_until_idle(s, ex)
+
+
+def test_a_higher_class_running_prefill_preempts_a_lower_class_before_decodes() -> None:
+    # d (BATCH) decodes every step; p (NORMAL) is mid-prefill when the pool fills. d is
+    # preempted before the decodes run, so p's next chunk gets its blocks.
     s, ex, _ = build(num_blocks=8, token_budget=16, max_chunk_tokens=8, preemption=NEVER_SWAP,
                      aging_seconds=None)
     d = request("d", 4, max_tokens=20, priority=Priority.BATCH)
@@ -71,18 +90,18 @@ def test_a_request_scheduled_earlier_in_the_step_is_not_preempted_later() -> Non
     s.add(d)
     s.add(p)
     out = grow_until_preemption(s, ex)
-    assert [x.request.request_id for x in out.preempted] == ["p"]
-    assert "d" in {c.request.request_id for c in out.chunks}
-    assert p.state == RequestState.WAITING
+    assert [(x.request.request_id, x.reason) for x in out.preempted] == [("d", "higher_priority_waiting")]
+    assert "p" in {c.request.request_id for c in out.chunks}
     run_until_idle(s, ex)
-    assert p.is_finished and d.is_finished
+    assert p.is_finished and d.is_finished and p.num_preemptions == 0
 
 
 def test_victim_mid_prefill_resumes_from_its_cached_blocks() -> None:
     s, ex, _ = build(num_blocks=8, token_budget=16, max_chunk_tokens=8, preemption=NEVER_SWAP,
                      aging_seconds=None)
-    s.add(request("d", 4, max_tokens=20, priority=Priority.BATCH))
-    p = request("p", 28, max_tokens=2)
+    s.add(request("a", 4, max_tokens=5))  # a decoder admitted first; it needs one more block
+    step(s, ex)
+    p = request("p", 28, max_tokens=2)  # admitted later: the victim, mid-prefill
     s.add(p)
     grow_until_preemption(s, ex)
     assert p.num_computed_tokens == 0 and p.num_preemptions == 1
@@ -90,7 +109,7 @@ def test_victim_mid_prefill_resumes_from_its_cached_blocks() -> None:
     while not p.is_finished:
         out, _ = step(s, ex)
         starts += [c.start for c in out.chunks if c.request is p]
-    assert starts[0] > 0, "the resumed prefill recomputed blocks the prefix cache still held"
+    assert starts[0] == 24, "the resumed prefill recomputed blocks the prefix cache still held"
 
 
 def test_victim_keeps_its_place_ahead_of_later_arrivals() -> None:
@@ -139,8 +158,9 @@ def test_swap_falls_back_to_recompute_without_host_room() -> None:
 def test_victim_mid_prefill_can_be_swapped_and_resumed() -> None:
     s, ex, _ = build(num_blocks=8, num_host_blocks=16, token_budget=16, max_chunk_tokens=8,
                      preemption=ALWAYS_SWAP, aging_seconds=None)
-    s.add(request("d", 4, max_tokens=20, priority=Priority.BATCH))
-    p = request("p", 28, max_tokens=2)
+    s.add(request("a", 4, max_tokens=40))  # a decoder admitted first, growing
+    step(s, ex)
+    p = request("p", 28, max_tokens=2)  # admitted later: the victim, mid-prefill
     s.add(p)
     out = grow_until_preemption(s, ex)
     assert out.preempted[0].request is p and p.state == RequestState.SWAPPED and p.is_prefilling

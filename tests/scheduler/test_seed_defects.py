@@ -66,8 +66,9 @@ def test_decodes_are_charged_the_blocks_they_grow_into() -> None:
 def test_victim_in_the_middle_of_its_prefill_is_resumed_correctly() -> None:
     s, ex, _ = build(num_blocks=8, token_budget=16, max_chunk_tokens=8, preemption=NEVER_SWAP,
                      aging_seconds=None)
-    s.add(request("d", 4, max_tokens=20, priority=Priority.BATCH))
-    p = request("p", 28, max_tokens=3)
+    s.add(request("a", 4, max_tokens=40))  # a decoder admitted first, growing
+    step(s, ex)
+    p = request("p", 28, max_tokens=3)  # admitted later: the victim, mid-prefill
     s.add(p)
     while not p.num_preemptions:
         step(s, ex)
