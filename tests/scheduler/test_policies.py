@@ -75,3 +75,14 @@ def test_every_policy_drains_a_mixed_load(policy: str) -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError):
         build("round-robin")
+
+
+def test_fcfs_admission_leaves_the_blocks_its_decodes_grow_into() -> None:
+    s, ex, _ = build("fcfs", num_blocks=6, token_budget=64, max_chunk_tokens=64)
+    d = request("d", 8, max_tokens=10)
+    s.add(d)
+    step(s, ex)  # d's next token (position 8) needs a third block
+    s.add(request("w", 16, max_tokens=2))  # would take the four free blocks
+    out, _ = step(s, ex)
+    assert not out.preempted and ids(out) == ["d"] and s.get("w").state.name == "WAITING"
+    run_until_idle(s, ex)

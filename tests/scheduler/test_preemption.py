@@ -171,3 +171,22 @@ def test_victim_mid_prefill_can_be_swapped_and_resumed() -> None:
     assert not resumed_chunks or resumed_chunks[0].start == computed
     run_until_idle(s, ex)
     assert p.is_finished
+
+
+def test_a_request_waits_rather_than_preempting_itself_when_only_holds_pin_the_blocks() -> None:
+    s, ex, _ = build(num_blocks=6, token_budget=64, max_chunk_tokens=64, hold_finished=True)
+    s.add(request("h", 12, max_tokens=1))  # finishes at once; a transfer still reads its 3 blocks
+    x = request("x", 11, max_tokens=10)
+    s.add(x)
+    step(s, ex)
+    (hold,) = s.take_holds().values()
+    step(s, ex)
+    out, _ = step(s, ex)  # x's token 12 needs a fourth block: only the held ones are missing
+    assert not out.preempted and not out.chunks and x.state == RequestState.RUNNING
+    s.release_hold(hold)
+    out, _ = step(s, ex)
+    assert [(c.start, c.num_tokens) for c in out.chunks] == [(12, 1)] and x.num_preemptions == 0
+    run_until_idle(s, ex)
+    for held in s.take_holds().values():
+        s.release_hold(held)
+    assert s.stats().kv.active == 0
