@@ -20,7 +20,6 @@ from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, P
 from pdserve.scheduler.finished_kv import FinishedKV, HoldAll
 from pdserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from pdserve.scheduler.plan import StepPlan
-from pdserve.scheduler.preemptor import Preemptor
 from pdserve.scheduler.results import Reservation, SchedulerStats
 from pdserve.scheduler.state import Queues
 from pdserve.scheduler.steps import Steps
@@ -28,13 +27,12 @@ from pdserve.scheduler.stopping import stop_reason
 
 
 class Scheduler(abc.ABC):
-    def __init__(self, cfg: SchedulerConfig, kv: KVManager, queues: Queues, preemptor: Preemptor,
-                 steps: Steps, finished_kv: FinishedKV, max_model_len: int, clock: Callable[[], float]):
+    def __init__(self, cfg: SchedulerConfig, kv: KVManager, queues: Queues, steps: Steps,
+                 finished_kv: FinishedKV, max_model_len: int, clock: Callable[[], float]):
         self.cfg = cfg
         self.kv = kv
         self.max_model_len = max_model_len
         self._q = queues
-        self._preemptor = preemptor
         self._steps = steps
         self._finished_kv = finished_kv
         self._quarantine = HoldAll()

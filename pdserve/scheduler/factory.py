@@ -54,4 +54,4 @@ def make_scheduler(sched_cfg: SchedulerConfig, cache_cfg: CacheConfig, kv_bytes_
     preemptor = Preemptor(kv, queues, LowestClassLatest(), _modes(sched_cfg, cache_cfg, kv_bytes_per_token))
     steps = Steps(kv, queues, preemptor, _chunking(sched_cfg), VipReserve(kv, queues, max_model_len))
     finished_kv = HoldFinished() if hold_finished else FreeFinished()
-    return POLICIES[sched_cfg.policy](sched_cfg, kv, queues, preemptor, steps, finished_kv, max_model_len, clock)
+    return POLICIES[sched_cfg.policy](sched_cfg, kv, queues, steps, finished_kv, max_model_len, clock)

@@ -44,8 +44,9 @@ class Queues:
         return self.order.lane(request), request.admit_seq
 
     def add(self, request: Request, now: float, remote: bool) -> None:
-        request.arrival_seq = next(self._arrivals)
-        request.state = RequestState.WAITING
+        """New here (maybe handed over from another worker): no KV, never admitted."""
+        request.arrival_seq, request.admit_seq = next(self._arrivals), -1
+        request.state, request.num_computed_tokens = RequestState.WAITING, 0
         self.requests[request.request_id] = request
         self._entered[request.request_id] = now
         if remote:
