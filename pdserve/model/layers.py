@@ -61,7 +61,7 @@ class Attention(nn.Module):
         qk = apply_rope(qk.view(tokens, heads + kv_heads, head_dim), cos, sin)  # [T, H + Hkv, D]
         q, k = qk.split([heads, kv_heads], dim=1)  # [T, H, D], [T, Hkv, D]
         out = attn.forward(self.layer, q, k, v.view(tokens, kv_heads, head_dim), kv)  # [T, H, D]
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(tokens, heads * head_dim))
 
 
 class MLP(nn.Module):
