@@ -65,6 +65,7 @@ class Trace:
     resumed_ids: list[str] = field(default_factory=list)
     finished_at: dict[str, int] = field(default_factory=dict)  # request id -> step index
     scheduled: list[tuple[str, ...]] = field(default_factory=list)  # per step: ids of its chunks
+    chunk_sizes: list[tuple[int, ...]] = field(default_factory=list)  # per step: tokens of its chunks
     steps: int = 0
 
     def tokens(self, request_id: str) -> list[int]:
@@ -99,6 +100,8 @@ def step(engine: Engine, trace: Trace) -> None:
                           for p in result.preemptions]
     trace.resumed_ids.extend(r.request_id for r in result.resumed)
     trace.scheduled.append(tuple(c.request.request_id for c in result.chunks))
+    trace.chunk_sizes.append(tuple(c.num_tokens for c in result.chunks))
+    assert result.num_tokens == sum(trace.chunk_sizes[-1])
     for out in result.outputs:
         trace.streamed.setdefault(out.request_id, []).extend(out.new_token_ids)
         if out.finished:

@@ -29,24 +29,12 @@ def test_output_independent_of_chunking_and_arrival_steps(tiny_loaded, oracle, p
         expected = oracle.greedy(MODEL, arrival.prompt, GREEDY.max_tokens)
         assert trace.tokens(arrival.request_id) == expected, arrival.request_id
     assert not trace.preemptions
-    assert_all_blocks_released(engine)
-
-
-@pytest.mark.parametrize(("token_budget", "max_chunk_tokens"), [(256, 1), (256, 7), (8, 7), (64, 16)])
-def test_steps_respect_budget_and_chunk_cap(tiny_loaded, token_budget, max_chunk_tokens):
-    loaded = tiny_loaded[MODEL]
-    engine = make_engine(loaded, token_budget=token_budget, max_chunk_tokens=max_chunk_tokens)
-    for arrival in _arrivals(loaded.config.vocab_size):
-        engine.add_request(arrival.request_id, arrival.prompt, GREEDY)
-    sizes, totals = [], []
-    while engine.has_unfinished():
-        result = engine.step()
-        sizes += [c.num_tokens for c in result.chunks]
-        totals.append(result.num_tokens)
-        assert result.num_tokens == sum(c.num_tokens for c in result.chunks)
-    assert max(sizes) == max_chunk_tokens and max(totals) <= token_budget
+    sizes = [n for step_sizes in trace.chunk_sizes for n in step_sizes]
+    assert max(sizes) == min(max_chunk_tokens, max(n for n, _ in LENGTHS_AND_STARTS))
+    assert max(map(sum, trace.chunk_sizes)) <= token_budget
     prefill_tokens = sum(n for n, _ in LENGTHS_AND_STARTS)
-    assert sum(totals) == prefill_tokens + len(LENGTHS_AND_STARTS) * (GREEDY.max_tokens - 1)
+    assert sum(sizes) == prefill_tokens + len(arrivals) * (GREEDY.max_tokens - 1)  # nothing computed twice
+    assert_all_blocks_released(engine)
 
 
 def test_shared_prefix_hits_the_cache_and_keeps_output(tiny_loaded, oracle):
