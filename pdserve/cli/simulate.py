@@ -51,7 +51,11 @@ def run(args: argparse.Namespace) -> int:
         return _validate(args)
     from pdserve.sim.workloads import get_workload
 
-    workload = get_workload(args.workload, args.seed, args.rate)
+    try:
+        workload = get_workload(args.workload, args.seed, args.rate)
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
     cfg = _config(args, workload.shares_prefixes)
     return _plan(args, cfg, workload) if args.plan else _table(args, cfg, workload)
 
@@ -126,12 +130,9 @@ def _plan(args: argparse.Namespace, cfg, workload) -> int:
     policy = "chunked" if policy == "all" else policy
     rows = plan(workload, cfg, args.gpus, slo, policy,
                 progress=lambda d: print(f"simulating {d.name} ...", file=sys.stderr, flush=True))
-    lines = [(r.summary.name, f"{r.goodput_rps:.2f}", f"{r.summary.slo_met}/{sum(c.requests for c in r.summary.classes.values())}",
-              f"{r.summary.failed}", f"{r.summary.output_tokens_per_s:,.0f}", f"{r.summary.makespan_s:.1f}") for r in rows]
-    header = ("configuration", "goodput req/s", "met SLO", "failed", "out tok/s", "makespan s")
     print("\n".join([*_header(cfg, workload, args.gpus),
                      f"SLO: TTFT <= {slo.ttft_s:g} s and each request's p99 TBT <= {slo.tbt_s * 1e3:g} ms; best first", "",
-                     report.markdown(header, lines)]))
+                     report.plan_table(rows) if rows else "no deployment of these GPUs can hold the model"]))
     _write_json(args, {"workload": workload, "config": cfg, "slo": slo, "plan": rows})
     return 0
 

@@ -55,6 +55,14 @@ class Fit:
     def relative_errors(self) -> list[float]:
         return [p / s.seconds - 1 for p, s in zip(self.predicted, self.samples)]
 
+    def scaled(self, speed: float) -> Fit:
+        """The same machine running `speed` times as fast: every rate times it, every time
+        (overheads, predictions) divided by it."""
+        p, o = self.profile, self.overheads
+        profile = _profile(p, p.peak_flops * speed, p.mem_bandwidth_bytes_s * speed, p.step_overhead_s / speed)
+        overheads = Overheads(o.step_s / speed, o.per_sequence_s / speed, o.per_context_token_s / speed)
+        return Fit(profile, overheads, self.samples, tuple(t / speed for t in self.predicted))
+
 
 def _profile(base: HardwareProfile, flops: float, bandwidth: float, step_s: float = 0.0) -> HardwareProfile:
     return base.calibrated(peak_flops=flops, mem_bandwidth_bytes_s=bandwidth, step_overhead_s=step_s)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pdserve.sim.bounds import min_decode_step_time, min_prefill_time, min_step_time, min_total_prefill_time
 from pdserve.sim.deployment import SimConfig
 from pdserve.sim.metrics import RunSummary
+from pdserve.sim.planner import PlanRow
 from pdserve.sim.recorder import InstanceStats
 from pdserve.sim.simulator import SimResult
 from pdserve.sim.workloads import Workload
@@ -95,7 +96,7 @@ def _cells(r: Row, short: str, long: str) -> tuple[str, ...]:
 
 
 def markdown(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(header)]
     fmt = "| " + " | ".join(f"{{:{w}}}" for w in widths) + " |"
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([fmt.format(*header), rule, *(fmt.format(*line) for line in lines)])
@@ -103,6 +104,13 @@ def markdown(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
 
 def run_table(rows: Sequence[Row], short_kind: str = "chat", long_kind: str = "document") -> str:
     return markdown(_HEADER, [_cells(r, short_kind, long_kind) for r in rows])
+
+
+def plan_table(rows: Sequence[PlanRow]) -> str:
+    lines = [(r.summary.name, f"{r.goodput_rps:.2f}",
+              f"{r.summary.slo_met}/{sum(c.requests for c in r.summary.classes.values())}", f"{r.summary.failed}",
+              f"{r.summary.output_tokens_per_s:,.0f}", f"{r.summary.makespan_s:.1f}") for r in rows]
+    return markdown(("configuration", "goodput req/s", "met SLO", "failed (OOM)", "out tok/s", "makespan s"), lines)
 
 
 def seed_table() -> str:

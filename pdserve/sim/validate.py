@@ -7,8 +7,11 @@
        (WallClock: perf_counter and sleeps; CpuClock: the stepping thread's CPU time with idle
        waits skipped, for a shared machine: see calibrate.py)
     4. measure the step times again; fit the profile to the mean of both passes
-    5. simulate the same workload, same scheduler settings, on the calibrated profile
-    6. compare TTFT and TBT p50 / p99
+    5. correct for drift: a shared machine's speed moves between the calibration and the run,
+       so the weights-read probe is taken again just before and after the run and the profile
+       is scaled by (probe around the run) / (probe of the calibration passes)
+    6. simulate the same workload, same scheduler settings, on that profile
+    7. compare TTFT and TBT p50 / p99
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from pdserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdserve.requests import SamplingParams
-from pdserve.sim.calibrate import PREFILL_SIZES, Fit, load_report, measure
+from pdserve.sim.calibrate import PREFILL_SIZES, Fit, load_report, measure, measure_bandwidth
 from pdserve.sim.clocks import CpuClock, EngineClock, WallClock
 from pdserve.sim.deployment import Colocated, SimConfig
 from pdserve.sim.hardware import cpu_local
@@ -49,6 +52,7 @@ class Validation:
     engine_wall_s: float
     clock: str
     threads: int
+    drift: float  # machine speed during the run / during calibration (weights-read probe)
 
     def within(self, tolerance: float) -> bool:
         return all(abs(c.error) <= tolerance for c in self.comparisons)
@@ -57,6 +61,8 @@ class Validation:
         rows = [f"| {c.metric} | {c.measured_s * 1e3:.1f} | {c.simulated_s * 1e3:.1f} | {c.error:+.0%} |"
                 for c in self.comparisons]
         return "\n".join([load_report(self.fit), "",
+                          f"machine speed during the run / during calibration: x{self.drift:.2f} "
+                          "(weights-read probe); the profile above is scaled by it for the simulation", "",
                           f"workload validate ({self.clock} clock, {self.threads} torch threads): "
                           f"the real engine run took {self.engine_wall_s:.1f} s of wall time", "",
                           "| metric | measured ms | simulated ms | error |", "|---|---|---|---|", *rows])
@@ -124,11 +130,16 @@ def validate(threads: int = 1, clock: str = "cpu", seed: int = 0,
     engine = Engine(engine_config(seed), loaded=calibrating.loaded)
     workload = get_workload("validate", seed)
     log(f"running {len(workload.requests)} requests on the real engine")
+    weights = list(engine.loaded.model.parameters())
+    probe = measure_bandwidth(weights, CLOCKS[clock]())
     started = time.perf_counter()
     measured = run_engine(engine, workload, CLOCKS[clock]())
     wall = time.perf_counter() - started
-    fit = before.merged(measure(calibrating, CLOCKS[clock](), log)).fit(smollm2_135m(), cpu_local())
-    result = simulate(workload, Colocated(1, 1, "chunked"), sim_config(fit))
+    probe = (probe + measure_bandwidth(weights, CLOCKS[clock]())) / 2
+    calibration = before.merged(measure(calibrating, CLOCKS[clock](), log))
+    drift = probe / calibration.bandwidth
+    fit = calibration.fit(smollm2_135m(), cpu_local())
+    result = simulate(workload, Colocated(1, 1, "chunked"), sim_config(fit.scaled(drift)))
     simulated = {t.spec.request_id: t.token_times for t in result.traces}
     comparisons = compare(_figures(workload, measured), _figures(workload, simulated))
-    return Validation(fit, comparisons, wall, clock, threads)
+    return Validation(fit, comparisons, wall, clock, threads, drift)

@@ -135,3 +135,15 @@ def test_two_measurement_passes_merge_into_their_mean():
     assert merged.bandwidth == 11e9
     assert [m.seconds for m in merged.samples] == pytest.approx([s.seconds * 1.1 for s in a.samples])
     assert merged.fit(SHAPE, cpu_local()).profile.mem_bandwidth_bytes_s == 11e9
+
+
+def test_a_faster_machine_scales_rates_up_and_times_down():
+    fit = fit_profile(_synthetic(60e9, 12e9, 3e-3, 2e-3, 10e-6), SHAPE, cpu_local())
+    fast = fit.scaled(1.25)
+    assert fast.profile.peak_flops == pytest.approx(1.25 * fit.profile.peak_flops)
+    assert fast.profile.mem_bandwidth_bytes_s == pytest.approx(1.25 * fit.profile.mem_bandwidth_bytes_s)
+    assert fast.overheads.per_sequence_s == pytest.approx(fit.overheads.per_sequence_s / 1.25)
+    model = StepCostModel(fast.profile, SHAPE, 1)
+    for sample, predicted in zip(fast.samples, fast.predicted):
+        assert model.step_time(sample.chunks).total_s + fast.overheads.of(sample) - fast.overheads.step_s \
+            == pytest.approx(predicted, rel=1e-6)

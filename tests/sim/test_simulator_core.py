@@ -21,9 +21,9 @@ def _small_pressure_workload() -> Workload:
     return Workload("pressure", tuple(sorted(chats + docs + late, key=lambda r: r.arrival_s)), "test")
 
 
-def _tight(**kw) -> SimConfig:
+def _tight(host: float = 3e9) -> SimConfig:
     """8B on one H100 with a quarter of its memory: about 30K tokens of KV."""
-    return SimConfig(H100, LLAMA8B, memory_fraction=0.25, host_swap_bytes_per_gpu=3e9, **kw)
+    return SimConfig(H100, LLAMA8B, memory_fraction=0.25, host_swap_bytes_per_gpu=host)
 
 
 @pytest.mark.parametrize("policy", ["chunked", "fcfs", "decode-first"])
@@ -33,8 +33,17 @@ def test_integrity_holds_after_every_simulated_step_under_memory_pressure(policy
     assert summary.failed == 0 and summary.unfinished == 0
     assert all(len(t.token_times) == t.spec.output_tokens for t in result.traces)
     if policy == "chunked":
-        assert result.preemptions.get("recompute", 0) > 0 and result.preemptions.get("swap", 0) > 0
-        assert result.swapped_bytes > 0
+        assert sum(result.preemptions.values()) > 0
+
+
+def test_preempted_documents_swap_to_a_host_pool_and_recompute_without_one():
+    workload = _small_pressure_workload()
+    swapping = simulate(workload, Colocated(1, 1), _tight(), check_integrity=True)
+    assert swapping.preemptions.get("swap", 0) > 0 and swapping.swapped_bytes > 0
+    no_host = simulate(workload, Colocated(1, 1), _tight(host=0.0), check_integrity=True)
+    assert no_host.preemptions.get("recompute", 0) > 0 and "swap" not in no_host.preemptions
+    assert no_host.swapped_bytes == 0
+    assert summarize(no_host).unfinished == 0
 
 
 def test_integrity_holds_in_a_disaggregated_run_and_every_prompt_crosses_once():

@@ -119,3 +119,9 @@ def test_plan_command_ranks_splits(capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "1P1D" in text and "colocated chunked" in text and "goodput" in text
+
+
+def test_simulate_command_refuses_impossible_requests_with_status_2(capsys):
+    assert main(["simulate", "--workload", "nope"]) == 2
+    assert main(["simulate", "--workload", "seed", "--split", "3P5D"]) == 2
+    assert "fits no TP group of 3" in capsys.readouterr().err
