@@ -112,7 +112,6 @@ def cli_help(words: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="TLS, token, DNS discovery and drain flags come with the production issue")
 @pytest.mark.parametrize("role", ROLES)
 def test_cli_accepts_the_documented_flags(role):
     """Runs once the CLI has the subcommand; until then there is nothing to compare."""
