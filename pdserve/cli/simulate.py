@@ -30,8 +30,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--token-budget", type=int, default=2048)
     p.add_argument("--max-chunk-tokens", type=int, default=1024)
     p.add_argument("--memory-fraction", type=float, default=0.9)
-    p.add_argument("--prefix-cache", choices=["auto", "on", "off"], default="auto",
-                   help="auto: on only for workloads that share prefixes")
+    p.add_argument("--prefix-cache", choices=["on", "off"], default="on", help="radix prefix cache, or none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", type=float, default=None, help="chat arrival rate override (requests/s)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds, for goodput")
@@ -56,18 +55,17 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
-    cfg = _config(args, workload.shares_prefixes)
+    cfg = _config(args)
     return _plan(args, cfg, workload) if args.plan else _table(args, cfg, workload)
 
 
-def _config(args: argparse.Namespace, shares_prefixes: bool):
+def _config(args: argparse.Namespace):
     from pdserve.sim import get_hardware, get_shape
     from pdserve.sim.deployment import SimConfig
 
-    prefix = {"on": True, "off": False}.get(args.prefix_cache, shares_prefixes)
     return SimConfig(get_hardware(args.hardware), get_shape(args.model), token_budget=args.token_budget,
                      max_chunk_tokens=min(args.max_chunk_tokens, args.token_budget),
-                     memory_fraction=args.memory_fraction, prefix_cache=prefix,
+                     memory_fraction=args.memory_fraction, prefix_cache=args.prefix_cache == "on",
                      max_model_len=MAX_MODEL_LEN.get(args.model, 131_072))
 
 

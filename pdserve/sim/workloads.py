@@ -53,10 +53,6 @@ class Workload:
     def prompt_tokens(self) -> list[int]:
         return [r.prompt_tokens for r in self.requests]
 
-    @property
-    def shares_prefixes(self) -> bool:
-        return any(r.shared_prefix_tokens for r in self.requests)
-
 
 def make_request(spec: RequestSpec, index: int) -> Request:
     """A fresh Request: a shared prefix (if any), then a first private token unique to
