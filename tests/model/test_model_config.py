@@ -7,7 +7,6 @@ import pytest
 from pdserve.kv.kv_cache import KVShape
 from pdserve.model import Architecture, ModelLoadError, UnsupportedModelError
 from pdserve.model.config import config_from_hf
-from pdserve.model.gguf_loader import gguf_config, gguf_metadata, open_gguf
 from pdserve.model.rope import Llama3RopeScaling, LinearRopeScaling, NoRopeScaling
 
 
@@ -102,10 +101,8 @@ def test_mlp_bias_is_refused():
         config_from_hf(llama_json(mlp_bias=True), name="m")
 
 
-def test_embedded_gguf_metadata(embedded_gguf_path):
-    reader = open_gguf(embedded_gguf_path)
-    tensors = {"model.embed_tokens.weight": None}
-    config = gguf_config(gguf_metadata(reader), tensors, fallback_name="x")
+def test_embedded_gguf_metadata(smollm2):
+    config = smollm2.config
     assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (30, 9, 3, 64)
     assert (config.hidden_size, config.intermediate_size, config.vocab_size) == (576, 1536, 49152)
     assert config.rope_theta == 100000.0 and config.max_position_embeddings == 8192

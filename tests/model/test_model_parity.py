@@ -10,7 +10,8 @@ from tests.helpers.reference import hf_greedy
 from tests.model.smol_prompts import SMOL_NEW_TOKENS, SMOL_PROMPTS
 
 TINY_NEW_TOKENS = 16
-TINY_PROMPT_LENGTHS = (5, 33, 100)
+# prompt length -> chunk sizes (None: the whole prompt in one pass)
+TINY_RUNS = {5: (None, 1), 33: (None, 1, 7), 100: (None, 7, 64)}
 TINY_NAMES = ("llama_gqa_llama3", "qwen2_bias", "llama_untied", "mistral")
 
 
@@ -27,27 +28,26 @@ def test_smollm2_whole_prompt_matches_transformers(smollm2, smollm2_reference_id
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("name", "chunk"), [("france", 1), ("france", 7), ("summary", 64)])
+@pytest.mark.parametrize(("name", "chunk"), [("system_only", 1), ("france", 7), ("summary", 64)])
 def test_smollm2_chunked_prefill_matches_transformers(smollm2, smollm2_reference_ids, name, chunk):
     driver = PagedDriver(smollm2.model, block_size=16, shuffle_seed=chunk)
     assert driver.greedy(SMOL_PROMPTS[name], SMOL_NEW_TOKENS, chunk=chunk) == smollm2_reference_ids[name]
 
 
-@pytest.mark.timeout(900)
-def test_smollm2_answers_the_france_question(smollm2, smollm2_reference_ids):
-    """The documented answer "The capital of France is Paris." then <|im_end|> (id 2)."""
-    generated = smollm2_reference_ids["france"]
-    assert generated[:8] == [504, 3575, 282, 4649, 314, 7042, 30, 2]
+def test_smollm2_answers_the_france_question(smollm2):
+    """The known answer "The capital of France is Paris." then <|im_end|> (id 2)."""
+    generated = PagedDriver(smollm2.model, block_size=16).greedy(SMOL_PROMPTS["france"], 8)
+    assert generated == [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", TINY_NAMES)
 def test_tiny_models_match_transformers(tiny_models, name):
     ours, reference = tiny_models[name]
-    for length in TINY_PROMPT_LENGTHS:
+    for length, chunks in TINY_RUNS.items():
         prompt = tiny_prompt(length, ours.config.vocab_size, seed=length)
         expected = hf_greedy(reference, prompt, TINY_NEW_TOKENS)
-        for chunk in (1, 7, 64, None):
+        for chunk in chunks:
             driver = PagedDriver(ours.model, block_size=4, shuffle_seed=length)
             got = driver.greedy(prompt, TINY_NEW_TOKENS, chunk=chunk)
             assert got == expected, f"{name}: prompt of {length}, chunk {chunk}"
