@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pdserve.requests import PreemptionMode, Request
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ScheduledChunk:
     """Compute `request.all_token_ids[start:start + num_tokens]` this step."""
 
