@@ -16,7 +16,8 @@ EXPECTED_FIELDS = {
     "GenerateResponse": {
         "request_id": 1, "token_ids": 2, "text": 3, "finish_reason": 4, "usage": 5,
     },
-    "Usage": {"prompt_tokens": 1, "cached_tokens": 2, "completion_tokens": 3, "preemptions": 4},
+    "Usage": {"prompt_tokens": 1, "cached_tokens": 2, "completion_tokens": 3, "preemptions": 4,
+              "recompute_preemptions": 5, "swap_preemptions": 6},
     "AbortRequest": {"request_id": 1},
     "AbortResponse": {"found": 1},
 }
