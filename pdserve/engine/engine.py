@@ -48,7 +48,7 @@ class Engine:
         self.kv = KVCache(shape, config.cache.num_blocks, dtype, config.device)
         self.host_kv = KVCache(shape, config.cache.num_host_blocks, dtype, "cpu",
                                pin_memory=torch.device(config.device).type == "cuda")
-        attn = make_attention_backend(config.attention_backend, torch.device(config.device))
+        attn = make_attention_backend(config.attention_backend, torch.device(config.device), dtype)
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed)
         sched_cfg = config.scheduler
         if config.calibrate:

@@ -186,7 +186,6 @@ def test_compose_grace_period_outlasts_the_drain_timeout():
         assert int(services[role]["stop_grace_period"].rstrip("s")) >= drain_s + 10
 
 
-@pytest.mark.xfail(strict=True, reason="the project still pins ucxx-cu12; the CUDA 13 image needs ucxx-cu13")
 def test_project_dependencies_match_the_cuda_13_torch_of_the_image(docker_steps):
     """torch 2.13.0's Linux wheel on the default index needs cuda-bindings>=13 (CUDA 13), and
     the RAPIDS -cu12 wheels (ucxx-cu12 -> rmm-cu12) need cuda-bindings<13: `pip install .[gpu]`
