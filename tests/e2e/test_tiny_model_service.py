@@ -1,0 +1,66 @@
+"""A tiny random Qwen2 (q/k/v biases, its own tokenizer) through the whole disaggregated service:
+greedy outputs equal transformers' generate() token for token."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import grpc
+import pytest
+import torch
+
+from pdserve.cli.client import stream
+from pdserve.cli.supervisor import Supervisor
+from pdserve.cli.up import wait_serving
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+from tests.helpers.reference import hf_greedy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+PROMPTS = [[5, 17, 33, 2, 9], list(range(3, 40)), [11] * 70]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.helpers.tiny_models import tiny_qwen2_bias
+
+    return tiny_qwen2_bias(tmp_path_factory.mktemp("tiny") / "qwen2")
+
+
+@pytest.fixture(scope="module")
+def target(tiny):
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    flags = ["--port", "0", "--model", str(tiny), "--threads", "1", "--kv-blocks", "64", "--host-kv-blocks", "16",
+             "--token-budget", "256", "--max-chunk-tokens", "16"]
+    try:
+        workers = [sup.spawn(role, [role, *flags]) for role in ("prefill", "decode")]
+        p, d = (sup.wait_ready(w, 300) for w in workers)
+        router = sup.spawn("router", ["router", "--port", "0", "--model", str(tiny), "--prefill-workers",
+                                      f"127.0.0.1:{p}", "--decode-workers", f"127.0.0.1:{d}"])
+        address = f"127.0.0.1:{sup.wait_ready(router, 300)}"
+        wait_serving(address, 60)
+        yield address
+    finally:
+        sup.stop()
+
+
+def test_tiny_qwen2_greedy_through_the_service_equals_transformers(tiny, target):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    expected = [hf_greedy(model, prompt, NEW_TOKENS) for prompt in PROMPTS]
+    with grpc.insecure_channel(target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+
+        def run(prompt):
+            request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompt), sampling=pb.SamplingParams(
+                max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True))
+            return stream(stub, request, timeout=300)
+
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            results = list(pool.map(run, PROMPTS))
+    for result, want in zip(results, expected):
+        assert list(result.token_ids) == want
