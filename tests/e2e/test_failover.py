@@ -111,3 +111,52 @@ def test_killed_decode_worker_fails_its_streams_unavailable_others_finish():
         assert len(after.token_ids) == MAX_TOKENS
     finally:
         sup.stop()
+
+
+LONG_PROMPT = " ".join(f"Line {i}: the prefill worker computes this prompt in small chunks." for i in range(20))
+
+
+def test_killed_prefill_worker_is_retried_on_another():
+    from pdserve.config import EngineConfig
+    from pdserve.engine.llm import LLM
+    from pdserve.requests import SamplingParams
+
+    expected = LLM(EngineConfig()).generate([LONG_PROMPT], SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                                                          ignore_eos=True))[0].token_ids
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+    try:
+        children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--max-chunk-tokens", "16"])
+                    for n in ("prefill-0", "prefill-1", "decode-0")]
+        ports = [sup.wait_ready(c, 240) for c in children]
+        router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers",
+                                      f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
+                                      "--decode-workers", f"127.0.0.1:{ports[2]}"])
+        target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
+        wait_serving(target, 60)
+        with grpc.insecure_channel(target) as channel:
+            stub = generation_pb2_grpc.GenerationStub(channel)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                future = pool.submit(_safe_stream, stub, _request(LONG_PROMPT))
+                victim = _busy_prefill(children[:2])
+                os.killpg(victim.process.pid, signal.SIGKILL)
+                result = future.result()
+        assert not isinstance(result, grpc.RpcError), result
+        assert tuple(result.token_ids) == tuple(expected)
+    finally:
+        sup.stop()
+
+
+def _busy_prefill(workers, timeout_s: float = 120.0):
+    """The prefill worker that holds the request (16-token chunks keep it busy for a few steps)."""
+    from pdserve.v1 import worker_pb2 as wpb
+    from pdserve.v1 import worker_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for worker in workers:
+            with grpc.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+                stats = worker_pb2_grpc.PrefillWorkerStub(channel).Stats(wpb.StatsRequest(), timeout=5)
+            if stats.requests_running or stats.requests_waiting:
+                return worker
+        time.sleep(0.02)
+    raise AssertionError("no prefill worker took the request")
