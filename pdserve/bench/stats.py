@@ -8,12 +8,12 @@ most `ttft_s` and its own P99 TBT is at most `tbt_s`.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.bench.records import RequestRecord
+from pdserve.telemetry.latency import percentile as sorted_percentile
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,7 @@ class GroupSummary:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default); values must not be empty."""
-    if not values:
-        raise ValueError("percentile of no values")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return sorted_percentile(sorted(values), q)
 
 
 def distribution(values: Sequence[float]) -> Distribution | None:
