@@ -39,6 +39,7 @@ class Engine:
         StepResult.holds, to be given back with `release` once their KV was sent."""
         self.config = config
         self.clock = clock
+        self.hold_blocks = hold_blocks
         dtype = getattr(torch, config.dtype)
         self.loaded = loaded or load_model(config.model, device=config.device, dtype=dtype)
         self.model_config = self.loaded.config
@@ -131,7 +132,18 @@ class Engine:
         outputs = self._outputs(output, sampled, finished)
         return StepResult(outputs, output.preempted, output.resumed, output.chunks, output.num_tokens,
                           time.perf_counter() - started, tuple(self.scheduler.take_reserved()),
-                          self.scheduler.take_holds())
+                          self._holds(output))
+
+    def _holds(self, output: SchedulerOutput) -> dict:
+        """Finished requests' holds, and with hold_blocks a hold on every request still
+        running that this step computed: its new KV can be sent while later steps run."""
+        holds = self.scheduler.take_holds()
+        if self.hold_blocks:
+            for chunk in output.chunks:
+                rid = chunk.request.request_id
+                if rid not in holds and (hold := self.scheduler.hold(rid)) is not None:
+                    holds[rid] = hold
+        return holds
 
     def _stamp_first_scheduled(self, output: SchedulerOutput) -> None:
         now = self.clock()
