@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
 from pdserve.engine.outputs import StepResult
 from pdserve.requests import Priority, SamplingParams
-from pdserve.transfer import KVReceiver, TransferError
+from pdserve.transfer import KVReceiver
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
 from pdserve.worker.session import Session, SessionTable
 
@@ -63,8 +63,6 @@ class DecodeWorker:
 
     async def open(self, job: DecodeJob) -> Session:
         if job.request_id in self.sessions:
-            from pdserve.engine.errors import DuplicateRequestError
-
             raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
         if not job.local_prefill and self.receiver is None:
             raise InvalidRequestError("this worker takes no remote KV (colocated mode)")
