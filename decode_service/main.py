@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from decode_service.servicer import DecodeServicer
 from decode_service.worker import DecodeWorker
-from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.registration import Registration
 from pdserve.rpc.security import security_from_args
@@ -71,12 +71,8 @@ async def start_decode(args: argparse.Namespace) -> DecodeService:
                                 security.server_interceptors(), args.health_port)
     servicer.endpoint = f"{args.advertise_host or args.host}:{server.port}"
     channels = ChannelPool(security)
-    registration = Registration(channels, _split(args.register_with), servicer.endpoint, "decode")
+    registration = Registration(channels, split_addresses(args.register_with), servicer.endpoint, "decode")
     feed.start()
     registration.start()
     await server.set_serving(True)
     return DecodeService(runtime, server, receiver, obs, feed, worker, drainer, registration, channels)
-
-
-def _split(value: str) -> list[str]:
-    return [a.strip() for a in value.split(",") if a.strip()]

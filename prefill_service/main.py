@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.registration import Registration
 from pdserve.rpc.security import security_from_args
@@ -70,7 +70,7 @@ async def start_prefill(args: argparse.Namespace) -> PrefillService:
                                 args.host, args.port, security.server_credentials(),
                                 security.server_interceptors(), args.health_port)
     address = f"{args.advertise_host or args.host}:{server.port}"
-    registration = Registration(channels, [a for a in args.register_with.split(",") if a], address, "prefill")
+    registration = Registration(channels, split_addresses(args.register_with), address, "prefill")
     feed.start()
     registration.start()
     await server.set_serving(True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from pdserve.engine.validation import Limits
 from pdserve.model.metadata import read_model_config
-from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.security import security_from_args
 from pdserve.rpc.server import RunningServer, ServiceBinding, start_server
@@ -55,10 +55,6 @@ class RouterService:
         self.observability.stop()
 
 
-def _addresses(value: str) -> list[str]:
-    return [a.strip() for a in value.split(",") if a.strip()]
-
-
 async def start_router(args: argparse.Namespace) -> RouterService:
     security = security_from_args(args)
     config = read_model_config(args.model)
@@ -67,8 +63,8 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     channels = ChannelPool(security)
     drainer = Drain()
     sync: list = []
-    pool = WorkerPool(channels, [] if args.colocated else _addresses(args.prefill_workers),
-                      _addresses(args.decode_workers), on_change=lambda: sync and sync[0]())
+    pool = WorkerPool(channels, [] if args.colocated else split_addresses(args.prefill_workers),
+                      split_addresses(args.decode_workers), on_change=lambda: sync and sync[0]())
     flow = RequestFlow(pool, FlowConfig(colocated=args.colocated,
                                         resume_on_decode_failure=args.decode_failover == "resume",
                                         kv_timeout_s=args.kv_timeout))

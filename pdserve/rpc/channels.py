@@ -40,3 +40,8 @@ class ChannelPool:
     async def close(self) -> None:
         for address in list(self._channels):
             await self.drop(address)
+
+
+def split_addresses(value: str) -> list[str]:
+    """"host:port,host:port" (a flag's value) as a list; blanks dropped."""
+    return [a.strip() for a in value.split(",") if a.strip()]
