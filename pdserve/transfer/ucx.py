@@ -1,8 +1,7 @@
 """UCX transport (ucxx): tag messages straight from the sender's pool into the receiver's blocks.
 
-A piece (transfer_id, seq, pairs) travels as one tag message per run (cut at max_message_bytes),
-the messages split between the receiver's lanes (`ucx_lanes`: the receiver copies some, the
-sender the others, at the same time), and a manifest message last on the first lane (`wire`). The receiver posts one receive per message into the
+A piece (transfer_id, seq, pairs) travels as one tag message per run (cut at max_message_bytes)
+and a manifest message last (`wire`). The receiver posts one receive per message into the
 exact byte range of its dst blocks, plus one for the manifest into a small buffer of its own.
 
 How nothing unexpected lands in the pool: the receiver posts receives only in `expect`, each
@@ -48,7 +47,6 @@ from pdserve.transfer.descriptors import (
     total_blocks,
 )
 from pdserve.transfer.ledger import Ledger
-from pdserve.transfer.ucx_lanes import assign_lanes
 from pdserve.transfer.ucx_worker import Batch, UcxWorker
 from pdserve.transfer.wire import (
     MANIFEST_NBYTES,
@@ -68,10 +66,9 @@ class UcxConfig:
     drain_s: float = 0.5  # how long a cancel waits for a receive already being written
     close_s: float = 1.0  # how long closing an endpoint may wait for the peer
     options: tuple[tuple[str, str], ...] = ()  # UCX context options, e.g. (("TLS", "tcp"),)
-    lanes: tuple[str, ...] = ("pull", "push")  # who copies (ucx_lanes); a receiver's lanes rule its pieces
 
     def worker(self) -> UcxWorker:
-        return UcxWorker(dict(self.options), self.lanes, self.poll_s, self.idle_s, self.slice_s)
+        return UcxWorker(dict(self.options), self.poll_s, self.idle_s, self.slice_s)
 
 
 def _buffer(rows: torch.Tensor) -> Any:
@@ -149,9 +146,8 @@ class UcxReceiver(KVReceiver):
                        np.zeros(MANIFEST_NBYTES, np.uint8))
         self._ledger.admit(transfer_id, seq, messages, piece)
         buffers = [_buffer(self.bytes[m.dst_start : m.dst_start + m.count]) for m in messages]
-        lanes = assign_lanes(messages, len(self._worker.lanes)) + (0,)
         try:
-            piece.batch = self._worker.recv(list(zip(buffers + [piece.manifest], tags, lanes)))
+            piece.batch = self._worker.recv(list(zip(buffers + [piece.manifest], tags)))
         except Exception as exc:
             self._ledger.remove(transfer_id, seq)
             raise TransferError(f"{piece.name()}: cannot post receives: {exc}") from exc
@@ -200,7 +196,7 @@ class UcxSender(KVSender):
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._config = config
         self._worker = config.worker()
-        self._endpoints: dict[bytes, tuple[Any, ...]] = {}  # peer address -> one per lane
+        self._endpoints: dict[bytes, Any] = {}
         self._closed = False
 
     async def send(
@@ -212,19 +208,17 @@ class UcxSender(KVSender):
         messages = _plan(pairs, block_nbytes, self._config)
         check_bounds(messages, self.bytes.shape[0], "src")
         name = f"piece ({transfer_id!r}, {seq})"
-        endpoints = self._endpoints_to(peer_address)
-        lanes = assign_lanes(messages, len(endpoints))
-        data = [(_buffer(self.bytes[m.src_start : m.src_start + m.count]), message_tag(transfer_id, seq, i), lane)
-                for i, (m, lane) in enumerate(zip(messages, lanes))]
-        await self._finish(peer_address, self._worker.send(endpoints, data), deadline, name)
+        endpoint = self._endpoint(peer_address)
+        data = [(_buffer(self.bytes[m.src_start : m.src_start + m.count]), message_tag(transfer_id, seq, i))
+                for i, m in enumerate(messages)]
+        await self._finish(peer_address, self._worker.send(endpoint, data), deadline, name)
         manifest = np.frombuffer(_manifest(messages, block_nbytes), np.uint8).copy()
-        batch = self._worker.send(endpoints, [(manifest, manifest_tag(transfer_id, seq), 0)])
+        batch = self._worker.send(endpoint, [(manifest, manifest_tag(transfer_id, seq))])
         await self._finish(peer_address, batch, deadline, name)
         nbytes = total_blocks(messages) * block_nbytes
         return TransferResult(transfer_id, seq, nbytes, join_runs(messages), time.perf_counter() - started)
 
-    def _endpoints_to(self, peer_address: bytes) -> tuple[Any, ...]:
-        """One endpoint per lane of the peer (its address names them), made on first use."""
+    def _endpoint(self, peer_address: bytes) -> Any:
         if self._closed:
             raise TransferError("sender closed")
         if peer_address not in self._endpoints:

@@ -17,9 +17,6 @@ arrived message in one call (100 ms for 128 MiB here), which is why it is not us
 
 Endpoints are created from worker addresses with peer-failure detection off (the fast path);
 callers must put deadlines on everything.
-
-One UcxWorker holds one UCX worker per lane (`ucx_lanes`: pull, push), progressed by the same
-task; its address names them all, and an endpoint to a peer is one UCX endpoint per peer lane.
 """
 
 from __future__ import annotations
@@ -29,9 +26,7 @@ import ctypes
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
-
-from pdserve.transfer.ucx_lanes import LANE_SCHEMES, check_lanes, decode_address, encode_address
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -103,25 +98,16 @@ def _request_error(request: Any) -> BaseException | None:
     return None
 
 
-Message = tuple[Any, int, int]  # (buffer: numpy array or CUDA tensor, tag, lane)
-
-
 class UcxWorker:
-    """UCX workers (one per lane) and the task that progresses them; build it with the loop running."""
+    """A UCX worker and the task that progresses it; build it with the loop running."""
 
-    def __init__(self, options: dict[str, str], lanes: Sequence[str], poll_s: float, idle_s: float,
-                 slice_s: float):
+    def __init__(self, options: dict[str, str], poll_s: float, idle_s: float, slice_s: float):
         lib = _binding()
         self._lib = lib
-        self.lanes = check_lanes(lanes)
-        flags = (lib.Feature.TAG, lib.Feature.WAKEUP)
-        self._contexts = [lib.UCXContext({**options, "RNDV_SCHEME": LANE_SCHEMES[lane]}, feature_flags=flags)
-                          for lane in self.lanes]
-        self._workers = [lib.UCXWorker(context) for context in self._contexts]
-        for worker in self._workers:
-            worker.init_blocking_progress_mode()
-        self._fds = [worker.epoll_file_descriptor for worker in self._workers]
-        self._first = 0  # the lane progressed first in the next slice (rotates: no lane starves)
+        self._context = lib.UCXContext(options, feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
+        self._worker = lib.UCXWorker(self._context)
+        self._worker.init_blocking_progress_mode()
+        self._fd = self._worker.epoll_file_descriptor
         self._cancel = _request_canceller()
         self._poll_s, self._idle_s, self._slice_s = poll_s, idle_s, slice_s
         self._batches: set[Batch] = set()
@@ -130,30 +116,23 @@ class UcxWorker:
         self._task = self._loop.create_task(self._drive(), name="ucx-progress")
 
     def address(self) -> bytes:
-        return encode_address([(lane, bytes(w.address.tobytes())) for lane, w in zip(self.lanes, self._workers)])
+        return bytes(self._worker.address.tobytes())
 
-    def connect(self, address: bytes) -> tuple[Any, ...]:
-        """One endpoint per lane of the peer, each from this side's worker of the same kind."""
-        peer = decode_address(address)
-        mine = dict(zip(self.lanes, self._workers))
-        missing = [lane for lane, _ in peer if lane not in mine]
-        if missing:
-            raise ValueError(f"the peer uses UCX lanes {[lane for lane, _ in peer]}, this side only {list(self.lanes)}")
-        return tuple(self._lib.UCXEndpoint.create_from_worker_address(
-            mine[lane], self._lib.UCXAddress.create_from_buffer(raw), False) for lane, raw in peer)
+    def connect(self, address: bytes) -> Any:
+        ucx_address = self._lib.UCXAddress.create_from_buffer(address)
+        return self._lib.UCXEndpoint.create_from_worker_address(self._worker, ucx_address, False)
 
-    def send(self, endpoints: tuple[Any, ...], messages: list[Message]) -> Batch:
-        """Post tag sends of (buffer, tag, lane) on the endpoint of that lane."""
-        arrays = [_array(buffer) for buffer, _, _ in messages]
-        requests = [endpoints[lane].tag_send(a, self._lib.UCXXTag(tag)) for a, (_, tag, lane) in zip(arrays, messages)]
-        return self._track(requests, arrays)
+    def send(self, endpoint: Any, messages: list[tuple[Any, int]]) -> Batch:
+        """Post tag sends of (buffer, tag); buffers are numpy arrays or CUDA tensors."""
+        arrays = [_array(buffer) for buffer, _ in messages]
+        tags = [self._lib.UCXXTag(tag) for _, tag in messages]
+        return self._track([endpoint.tag_send(a, t) for a, t in zip(arrays, tags)], arrays)
 
-    def recv(self, messages: list[Message]) -> Batch:
-        """Post tag receives matching exactly `tag` (full mask) into the buffers, on their lanes."""
-        arrays = [_array(buffer) for buffer, _, _ in messages]
-        requests = [self._workers[lane].tag_recv(a, self._lib.UCXXTag(tag))
-                    for a, (_, tag, lane) in zip(arrays, messages)]
-        return self._track(requests, arrays)
+    def recv(self, messages: list[tuple[Any, int]]) -> Batch:
+        """Post tag receives matching exactly `tag` (full mask) into the given buffers."""
+        arrays = [_array(buffer) for buffer, _ in messages]
+        tags = [self._lib.UCXXTag(tag) for _, tag in messages]
+        return self._track([self._worker.tag_recv(a, t) for a, t in zip(arrays, tags)], arrays)
 
     def _track(self, requests: list[Any], keep: list[Any]) -> Batch:
         batch = Batch(requests, keep, self._loop.create_future())
@@ -187,8 +166,7 @@ class UcxWorker:
             self._cancel(batch.requests[index].ucxx_ptr)
         deadline = time.monotonic() + drain_s
         while pending and time.monotonic() < deadline:
-            for worker in self._workers:
-                worker.progress_once()
+            self._worker.progress_once()
             pending = batch.pending()
         return pending
 
@@ -202,12 +180,12 @@ class UcxWorker:
             self.withdraw(batch, drain_s=0.0)
             batch.fail(error)
 
-    async def close_endpoint(self, endpoints: tuple[Any, ...], timeout_s: float) -> None:
-        """Close every lane's endpoint without waiting past timeout_s (a dead peer may never answer)."""
-        requests = [r for r in (endpoint.close() for endpoint in endpoints) if r is not None]
-        if not requests:
+    async def close_endpoint(self, endpoint: Any, timeout_s: float) -> None:
+        """Close without waiting past timeout_s (a dead peer may never acknowledge)."""
+        request = endpoint.close()
+        if request is None:
             return
-        batch = self._track(requests, [])
+        batch = self._track([request], [])
         if not await self.wait(batch, timeout_s):
             self.abandon(batch, TimeoutError("endpoint close timed out"))
 
@@ -218,22 +196,17 @@ class UcxWorker:
     def _progress(self) -> bool:
         """ucp progress, one call at a time, for at most slice_s; True if more work may remain."""
         deadline = time.monotonic() + self._slice_s
-        order = self._workers[self._first :] + self._workers[: self._first]
-        self._first = (self._first + 1) % len(self._workers)
-        more = False
-        for worker in order:
-            while worker.progress_once():
-                if time.monotonic() >= deadline:
-                    more = True
-                    break
+        while busy := self._worker.progress_once():
+            if time.monotonic() >= deadline:
+                break
         for batch in [b for b in self._batches if b.poll()]:
             self._batches.discard(batch)
-        return more
+        return busy
 
     async def _drive(self) -> None:
         while True:
             try:
-                if self._progress() or not all([worker.arm() for worker in self._workers]):  # list: arm every one
+                if self._progress() or not self._worker.arm():
                     await asyncio.sleep(0)
                     continue
                 await self._sleep(self._poll_s if self._batches else self._idle_s)
@@ -246,15 +219,13 @@ class UcxWorker:
     async def _sleep(self, timeout_s: float) -> None:
         wake = self._loop.create_future()
         self._wake = wake
-        for fd in self._fds:
-            self._loop.add_reader(fd, self.kick)
+        self._loop.add_reader(self._fd, self.kick)
         timer = self._loop.call_later(timeout_s, self.kick)
         try:
             await wake
         finally:
             timer.cancel()
-            for fd in self._fds:
-                self._loop.remove_reader(fd)
+            self._loop.remove_reader(self._fd)
             self._wake = None
 
     async def close(self) -> None:
@@ -262,5 +233,4 @@ class UcxWorker:
         self.fail_all(ConnectionError("UCX worker closed"))
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        for worker in self._workers:
-            worker.progress_once()
+        self._worker.progress_once()
