@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pdserve.kv.host_memory import zeroed_host_tensor
 from pdserve.transfer.descriptors import merge_runs
 
 
@@ -34,12 +35,11 @@ class KVCache:
         """`pin_memory`: a host pool that a GPU copies into and out of asynchronously."""
         self.shape = shape
         self.num_blocks = num_blocks
-        self.data = torch.zeros(
-            (num_blocks, shape.num_layers, 2, shape.block_size, shape.num_kv_heads, shape.head_dim),
-            dtype=dtype,
-            device=device,
-            pin_memory=pin_memory,
-        )
+        dims = (num_blocks, shape.num_layers, 2, shape.block_size, shape.num_kv_heads, shape.head_dim)
+        if torch.device(device).type == "cpu" and not pin_memory:
+            self.data = zeroed_host_tensor(dims, dtype)  # huge pages: faster transfers and swaps
+        else:
+            self.data = torch.zeros(dims, dtype=dtype, device=device, pin_memory=pin_memory)
 
     @property
     def block_size(self) -> int:
