@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 from decode_service.servicer import DecodeServicer
 from decode_service.worker import DecodeWorker
@@ -11,51 +10,16 @@ from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.registration import Registration
 from pdserve.rpc.security import security_from_args
-from pdserve.rpc.server import RunningServer, ServiceBinding, start_server
-from pdserve.transfer import KVReceiver, make_transport
+from pdserve.rpc.server import ServiceBinding, start_server
+from pdserve.transfer import make_transport
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from pdserve.worker.metrics_feed import MetricsFeed
-from pdserve.worker.observability import Observability, start_observability
-from pdserve.worker.runtime import WorkerRuntime, build_runtime
+from pdserve.worker.observability import start_observability
+from pdserve.worker.runtime import build_runtime
+from pdserve.worker.service import WorkerService
 
 
-@dataclass
-class DecodeService:
-    runtime: WorkerRuntime
-    server: RunningServer
-    receiver: KVReceiver | None
-    observability: Observability
-    feed: MetricsFeed
-    worker: DecodeWorker
-    drainer: Drain
-    registration: Registration
-    channels: ChannelPool
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def metrics_port(self) -> int | None:
-        return self.observability.metrics_port
-
-    async def drain(self, timeout_s: float) -> int:
-        await self.server.set_serving(False)
-        self.registration.stop()
-        return await self.drainer.wait_idle(lambda: len(self.worker.sessions), timeout_s)
-
-    async def stop(self) -> None:
-        self.registration.stop()
-        self.feed.stop()
-        await self.server.stop(1.0)
-        if self.receiver is not None:
-            await self.receiver.close()
-        await self.channels.close()
-        self.runtime.stop()
-        self.observability.stop()
-
-
-async def start_decode(args: argparse.Namespace) -> DecodeService:
+async def start_decode(args: argparse.Namespace) -> WorkerService:
     security = security_from_args(args)
     obs = start_observability("pdserve-decode", args)
     runtime = build_runtime(args, hold_blocks=False)
@@ -75,4 +39,5 @@ async def start_decode(args: argparse.Namespace) -> DecodeService:
     feed.start()
     registration.start()
     await server.set_serving(True)
-    return DecodeService(runtime, server, receiver, obs, feed, worker, drainer, registration, channels)
+    return WorkerService(runtime, server, receiver, channels, obs, feed, drainer, registration,
+                         lambda: len(worker.sessions))

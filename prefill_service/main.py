@@ -3,58 +3,23 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.registration import Registration
 from pdserve.rpc.security import security_from_args
-from pdserve.rpc.server import RunningServer, ServiceBinding, start_server
-from pdserve.transfer import KVSender, make_transport
+from pdserve.rpc.server import ServiceBinding, start_server
+from pdserve.transfer import make_transport
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from pdserve.worker.metrics_feed import MetricsFeed
-from pdserve.worker.observability import Observability, start_observability
-from pdserve.worker.runtime import WorkerRuntime, build_runtime
+from pdserve.worker.observability import start_observability
+from pdserve.worker.runtime import build_runtime
+from pdserve.worker.service import WorkerService
 from prefill_service.servicer import GrpcDecodePeer, PrefillServicer
 from prefill_service.worker import PrefillWorker
 
 
-@dataclass
-class PrefillService:
-    runtime: WorkerRuntime
-    server: RunningServer
-    sender: KVSender
-    channels: ChannelPool
-    observability: Observability
-    feed: MetricsFeed
-    worker: PrefillWorker
-    drainer: Drain
-    registration: Registration
-
-    @property
-    def port(self) -> int:
-        return self.server.port
-
-    @property
-    def metrics_port(self) -> int | None:
-        return self.observability.metrics_port
-
-    async def drain(self, timeout_s: float) -> int:
-        await self.server.set_serving(False)
-        self.registration.stop()
-        return await self.drainer.wait_idle(lambda: len(self.worker.sessions), timeout_s)
-
-    async def stop(self) -> None:
-        self.registration.stop()
-        self.feed.stop()
-        await self.server.stop(1.0)
-        await self.sender.close()
-        await self.channels.close()
-        self.runtime.stop()
-        self.observability.stop()
-
-
-async def start_prefill(args: argparse.Namespace) -> PrefillService:
+async def start_prefill(args: argparse.Namespace) -> WorkerService:
     security = security_from_args(args)
     obs = start_observability("pdserve-prefill", args)
     runtime = build_runtime(args, hold_blocks=True)
@@ -74,4 +39,5 @@ async def start_prefill(args: argparse.Namespace) -> PrefillService:
     feed.start()
     registration.start()
     await server.set_serving(True)
-    return PrefillService(runtime, server, sender, channels, obs, feed, worker, drainer, registration)
+    return WorkerService(runtime, server, sender, channels, obs, feed, drainer, registration,
+                         lambda: len(worker.sessions))
