@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.kv.host_memory import zeroed_host_tensor
-from pdserve.transfer.descriptors import merge_runs
+from pdserve.kv.block_runs import merge_runs
 
 
 @dataclass(frozen=True)
