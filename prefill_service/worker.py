@@ -16,12 +16,12 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
 from pdserve.engine.outputs import StepResult
+from pdserve.kv import BlockHold
 from pdserve.requests import Priority, SamplingParams
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender
@@ -154,7 +154,7 @@ class PrefillWorker:
         for hold in unclaimed.values():  # requests that ended without a piece to send
             self.engine.call_nowait(lambda e, h=hold: e.release(h))
 
-    def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold, step_s: float) -> None:
+    def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold: BlockHold | None, step_s: float) -> None:
         request = chunk.request
         job.cached_tokens = request.num_cached_tokens
         if job.seq == 0 and job.sent_blocks == 0:
@@ -170,33 +170,37 @@ class PrefillWorker:
             job.seq += 1
             job.sent_blocks = complete
         first = request.output_token_ids[0] if final and request.output_token_ids else None
-        self._chain(job, self._ship(job, piece, hold, first))
+        self._chain(job, piece, hold, first)
 
-    def _chain(self, job: PrefillJob, work: Awaitable[None]) -> None:
-        """Pieces of one request go out in order; other requests' pieces proceed in parallel."""
+    def _chain(self, job: PrefillJob, piece: Piece | None, hold: BlockHold | None, first_token: int | None) -> None:
+        """Pieces of one request go out in order; other requests' pieces proceed in parallel.
+
+        The hold is given back in `finally` of the task itself: a task cancelled while it still
+        waits for the previous piece (the request closed) never starts its send, and releases too.
+        """
         previous = job.chain
 
         async def run() -> None:
-            if previous is not None:
-                await asyncio.wait([previous])
-            await work
+            try:
+                if previous is not None:
+                    await asyncio.wait([previous])
+                if piece is not None and not job.failed:
+                    await self._send_piece(job, piece)
+            finally:
+                if hold is not None:
+                    self.engine.call_nowait(lambda e: e.release(hold))
+            if first_token is not None and not job.failed:
+                await self._complete(job, first_token)
 
         task = asyncio.ensure_future(run())
         task.add_done_callback(lambda t: self._shipped(job, t))
         job.chain = task
         job.tasks.append(task)
 
-    async def _ship(self, job: PrefillJob, piece: Piece | None, hold, first_token: int | None) -> None:
-        try:
-            if piece is not None and not job.failed:
-                await self._send_piece(job, piece)
-        finally:
-            if hold is not None:
-                self.engine.call_nowait(lambda e: e.release(hold))
-        if first_token is not None and not job.failed:
-            await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token)
-            job.session.push(PrefillDone(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
-                                         job.kv_descriptors, job.kv_seconds, job.queue_seconds))
+    async def _complete(self, job: PrefillJob, first_token: int) -> None:
+        await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token)
+        job.session.push(PrefillDone(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
+                                     job.kv_descriptors, job.kv_seconds, job.queue_seconds))
 
     async def _send_piece(self, job: PrefillJob, piece: Piece) -> None:
         started = time.perf_counter()
