@@ -56,12 +56,14 @@ class ModelRunner:
         if not (output.swap_out or output.swap_in):
             return
         if self.swap_stream is None:
-            self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
-            self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))
+            self._copy_swaps(output)
             return
         compute = torch.cuda.current_stream(self.device)
         self.swap_stream.wait_stream(compute)
         with torch.cuda.stream(self.swap_stream):
-            self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
-            self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))
+            self._copy_swaps(output)
         compute.wait_stream(self.swap_stream)
+
+    def _copy_swaps(self, output: SchedulerOutput) -> None:
+        self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
+        self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))

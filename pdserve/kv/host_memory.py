@@ -35,7 +35,7 @@ def _advise_huge(region: mmap.mmap) -> bool:
 
 def zeroed_host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros on the CPU; at least a huge page big: in its own mapping, huge pages asked for."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE_BYTES:
         return torch.zeros(shape, dtype=dtype)
     # Private: a shared anonymous mapping is shmem, which has huge pages only if shmem_enabled says so.

@@ -137,7 +137,7 @@ class KVManager:
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> Allocation:
         """Blocks covering [0, num_computed_tokens + num_new_tokens); the whole table on success."""
         table = self._tables[request.request_id]
-        need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(table.blocks)
+        need = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(table.blocks)
         if need <= 0:
             return table.allocated
         result = self._take(need, reserve)

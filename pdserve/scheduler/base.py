@@ -110,7 +110,7 @@ class Scheduler(abc.ABC):
 
     def _advance(self, request: Request, chunk: ScheduledChunk, sampled: Mapping[str, int]) -> bool:
         """True when the request finished. (A request that ended after schedule() is skipped.)"""
-        request.num_computed_tokens = chunk.start + chunk.num_tokens
+        request.num_computed_tokens = chunk.end
         if chunk.samples:
             request.output_token_ids.append(sampled[request.request_id])
             reason = stop_reason(request, self.max_model_len)

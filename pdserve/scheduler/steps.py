@@ -143,9 +143,7 @@ class Steps:
         return self._chunking.size(request.num_tokens - computed, plan.budget_left, plan.num_tokens)
 
     def _chunk(self, plan: StepPlan, request: Request, n: int) -> bool:
-        result = self._kv.allocate_slots(request, n)
-        if isinstance(result, OutOfBlocks):
-            result = self._preemptor.allocate(plan, request, n)
+        result = self._preemptor.allocate(plan, request, n)  # tries a plain allocation first
         if isinstance(result, OutOfBlocks):
             return False
         plan.add_chunk(request, n, result.blocks)
