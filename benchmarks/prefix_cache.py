@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, prefix_cache: bool) -> Result:
     requests, prefill = [], 0
     while pending or s.has_work():
         while pending and pending[0][0] <= step_no:
-            at, prompt, max_tokens = pending.pop(0)
+            _, prompt, max_tokens = pending.pop(0)
             r = Request(f"r{len(requests)}", prompt, SamplingParams(max_tokens=max_tokens))
             s.add(r)
             requests.append(r)

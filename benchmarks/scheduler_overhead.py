@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pdserve.config import CacheConfig, SchedulerConfig  # noqa: E402
 from pdserve.requests import Priority, Request, SamplingParams  # noqa: E402
 from pdserve.scheduler import Scheduler, SchedulerOutput, make_scheduler  # noqa: E402
+from pdserve.telemetry.latency import percentile  # noqa: E402
 
 TIMERS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
@@ -80,10 +81,6 @@ def sample(output: SchedulerOutput) -> dict[str, int]:
     return {c.request.request_id: 7 for c in output.chunks if c.samples}
 
 
-def pct(values: list[float], q: float) -> float:
-    return sorted(values)[min(len(values) - 1, int(q * len(values)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="chunked")
@@ -117,7 +114,7 @@ def report(scheduler: Scheduler, times: list[tuple[float, float]], args: argpars
                ("schedule()+update()", [s + u for s, u in times]))
     for name, xs in columns:
         us = [x * 1e6 for x in xs]
-        print(f"{name:>22}: median {statistics.median(us):8.1f} us   p99 {pct(us, 0.99):8.1f} us   "
+        print(f"{name:>22}: median {statistics.median(us):8.1f} us   p99 {percentile(sorted(us), 99):8.1f} us   "
               f"max {max(us):8.1f} us")
 
 

@@ -181,7 +181,7 @@ class DecodeWorker:
         for out in result.outputs:
             self._on_output(out)
         for hold in result.holds.values():  # nothing of a decode worker's is sent on
-            self.engine.call_nowait(lambda e, h=hold: e.release(h))
+            self.engine.release_nowait(hold)
 
     def _on_reserved(self, request_id: str, block_ids: tuple[int, ...]) -> None:
         session = self.sessions.get(request_id)

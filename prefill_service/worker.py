@@ -130,7 +130,7 @@ class PrefillWorker:
         if job.tasks:
             await asyncio.wait(job.tasks, timeout=job.kv_timeout_s)
         for hold in result.holds:
-            self.engine.call_nowait(lambda e, h=hold: e.release(h))
+            self.engine.release_nowait(hold)
 
     def _forget(self, request_id: str) -> None:
         self.sessions.close(request_id)
@@ -152,7 +152,7 @@ class PrefillWorker:
             if job is not None:
                 self._on_chunk(job, chunk, unclaimed.pop(chunk.request.request_id, None), result.seconds)
         for hold in unclaimed.values():  # requests that ended without a piece to send
-            self.engine.call_nowait(lambda e, h=hold: e.release(h))
+            self.engine.release_nowait(hold)
 
     def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold: BlockHold | None, step_s: float) -> None:
         request = chunk.request
@@ -188,7 +188,7 @@ class PrefillWorker:
                     await self._send_piece(job, piece)
             finally:
                 if hold is not None:
-                    self.engine.call_nowait(lambda e: e.release(hold))
+                    self.engine.release_nowait(hold)
             if first_token is not None and not job.failed:
                 await self._complete(job, first_token)
 

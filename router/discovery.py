@@ -7,6 +7,7 @@ import asyncio
 import logging
 import socket
 
+from pdserve.engine.errors import InvalidRequestError
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from router.workers import WorkerPool
@@ -59,8 +60,6 @@ class RegistryServicer(worker_pb2_grpc.RegistryServicer):
 
     async def Register(self, request: wpb.RegisterRequest, context) -> wpb.RegisterResponse:
         if request.role not in ROLES or not request.address:
-            from pdserve.engine.errors import InvalidRequestError
-
             raise InvalidRequestError(f"register needs an address and a role in {ROLES}")
         self.pool.add(request.address, request.role, source="registry")
         return wpb.RegisterResponse(heartbeat_s=self.heartbeat_s)

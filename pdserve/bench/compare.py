@@ -108,10 +108,10 @@ def run_experiment(opts: CompareOptions) -> CompareRuns:
         cached = _run(target, shared, opts, "shared-prefix, prefix cache")
         chat_run = _run(target, chats, opts, "chat on disaggregated")
     mixed_runs = {}
-    for config in (DISAGGREGATED, *MIXED_CONFIGS[:-1]):
+    for config in (DISAGGREGATED, *(c for c in MIXED_CONFIGS if c is not DISAGGREGATED)):  # right after chat
         with service(config, opts) as target:
             mixed_runs[config.name] = _run(target, mixed, opts, f"mixed on {config.name}")
-    mixed_runs = {c.name: mixed_runs[c.name] for c in MIXED_CONFIGS}
+    mixed_runs = {c.name: mixed_runs[c.name] for c in MIXED_CONFIGS}  # table order
     return CompareRuns(mixed_runs, chat_run, alone, cached, uncached)
 
 

@@ -71,8 +71,7 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
         router_argv += ["--model", args.model]
     if args.mode == "colocated":
         router_argv.append("--colocated")
-    router_argv += ["--kv-timeout", str(getattr(args, "kv_timeout", 30.0)),
-                    "--decode-failover", getattr(args, "decode_failover", "resume")]
+    router_argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover]
     if args.otlp_traces_endpoint:
         router_argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     router = sup.spawn("router", router_argv)

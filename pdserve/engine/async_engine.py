@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from pdserve.engine.engine import Engine
 from pdserve.engine.outputs import StepResult
+from pdserve.kv import BlockHold
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -63,6 +64,10 @@ class AsyncEngine:
     def call_nowait(self, fn: Callable[[Engine], object]) -> None:
         self._commands.put((fn, Future()))
         self._wake.set()
+
+    def release_nowait(self, hold: BlockHold) -> None:
+        """Give a block hold back to the engine between steps, without waiting."""
+        self.call_nowait(lambda e: e.release(hold))
 
     @property
     def stats(self):

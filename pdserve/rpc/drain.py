@@ -13,9 +13,6 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
 
-    def __call__(self) -> bool:
-        return self.draining
-
     def refuse_if_draining(self) -> None:
         if self.draining:
             raise Unavailable("this server is draining; retry on another one")

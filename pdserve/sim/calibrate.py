@@ -122,12 +122,6 @@ def measure(engine: Any, clock: EngineClock, log: Callable[[str], None] = lambda
     return Measurements(bandwidth, tuple(measure_prefills(engine, clock) + measure_decodes(engine, clock)))
 
 
-def calibrate(engine: Any, clock: EngineClock, shape: ModelShape, base: HardwareProfile,
-              log: Callable[[str], None] = lambda m: None) -> Fit:
-    """One pass of `measure`, fitted."""
-    return measure(engine, clock, log).fit(shape, base)
-
-
 def _label(s: StepSample) -> str:
     if s.kind == "prefill":
         return f"prefill {s.chunks[0][0]}"

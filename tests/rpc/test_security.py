@@ -18,11 +18,10 @@ TRACE = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0
 async def _calls(pool: ChannelPool, port: int) -> tuple:
     stub = health_pb2_grpc.HealthStub(pool.get(f"127.0.0.1:{port}"))
     results = []
-    for make in (lambda: stub.Check(health_pb2.HealthCheckRequest(), metadata=TRACE, timeout=5),):
-        try:
-            results.append((await make()).status)
-        except grpc.aio.AioRpcError as exc:
-            results.append(exc.code())
+    try:
+        results.append((await stub.Check(health_pb2.HealthCheckRequest(), metadata=TRACE, timeout=5)).status)
+    except grpc.aio.AioRpcError as exc:
+        results.append(exc.code())
     call = stub.Watch(health_pb2.HealthCheckRequest(), metadata=TRACE, timeout=5)
     try:
         async for message in call:
