@@ -16,7 +16,7 @@ class RequestRecord:
     """Filled in by the runner as messages arrive; times are seconds since the run started.
 
     `token_times[i]` is when the i-th message carrying tokens arrived and `token_counts[i]` how
-    many tokens it carried. `status` is OK, a gRPC status code name, UNFINISHED or NOT_SENT."""
+    many tokens it carried; `token_ids` are all of them in order. `status` is OK, a gRPC status code name, UNFINISHED or NOT_SENT."""
 
     index: int
     kind: str
@@ -25,6 +25,7 @@ class RequestRecord:
     sent_s: float | None = None
     token_times: list[float] = field(default_factory=list)
     token_counts: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     done_s: float | None = None
     status: str = NOT_SENT
     detail: str = ""

@@ -42,7 +42,8 @@ class RunResult:
 
 
 def wire_request(request: BenchRequest) -> pb.GenerateRequest:
-    sampling = pb.SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=True)
+    sampling = pb.SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature, ignore_eos=True,
+                                 seed=request.seed)
     return pb.GenerateRequest(text=request.prompt, sampling=sampling, priority=WIRE_PRIORITY[request.priority])
 
 
@@ -79,6 +80,7 @@ class _Run:
             if message.token_ids:
                 record.token_times.append(self.now())
                 record.token_counts.append(len(message.token_ids))
+                record.token_ids.extend(message.token_ids)
             if message.finish_reason:
                 record.finish_reason = pb.FinishReason.Name(message.finish_reason)
                 usage = message.usage

@@ -35,6 +35,8 @@ class BenchRequest:
     priority: Priority
     prompt: str  # sent as raw text
     max_tokens: int
+    temperature: float = 0.0  # above 0: sampled, with `seed` when given
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
