@@ -7,6 +7,10 @@
 
 The scheduler is single-threaded by design: every mutation (add, abort, finish, hand-over of
 KV) runs on the engine thread between steps, through `call`.
+
+Failure is loud. A RequestFault in a step aborts that request only (request fault listeners
+hear of it). Any other exception in a step ends the engine thread: every pending and later
+`call` raises EngineFailed at once, and the failure listeners run, once, on the event loop.
 """
 
 from __future__ import annotations
@@ -20,22 +24,31 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from pdserve.engine.engine import Engine
+from pdserve.engine.errors import EngineFailed
+from pdserve.engine.faults import FaultInjector, NoFaults, RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 StepListener = Callable[[StepResult], None]
+FailureListener = Callable[[BaseException], None]
+RequestFaultListener = Callable[[RequestFault], None]
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, idle_wait_s: float = 0.05):
+    def __init__(self, engine: Engine, idle_wait_s: float = 0.05, faults: FaultInjector = NoFaults()):
         self.engine = engine
         self._commands: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle_wait_s = idle_wait_s
+        self._faults = faults
         self._listeners: list[StepListener] = []
+        self._failure_listeners: list[FailureListener] = []
+        self._fault_listeners: list[RequestFaultListener] = []
+        self._ended: str | None = None  # why calls fail, once the engine thread is over
+        self._fatal: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stats = engine.scheduler.stats()
@@ -54,16 +67,41 @@ class AsyncEngine:
         """`listener(result)` runs on the event loop after every step that did something."""
         self._listeners.append(listener)
 
+    def add_failure_listener(self, listener: FailureListener) -> None:
+        """`listener(exc)` runs once, on the event loop, after the engine thread died of `exc`;
+        by then every pending `call` has raised EngineFailed, and every later one does. Added
+        after the failure, it runs at once (on the loop)."""
+        self._failure_listeners.append(listener)
+        if self._fatal is not None:
+            self._announce([listener], self._fatal)
+
+    def add_request_fault_listener(self, listener: RequestFaultListener) -> None:
+        """`listener(fault)` runs on the event loop after a step failed because of one request:
+        the engine has aborted it (its holds went out in a StepResult to the step listeners)."""
+        self._fault_listeners.append(listener)
+
+    @property
+    def failed(self) -> bool:
+        """True once the engine thread is over (a fatal fault or stop): calls fail at once."""
+        return self._ended is not None
+
     async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run fn(engine) on the engine thread between steps; its exception is raised here."""
+        """Run fn(engine) on the engine thread between steps; its exception is raised here.
+        Raises EngineFailed when the engine thread is over or ends before fn ran."""
+        if self._ended is not None:
+            raise EngineFailed(self._ended)
         future: Future = Future()
         self._commands.put((fn, future))
         self._wake.set()
+        if self._ended is not None:
+            self._fail_pending()
         return await asyncio.wrap_future(future)
 
     def call_nowait(self, fn: Callable[[Engine], object]) -> None:
-        self._commands.put((fn, Future()))
-        self._wake.set()
+        """Queue fn(engine) without waiting; dropped once the engine thread is over."""
+        if self._ended is None:
+            self._commands.put((fn, Future()))
+            self._wake.set()
 
     def release_nowait(self, hold: BlockHold) -> None:
         """Give a block hold back to the engine between steps, without waiting."""
@@ -76,21 +114,39 @@ class AsyncEngine:
         return self._stats
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._drain_commands()
-            self._stats = self.engine.scheduler.stats()
-            if not self.engine.has_unfinished():
-                self._wake.wait(self._idle_wait_s)
-                self._wake.clear()
-                continue
-            try:
-                result = self.engine.step()
-            except Exception:  # a bug must not kill the worker silently
-                log.exception("engine step failed")
-                raise
-            self._stats = self.engine.scheduler.stats()
-            if not result.is_idle or result.holds:
-                self._publish(result)
+        try:
+            while not self._stop.is_set():
+                self._tick()
+        except BaseException as exc:
+            log.exception("engine step failed; this engine serves nothing more")
+            self._fatal = exc
+            self._end(f"the engine failed: {exc!r}")
+            self._announce(self._failure_listeners, exc)
+            return
+        self._end("the engine was stopped")
+
+    def _tick(self) -> None:
+        self._drain_commands()
+        self._stats = self.engine.scheduler.stats()
+        if not self.engine.has_unfinished():
+            self._wake.wait(self._idle_wait_s)
+            self._wake.clear()
+            return
+        result = self._step()
+        self._stats = self.engine.scheduler.stats()
+        if not result.is_idle or result.holds:
+            self._publish(result)
+
+    def _step(self) -> StepResult:
+        """One engine step; a RequestFault aborts its request and yields what the abort freed."""
+        try:
+            self._faults.check()
+            return self.engine.step()
+        except RequestFault as fault:
+            log.warning("%s; the request is aborted", fault)
+            aborted = self.engine.abort(fault.request_id)
+            self._announce(self._fault_listeners, fault)
+            return StepResult((), (), (), (), 0, 0.0, (), {hold.request_id: hold for hold in aborted.holds})
 
     def _drain_commands(self) -> None:
         while True:
@@ -105,7 +161,30 @@ class AsyncEngine:
             except BaseException as exc:  # handed to the caller
                 future.set_exception(exc)
 
+    def _end(self, reason: str) -> None:
+        self._ended = reason
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        assert self._ended is not None
+        while True:
+            try:
+                _, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(EngineFailed(self._ended))
+
     def _publish(self, result: StepResult) -> None:
         assert self._loop is not None
         for listener in self._listeners:
             self._loop.call_soon_threadsafe(listener, result)
+
+    def _announce(self, listeners: list, arg: BaseException) -> None:
+        """Run each listener(arg) on the event loop (skipped once the loop is closed)."""
+        assert self._loop is not None
+        try:
+            for listener in listeners:
+                self._loop.call_soon_threadsafe(listener, arg)
+        except RuntimeError:
+            log.warning("event loop closed; %d listeners not told of %r", len(listeners), arg)

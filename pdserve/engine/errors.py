@@ -11,3 +11,8 @@ class DuplicateRequestError(ValueError):
 
 class OverloadedError(RuntimeError):
     """Queues are full (maps to RESOURCE_EXHAUSTED)."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine of this process stopped (a fault in a step, or shutdown): nothing more can run
+    here, so callers retry on another worker (maps to UNAVAILABLE)."""

@@ -1,0 +1,78 @@
+"""Faults in an engine step: whose they are, and a switch that injects one on demand.
+
+    RequestFault(request_id, cause)    one request is at fault: AsyncEngine aborts it, its
+                                       stream fails, every other request goes on
+    any other exception in a step      the engine itself is broken: AsyncEngine stops and every
+                                       call fails with EngineFailed
+
+Injection is for tests and the chaos harness, and off unless PDSERVE_FAULT_INJECT_FILE names a
+path: before each step the engine claims that file if it exists (renames it away, then deletes
+it) and the step raises. An empty file injects a fatal fault; a file reading `request <id>`
+injects a RequestFault for that request. Unset, a step pays nothing (no file is looked at).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+INJECT_ENV = "PDSERVE_FAULT_INJECT_FILE"
+
+
+class RequestFault(Exception):
+    """An engine step failed because of one request.
+
+    NOTE: raise it only where the step can be abandoned: the engine aborts the request and the
+    next step starts from the scheduler's state as it stands (nothing of this step was applied).
+    """
+
+    def __init__(self, request_id: str, cause: BaseException):
+        super().__init__(f"request {request_id!r} failed in an engine step: {cause!r}")
+        self.request_id = request_id
+        self.cause = cause
+
+
+class InjectedFault(RuntimeError):
+    """The fault a FaultInjector raises on purpose."""
+
+
+class FaultInjector(abc.ABC):
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Called on the engine thread before each step; raises the fault to inject, if any."""
+
+
+class NoFaults(FaultInjector):
+    def check(self) -> None:
+        return None
+
+
+class FileTrigger(FaultInjector):
+    """Injects one fault each time `path` appears."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._claimed = path.with_name(f"{path.name}.{os.getpid()}.claimed")
+
+    def check(self) -> None:
+        try:
+            os.rename(self.path, self._claimed)
+        except FileNotFoundError:
+            return
+        text = self._claimed.read_text().strip()
+        self._claimed.unlink(missing_ok=True)
+        raise _fault_for(text)
+
+
+def _fault_for(text: str) -> Exception:
+    kind, _, request_id = text.partition(" ")
+    if kind == "request" and request_id:
+        return RequestFault(request_id, InjectedFault("injected request fault"))
+    return InjectedFault("injected engine fault")
+
+
+def injector_from_env(env: Mapping[str, str]) -> FaultInjector:
+    path = env.get(INJECT_ENV)
+    return FileTrigger(Path(path)) if path else NoFaults()
