@@ -1,13 +1,15 @@
 """`pdserve router|prefill|decode`: run one service in this process until SIGINT/SIGTERM.
 
 SIGTERM drains: health turns NOT_SERVING, new work is refused with UNAVAILABLE, work in flight
-may finish for --drain-timeout-s, then the process exits 0.
+may finish for --drain-timeout-s, then the process exits 0. A worker whose engine failed turns
+NOT_SERVING, lets its failed streams send their statuses, and exits with EXIT_ENGINE_FAILED.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import enum
 import json
 import os
 import signal
@@ -16,6 +18,7 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.rpc.security import add_security_flags
 
 DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
+EXIT_ENGINE_FAILED = 70  # a supervisor restarts the process
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -68,21 +71,43 @@ async def _start(args: argparse.Namespace):
     return await start(args)
 
 
+class Stop(enum.Enum):
+    """Why a service process stops, and so how."""
+
+    INTERRUPT = "interrupt"  # SIGINT: stop now
+    DRAIN = "drain"  # SIGTERM: refuse new work, let work in flight finish, then stop
+    ENGINE_FAILED = "engine failed"  # leave rotation, let failed streams flush, exit non-zero
+
+
 async def _serve(args: argparse.Namespace) -> int:
     service = await _start(args)
     if args.ready_file:
         _write_ready(args.ready_file, service.port, service.metrics_port)
-    signals = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    stops = _stop_queue(service)
     metrics = f", metrics on :{service.metrics_port}/metrics" if service.metrics_port else ""
     print(f"pdserve {args.role} serving on {args.host}:{service.port}{metrics}", flush=True)
-    if await signals.get() == signal.SIGTERM:
+    stop = await stops.get()
+    if stop is Stop.DRAIN:
         left = await service.drain(args.drain_timeout_s)
         print(f"pdserve {args.role} drained ({left} requests left)", flush=True)
+    elif stop is Stop.ENGINE_FAILED:
+        print(f"pdserve {args.role}: the engine failed; leaving rotation and exiting", flush=True)
+        await service.give_up()
     await service.stop()
-    return 0
+    return EXIT_ENGINE_FAILED if stop is Stop.ENGINE_FAILED else 0
+
+
+def _stop_queue(service) -> asyncio.Queue[Stop]:
+    """Signals, and a worker's engine failure, as Stop reasons in arrival order."""
+    from pdserve.worker.service import WorkerService
+
+    stops: asyncio.Queue[Stop] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stops.put_nowait, Stop.INTERRUPT)
+    loop.add_signal_handler(signal.SIGTERM, stops.put_nowait, Stop.DRAIN)
+    if isinstance(service, WorkerService):
+        service.on_engine_failure(lambda _: stops.put_nowait(Stop.ENGINE_FAILED))
+    return stops
 
 
 def _write_ready(path: str, port: int, metrics_port: int | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from pdserve.cli.options import engine_config
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
+from pdserve.engine.faults import injector_from_env
 
 
 @dataclass
@@ -36,7 +38,7 @@ def build_runtime(args: argparse.Namespace, hold_blocks: bool) -> WorkerRuntime:
         torch.set_num_threads(args.threads)
     engine = Engine(engine_config(args), hold_blocks=hold_blocks)
     _quiet_gc()
-    async_engine = AsyncEngine(engine)
+    async_engine = AsyncEngine(engine, faults=injector_from_env(os.environ))
     async_engine.start(asyncio.get_running_loop())
     return WorkerRuntime(engine, async_engine)
 

@@ -1,7 +1,9 @@
-"""A started worker process (prefill or decode): what both kinds hold, and how they drain and stop."""
+"""A started worker process (prefill or decode): what both kinds hold, and how they drain,
+give up after their engine failed, and stop."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -12,6 +14,8 @@ from pdserve.rpc.server import RunningServer
 from pdserve.worker.metrics_feed import MetricsFeed
 from pdserve.worker.observability import Observability
 from pdserve.worker.runtime import WorkerRuntime
+
+FLUSH_S = 0.5  # after an engine failure: time for failed streams to send their statuses
 
 
 class TransferEnd(Protocol):
@@ -45,6 +49,17 @@ class WorkerService:
         await self.server.set_serving(False)
         self.registration.stop()
         return await self.drainer.wait_idle(self.in_flight, timeout_s)
+
+    def on_engine_failure(self, listener: Callable[[BaseException], None]) -> None:
+        """`listener(exc)` runs once on the event loop when this worker's engine died."""
+        self.runtime.async_engine.add_failure_listener(listener)
+
+    async def give_up(self, flush_s: float = FLUSH_S) -> None:
+        """The engine failed: leave rotation (NOT_SERVING, out of the registry) and give the
+        streams that failed time to send their statuses before the process stops."""
+        await self.server.set_serving(False)
+        self.registration.stop()
+        await asyncio.sleep(flush_s)
 
     async def stop(self) -> None:
         self.registration.stop()
