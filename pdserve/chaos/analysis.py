@@ -1,0 +1,106 @@
+"""What a faulted run did against the no-fault run of the same requests.
+
+    lost       a request that ended with an error status, never finished, or has fewer tokens
+               than asked for (every request ignores EOS)
+    differ     a request complete in both runs whose token ids are not equal (greedy and
+               seeded sampling counted apart)
+    TBT split  a chat token gap is `during` a fault when [gap start, gap end] meets
+               [fault start, fault end + settle_s]; every other gap is `outside`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdserve.bench.records import RequestRecord
+from pdserve.bench.stats import Distribution, distribution
+from pdserve.bench.workloads import Workload
+from pdserve.chaos.load import is_sampled
+
+
+@dataclass(frozen=True)
+class Loss:
+    index: int
+    kind: str
+    status: str
+    detail: str
+    tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Difference:
+    index: int
+    sampled: bool
+    first_index: int  # the first token position where the outputs part
+
+
+@dataclass(frozen=True)
+class Comparison:
+    greedy_compared: int
+    seeded_compared: int
+    differences: tuple[Difference, ...]
+
+    @property
+    def greedy_differ(self) -> int:
+        return sum(not d.sampled for d in self.differences)
+
+    @property
+    def seeded_differ(self) -> int:
+        return sum(d.sampled for d in self.differences)
+
+
+@dataclass(frozen=True)
+class Window:
+    start_s: float  # seconds after the run started
+    end_s: float
+
+
+@dataclass(frozen=True)
+class TbtSplit:
+    during: Distribution | None
+    outside: Distribution | None
+
+
+def complete(record: RequestRecord) -> bool:
+    return record.ok and record.output_tokens >= record.max_tokens
+
+
+def losses(records: Sequence[RequestRecord]) -> tuple[Loss, ...]:
+    return tuple(Loss(r.index, r.kind, r.status, r.detail, r.output_tokens, r.max_tokens)
+                 for r in records if not complete(r))
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def compare(workload: Workload, baseline: Sequence[RequestRecord], faulted: Sequence[RequestRecord]) -> Comparison:
+    """Records are matched by request index; only requests complete in both runs are compared."""
+    sampled = {r.index: is_sampled(r) for r in workload.requests}
+    before = {r.index: r for r in baseline if complete(r)}
+    pairs = [(before[r.index], r) for r in faulted if complete(r) and r.index in before]
+    differences = tuple(Difference(b.index, sampled[b.index], _first_difference(b.token_ids, f.token_ids))
+                        for b, f in pairs if b.token_ids != f.token_ids)
+    seeded = sum(sampled[b.index] for b, _ in pairs)
+    return Comparison(len(pairs) - seeded, seeded, differences)
+
+
+def overlaps(start: float, end: float, windows: Sequence[Window]) -> bool:
+    return any(start <= w.end_s and w.start_s <= end for w in windows)
+
+
+def split_tbt(records: Sequence[RequestRecord], windows: Sequence[Window]) -> TbtSplit:
+    """Chat TBT samples during and outside the fault windows."""
+    during, outside = [], []
+    for record in records:
+        if record.kind != "chat":
+            continue
+        for start, end in zip(record.token_times, record.token_times[1:]):
+            (during if overlaps(start, end, windows) else outside).append(end - start)
+    return TbtSplit(distribution(during), distribution(outside))
+
+
+def chat_tbt(records: Sequence[RequestRecord]) -> Distribution | None:
+    return distribution([g for r in records if r.kind == "chat" for g in r.gaps_s])

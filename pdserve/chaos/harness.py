@@ -1,0 +1,130 @@
+"""The experiment: the requests once without faults, then again under the fault schedule.
+
+    fleet A  start, warm up, no-fault run, blocks back to zero      (A is B with --baseline-fleet same)
+    plan     the schedule: seeded faults within [first_s, span], span defaulting to 0.8 x the
+             no-fault run's duration (or the preset's fixed schedule)
+    fleet B  start, warm up, faulted run with the injector, blocks back to zero
+    judge    lost requests, outputs against the no-fault run, TBT during and outside faults
+
+Every fleet is stopped in `finally`, whatever happens.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from pdserve.bench import runner
+from pdserve.bench.workloads import Workload
+from pdserve.chaos import analysis, blocks, load
+from pdserve.chaos.config import ChaosConfig
+from pdserve.chaos.fleet import Fleet, role_of
+from pdserve.chaos.injector import FaultRecord, Injector, Outcome
+from pdserve.chaos.schedule import Fault, ScheduleSpec, format_schedule, plan
+from pdserve.chaos.separate import SeparateFleet
+from pdserve.chaos.up_fleet import UpFleet
+from pdserve.chaos.verdict import Verdict
+
+FLEETS = {"separate": SeparateFleet, "up": UpFleet}
+POLL_PAST_BOUND_S = 15.0  # blocks are polled this long past the bound, so a late zero still has its time
+
+
+@dataclass(frozen=True)
+class Measured:
+    result: runner.RunResult
+    faults: tuple[FaultRecord, ...]
+    drain: blocks.Drain
+    fleet: str  # the fleet's description
+
+
+@dataclass(frozen=True)
+class ChaosResult:
+    config: ChaosConfig
+    workload: Workload
+    schedule: tuple[Fault, ...]
+    baseline: Measured
+    faulted: Measured
+    windows: tuple[analysis.Window, ...]
+    comparison: analysis.Comparison
+    tbt: analysis.TbtSplit
+    verdict: Verdict
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def started(config: ChaosConfig) -> Iterator[tuple[Fleet, str]]:
+    fleet = FLEETS[config.fleet_kind](config.fleet)
+    try:
+        _log(f"== starting {fleet.describe()}")
+        target = fleet.start()
+        runner.warm_up(target)
+        yield fleet, target
+    finally:
+        fleet.stop()
+
+
+def measure(fleet: Fleet, target: str, workload: Workload, faults: tuple[Fault, ...], config: ChaosConfig,
+            label: str) -> Measured:
+    injector = Injector(fleet, faults, config.recovery_timeout_s)
+    injector.start()
+    try:
+        result = runner.run(target, workload, runner.RunOptions(config.duration_limit_s, config.progress, label))
+    finally:
+        injector.load_finished()
+        injector.join()
+    drain = blocks.drain(fleet.workers(), result.started_at + result.duration_s, config.bound_s + POLL_PAST_BOUND_S)
+    _log(f"{label}: {result.duration_s:.1f} s; active blocks zero after {drain.describe()}")
+    return Measured(result, injector.records, drain, fleet.describe())
+
+
+def schedule_for(config: ChaosConfig, baseline_s: float) -> tuple[Fault, ...]:
+    names = config.fleet.names()
+    p = config.plan
+    if p.fixed:
+        unknown = sorted({f.target for f in p.fixed} - set(names))
+        if unknown:
+            raise ValueError(f"the schedule names workers this fleet lacks: {', '.join(unknown)}")
+        return p.fixed
+    last = p.span_s if p.span_s is not None else 0.8 * baseline_s
+    targets = tuple(n for n in names if role_of(n) in p.roles)
+    return plan(ScheduleSpec(p.faults, p.kinds, targets, (p.first_s, max(p.first_s, last)), p.stop_s, p.recovery_s),
+                config.seed)
+
+
+def windows_of(records: tuple[FaultRecord, ...], started_at: float, settle_s: float) -> tuple[analysis.Window, ...]:
+    return tuple(analysis.Window(r.started_at - started_at, r.ended_at - started_at + settle_s)
+                 for r in records if r.started_at is not None and r.ended_at is not None)
+
+
+def run(config: ChaosConfig) -> ChaosResult:
+    workload = load.build(config.load, config.seed)
+    with started(config) as (fleet, target):
+        baseline = measure(fleet, target, workload, (), config, "no-fault run")
+        schedule = schedule_for(config, baseline.result.duration_s)
+        print(format_schedule(schedule), flush=True)
+        if config.baseline_fleet == "same":
+            faulted = measure(fleet, target, workload, schedule, config, "faulted run")
+    if config.baseline_fleet != "same":
+        with started(config) as (fleet, target):
+            faulted = measure(fleet, target, workload, schedule, config, "faulted run")
+    return judge(config, workload, schedule, baseline, faulted)
+
+
+def judge(config: ChaosConfig, workload: Workload, schedule: tuple[Fault, ...], baseline: Measured,
+          faulted: Measured) -> ChaosResult:
+    windows = windows_of(faulted.faults, faulted.result.started_at, config.settle_s)
+    comparison = analysis.compare(workload, baseline.result.records, faulted.result.records)
+    injected = [r for r in faulted.faults if r.started_at is not None]
+    verdict = Verdict(
+        lost=len(analysis.losses(faulted.result.records)), baseline_lost=len(analysis.losses(baseline.result.records)),
+        greedy_differ=comparison.greedy_differ, seeded_differ=comparison.seeded_differ,
+        blocks_zero_after_s=faulted.drain.zero_after_s, baseline_blocks_zero_after_s=baseline.drain.zero_after_s,
+        blocks_bound_s=config.bound_s, faults_injected=len(injected),
+        faults_not_recovered=sum(r.outcome is Outcome.NOT_RECOVERED for r in injected))
+    return ChaosResult(config, workload, schedule, baseline, faulted, windows, comparison,
+                       analysis.split_tbt(faulted.result.records, windows), verdict)

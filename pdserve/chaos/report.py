@@ -1,0 +1,95 @@
+"""The screen report and the JSON document of a chaos run."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import Counter
+
+from pdserve.bench.report import to_json
+from pdserve.bench.stats import Distribution, Slo
+from pdserve.chaos import analysis
+from pdserve.chaos.harness import ChaosResult, Measured
+from pdserve.chaos.injector import FaultRecord
+from pdserve.chaos.load import is_sampled
+
+HEADER = (f"{'run':9} {'time s':>7} {'lost':>5} {'greedy differ':>13} {'seeded differ':>13} "
+          f"{'blocks zero after':>22} {'chat TBT p99 ms':>15} {'max ms':>7}")
+
+
+def _ms(d: Distribution | None, field: str) -> str:
+    return "-" if d is None else f"{getattr(d, field) * 1e3:.0f}"
+
+
+def _fault_line(record: FaultRecord, started_at: float) -> str:
+    if record.started_at is None:
+        return f"  {record.fault.describe()}  {record.outcome.value}"
+    begin, end = record.started_at - started_at, record.ended_at - started_at
+    return f"  {record.fault.describe()}  began {begin:.1f} s, ended {end:.1f} s ({record.outcome.value})"
+
+
+def _row(label: str, m: Measured, greedy: str, seeded: str) -> str:
+    tbt = analysis.chat_tbt(m.result.records)
+    lost = len(analysis.losses(m.result.records))
+    return (f"{label:9} {m.result.duration_s:7.1f} {lost:5d} {greedy:>13} {seeded:>13} {m.drain.describe():>22} "
+            f"{_ms(tbt, 'p99'):>15} {_ms(tbt, 'max'):>7}")
+
+
+def _tbt_line(label: str, d: Distribution | None) -> str:
+    if d is None:
+        return f"  chat TBT {label}: no samples"
+    return f"  chat TBT {label}: p99 {d.p99 * 1e3:.0f} ms, max {d.max * 1e3:.0f} ms ({d.count} gaps)"
+
+
+def _losses(m: Measured) -> list[str]:
+    counted = Counter((loss.status, loss.detail[:90]) for loss in analysis.losses(m.result.records))
+    return [f"    {n} x {status}: {detail}" for (status, detail), n in counted.most_common()]
+
+
+def format_report(r: ChaosResult) -> str:
+    w, c, v = r.workload, r.comparison, r.verdict
+    kinds = Counter(q.kind.value for q in w.requests)
+    sampled = sum(is_sampled(q) for q in w.requests)
+    lines = [f"chaos, seed {r.config.seed}: {len(w.requests)} requests "
+             f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {sampled} sampled with a seed) "
+             f"on {r.faulted.fleet}",
+             f"faults: {len(r.schedule)} planned, {v.faults_injected} injected"]
+    lines += [_fault_line(f, r.faulted.result.started_at) for f in r.faulted.faults]
+    lines += ["", HEADER, "-" * len(HEADER), _row("no-fault", r.baseline, "-", "-"),
+              _row("faulted", r.faulted, f"{c.greedy_differ}/{c.greedy_compared}",
+                   f"{c.seeded_differ}/{c.seeded_compared}"),
+              _tbt_line("during faults", r.tbt.during), _tbt_line("outside faults", r.tbt.outside)]
+    for label, m in (("no-fault", r.baseline), ("faulted", r.faulted)):
+        found = _losses(m)
+        if found:
+            lines += [f"  lost in the {label} run:", *found]
+    verdict = "PASS" if v.passed else "FAIL: " + "; ".join(v.failures)
+    lines += [f"verdict (blocks bound {v.blocks_bound_s:g} s): {verdict}"]
+    return "\n".join(lines)
+
+
+def _plain(value):
+    """Dataclasses, enums and tuples as JSON values."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _measured_json(m: Measured) -> dict:
+    return {"fleet": m.fleet, "faults": _plain(m.faults), "blocks": _plain(m.drain),
+            "losses": _plain(analysis.losses(m.result.records)), "run": to_json(m.result, Slo())}
+
+
+def to_document(r: ChaosResult) -> dict:
+    v = r.verdict
+    return {"config": _plain(r.config), "schedule": _plain(r.schedule), "windows": _plain(r.windows),
+            "comparison": {**_plain(r.comparison), "greedy_differ": r.comparison.greedy_differ,
+                           "seeded_differ": r.comparison.seeded_differ},
+            "tbt": _plain(r.tbt), "verdict": {**_plain(v), "passed": v.passed, "failures": list(v.failures)},
+            "baseline": _measured_json(r.baseline), "faulted": _measured_json(r.faulted)}

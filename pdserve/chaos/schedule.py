@@ -1,0 +1,99 @@
+"""A seeded fault schedule: which signal reaches which worker when.
+
+A worker is busy from a fault's start until it is back: a stopped one until SIGCONT, a killed
+or terminated one for an estimated `recovery_s` (restart and model load). Two faults on one
+worker never overlap; faults on different workers may.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class FaultKind(enum.Enum):
+    KILL = "kill"  # SIGKILL; the worker is restarted on its port
+    STOP = "stop"  # SIGSTOP, then SIGCONT after `stop_s`
+    TERM = "term"  # SIGTERM: the worker drains, exits and is restarted
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float  # seconds after the faulted run starts
+    kind: FaultKind
+    target: str  # a worker's name, e.g. "decode-1"
+    stop_s: float = 0.0  # STOP only: seconds between SIGSTOP and SIGCONT
+
+    def busy(self, recovery_s: float) -> tuple[float, float]:
+        """The span during which no other fault may reach the same worker."""
+        length = self.stop_s if self.kind is FaultKind.STOP else recovery_s
+        return self.at_s, self.at_s + length
+
+    def describe(self) -> str:
+        pause = f" for {self.stop_s:.1f} s" if self.kind is FaultKind.STOP else ""
+        return f"t={self.at_s:7.1f} s  {self.kind.value:4}  {self.target}{pause}"
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    count: int
+    kinds: tuple[FaultKind, ...]
+    targets: tuple[str, ...]  # worker names faults may reach
+    window: tuple[float, float]  # every fault starts within [first, last] seconds
+    stop_s: tuple[float, float] = (3.0, 15.0)
+    recovery_s: float = 30.0
+    attempts: int = 2000
+
+
+def plan(spec: ScheduleSpec, seed: int) -> tuple[Fault, ...]:
+    """`spec.count` faults in time order; the same spec and seed give the same schedule.
+
+    Raises ValueError when the faults cannot be placed without overlapping on one worker."""
+    if spec.count and (not spec.kinds or not spec.targets):
+        raise ValueError("faults need at least one kind and one target")
+    if spec.window[1] < spec.window[0]:
+        raise ValueError(f"empty fault window {spec.window}")
+    rng = random.Random(f"chaos-faults:{seed}")
+    placed: list[Fault] = []
+    for _ in range(spec.count):
+        placed.append(_place(rng, spec, placed))
+    return tuple(sorted(placed, key=lambda f: (f.at_s, f.target)))
+
+
+def _draw(rng: random.Random, spec: ScheduleSpec) -> Fault:
+    kind = rng.choice(spec.kinds)
+    stop_s = round(rng.uniform(*spec.stop_s), 1) if kind is FaultKind.STOP else 0.0
+    return Fault(round(rng.uniform(*spec.window), 1), kind, rng.choice(spec.targets), stop_s)
+
+
+def _place(rng: random.Random, spec: ScheduleSpec, placed: Sequence[Fault]) -> Fault:
+    for _ in range(spec.attempts):
+        fault = _draw(rng, spec)
+        if not any(overlap(fault, other, spec.recovery_s) for other in placed):
+            return fault
+    raise ValueError(f"cannot place {spec.count} faults in {spec.window[0]:.0f}-{spec.window[1]:.0f} s without two "
+                     f"on one worker at once (a restart counts {spec.recovery_s:.0f} s); fewer faults or a longer span")
+
+
+def overlap(a: Fault, b: Fault, recovery_s: float) -> bool:
+    """True when both reach the same worker and their busy spans intersect."""
+    if a.target != b.target:
+        return False
+    (a0, a1), (b0, b1) = a.busy(recovery_s), b.busy(recovery_s)
+    return a0 <= b1 and b0 <= a1
+
+
+def parse_kinds(value: str) -> tuple[FaultKind, ...]:
+    """"kill,stop,term" -> the kinds, in that order."""
+    try:
+        return tuple(FaultKind(v.strip()) for v in value.split(",") if v.strip())
+    except ValueError as exc:
+        raise ValueError(f"fault kinds are {', '.join(k.value for k in FaultKind)}; got {value!r}") from exc
+
+
+def format_schedule(faults: Sequence[Fault]) -> str:
+    if not faults:
+        return "fault schedule: none"
+    return "\n".join([f"fault schedule ({len(faults)}):", *(f"  {f.describe()}" for f in faults)])
