@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "decode": "pdserve.cli.services",
     "bench": "pdserve.cli.bench",
     "simulate": "pdserve.cli.simulate",
+    "chaos": "pdserve.cli.chaos",
 }
 
 
