@@ -1,34 +1,48 @@
-"""One request's path through the workers, as the router drives it.
+"""One request's path through the workers, as the router drives it (the protocol: router/protocol.py).
 
-    choose decode D --Decode--> Reserved(blocks)            (colocated/resume: D prefills itself)
-    choose prefill P --Prefill(reservation)--> chunks ... PrefillDone(first token)  -> client
-    D streams the following tokens -> client, until Finished
-    P fails before its first token: retry on another P (a fresh reservation on D)
-    D fails mid-stream: resume on another D with prompt + tokens so far (or fail: UNAVAILABLE)
+    PLACING        choose a decode worker D (wait for one within the deadline) --open--> D
+    RESERVING      D reserves KV blocks                       (colocated / resume: LOCAL_PREFILL on D)
+    PREFILLING     choose a prefill worker P --open(reservation)--> chunks ... (KV_IN_FLIGHT)
+    DECODING       P's first token -> client; D streams the following tokens until Finished
+    a WorkerFault in any phase -> router/recovery.py: retry, resume, complete, or fail
+
+Every call of an attempt is closed when the attempt ends, however it ends: closing ends the
+request on that worker, which frees what it holds there. The decode call is read in the
+background from the start, so a decode worker that dies while the prefill runs is seen at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
-
 from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.rpc.convert import finish_from_pb, priority_to_pb, sampling_to_pb
 from pdserve.rpc.errors import Unavailable
-from pdserve.v1 import worker_pb2 as wpb
-from pdserve.v1 import worker_pb2_grpc
+from router.clients import (
+    Call,
+    Chunk,
+    Culprit,
+    FaultKind,
+    Finished,
+    FirstToken,
+    Preempted,
+    Reservation,
+    Tokens,
+    WorkerClients,
+    WorkerFault,
+    WorkerJob,
+)
 from router.placement import NoWorker, choose_decode, choose_prefill
-from router.workers import WorkerPool
+from router.protocol import Phase, RequestProtocol, Signal
+from router.recovery import Action, Decision, RecoveryPolicy, charged_to
+from router.stream import Pumped
+from router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
-# A worker that failed or went away; DEADLINE_EXCEEDED is the client's own deadline: never retried.
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-             grpc.StatusCode.INTERNAL)
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,7 @@ class Done:
 
 @dataclass(frozen=True)
 class Milestone:
-    """Something for the trace: placement, prefill chunk, KV transfer, preemption."""
+    """Something for the trace: placement, prefill chunk, KV transfer, preemption, retry."""
 
     name: str
     attributes: dict
@@ -71,171 +85,196 @@ FlowEvent = NewTokens | Done | Milestone
 
 @dataclass
 class FlowState:
-    attempt: int = 0
+    protocol: RequestProtocol
     generated: list[int] = field(default_factory=list)
+    faults: list[WorkerFault] = field(default_factory=list)
     cached_tokens: int = 0
     preemptions: int = 0
     by_mode: dict[str, int] = field(default_factory=dict)
-    excluded_prefill: set[str] = field(default_factory=set)
-    excluded_decode: set[str] = field(default_factory=set)
+    avoid: dict[str, set[str]] = field(default_factory=lambda: {"prefill": set(), "decode": set()})
+
+    def done(self, reason: FinishReason, cached: int = 0) -> Done:
+        return Done(reason, self.cached_tokens or cached, self.preemptions, dict(self.by_mode))
 
 
 @dataclass(frozen=True)
 class FlowConfig:
     colocated: bool = False
-    resume_on_decode_failure: bool = True
     kv_timeout_s: float = 30.0
-    max_attempts: int = 4
+    wait_for_worker_s: float = 30.0  # a request waits this long (within its deadline) for a usable worker
+    probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill workers
+    recovery: RecoveryPolicy = RecoveryPolicy()
 
 
 class RequestFlow:
-    def __init__(self, pool: WorkerPool, config: FlowConfig):
+    def __init__(self, pool: WorkerPool, clients: WorkerClients, config: FlowConfig):
         self.pool = pool
+        self.clients = clients
         self.config = config
 
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
-        state = FlowState()
-        for attempt in range(self.config.max_attempts):
-            state.attempt = attempt
-            decode = self._pick_decode(state)
-            try:
-                async for event in self._attempt(job, state, decode):
-                    yield event
-                return
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
-                    raise
-                if not self._may_retry(state):
-                    raise Unavailable(f"the decode worker serving {job.request_id} failed "
-                                      f"({exc.code().name}: {exc.details()})") from exc
-                log.warning("request %s attempt %d failed (%s): retrying", job.request_id, attempt, exc.code())
-        raise Unavailable(f"request {job.request_id} failed after {self.config.max_attempts} attempts")
-
-    def _may_retry(self, state: FlowState) -> bool:
-        return not state.generated or self.config.resume_on_decode_failure
-
-    def _pick_decode(self, state: FlowState):
+        state = FlowState(RequestProtocol(job.request_id))
         try:
-            return choose_decode(self.pool.of_role("decode"), state.excluded_decode)
-        except NoWorker as exc:
-            raise Unavailable(str(exc)) from None
+            while not state.protocol.done:
+                try:
+                    async for event in self._attempt(job, state):
+                        yield event
+                except WorkerFault as fault:
+                    decision = self._recover(job, state, fault)
+                    if decision.action == Action.COMPLETE:
+                        yield state.done(decision.reason)
+                    elif decision.action != Action.FAIL:
+                        yield Milestone(decision.action.value, {"pdserve.fault": fault.message,
+                                                                "pdserve.fault_kind": fault.kind.value})
+        except Exception as exc:
+            if not state.protocol.done:
+                state.protocol.advance(Signal.FAIL, str(exc))
+            raise
+        except BaseException:  # cancelled: the client went away, aborted, or a stop string ended it
+            if not state.protocol.done:
+                state.protocol.advance(Signal.CANCEL)
+            raise
 
-    async def _attempt(self, job: Job, state: FlowState, decode) -> AsyncIterator[FlowEvent]:
+    def _recover(self, job: Job, state: FlowState, fault: WorkerFault) -> Decision:
+        state.faults.append(fault)
+        decision = self.config.recovery.decide(fault, state.faults, state.generated, job.sampling,
+                                               state.protocol.attempts, job.deadline)
+        signal = {Action.RETRY: Signal.RETRY, Action.RESUME: Signal.RESUME, Action.COMPLETE: Signal.COMPLETE,
+                  Action.FAIL: Signal.FAIL}[decision.action]
+        log.warning("request %s in %s: %s -> %s", job.request_id, state.protocol.phase.value, fault,
+                    decision.action.value)
+        state.protocol.advance(signal, fault.message)
+        if decision.action == Action.FAIL:
+            raise decision.error
+        return decision
+
+    # ---- one attempt ----
+
+    async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
         local = self.config.colocated or bool(state.generated)
-        stub = worker_pb2_grpc.DecodeWorkerStub(self.pool.channels.get(decode.address))
-        call = stub.Decode(wpb.DecodeRequest(request=self._worker_request(job, state), local_prefill=local),
-                           metadata=job.metadata, timeout=job.timeout_s())
+        decode = await self._choose(job, state, "decode")
+        state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
+        self.pool.placed(decode)
+        call = Pumped(self.clients.decode(decode.address).open(self._worker_job(job, state), local), decode.address)
         yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local})
-        decode.assigned += 1
         try:
-            events = call.__aiter__()
             if not local:
-                async for event in self._remote_prefill(job, state, events, decode.address):
+                async for event in self._remote_prefill(job, state, call, decode):
                     yield event
-            async for event in self._relay(state, events):
+            async for event in self._relay(state, call):
                 yield event
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in RETRYABLE and not _is_prefill_error(exc):
-                state.excluded_decode.add(decode.address)
-                self.pool.mark_failed(decode.address)
+            self.pool.credit(decode.address)
+        except WorkerFault as fault:
+            self._blame(state, fault, "decode", decode.address)
             raise
         finally:
             decode.assigned -= 1
-            call.cancel()
+            call.close()
 
-    def _worker_request(self, job: Job, state: FlowState) -> wpb.WorkerRequest:
-        """Each attempt has its own id on the workers, so a retry never meets the previous one."""
-        worker_id = job.request_id if state.attempt == 0 else f"{job.request_id}@{state.attempt}"
-        return wpb.WorkerRequest(request_id=worker_id, prompt_token_ids=list(job.prompt),
-                                 sampling=sampling_to_pb(job.sampling), priority=priority_to_pb(job.priority),
-                                 kv_timeout_s=self.config.kv_timeout_s, output_token_ids=state.generated)
+    def _worker_job(self, job: Job, state: FlowState) -> WorkerJob:
+        """Each attempt has its own id on the workers, so it never meets an earlier attempt, nor
+        an earlier request of the client with the same id still ending there."""
+        worker_id = f"{job.request_id}@{state.protocol.attempts}.{secrets.token_hex(4)}"
+        return WorkerJob(worker_id, job.prompt, job.sampling, job.priority, self.config.kv_timeout_s,
+                         tuple(state.generated), job.metadata, job.timeout_s())
 
-    async def _remote_prefill(self, job: Job, state: FlowState, events, decode_address: str) -> AsyncIterator[FlowEvent]:
-        first = await events.__anext__()
-        if first.WhichOneof("event") != "reserved":
-            raise Unavailable(f"decode worker {decode_address} did not reserve KV blocks")
-        prefill = await self._pick_prefill(job, state)
-        yield Milestone("placement.prefill", {"pdserve.prefill_worker": prefill.address,
-                                              "pdserve.kv_blocks_reserved": len(first.reserved.block_ids)})
-        stub = worker_pb2_grpc.PrefillWorkerStub(self.pool.channels.get(prefill.address))
-        call = stub.Prefill(wpb.PrefillRequest(request=self._worker_request(job, state), target=first.reserved),
-                            metadata=job.metadata, timeout=job.timeout_s())
-        prefill.assigned += 1
+    def _blame(self, state: FlowState, fault: WorkerFault, role: str, address: str) -> None:
+        """Charge the worker that caused the fault and avoid it for the rest of this request."""
+        charged = charged_to(fault)
+        if charged is not None:
+            self.pool.charge(charged)
+        if fault.kind != FaultKind.REFUSED and fault.culprit == Culprit.SELF:
+            state.avoid[role].add(address)
+
+    async def _choose(self, job: Job, state: FlowState, role: str) -> Worker:
+        until = time.monotonic() + self.config.wait_for_worker_s
+        if job.deadline is not None:
+            until = min(until, job.deadline)
+        workers = await self.pool.wait_usable(role, until)
         try:
-            async for event in call:  # noqa: B007 - the loop returns at PrefillDone
-                if event.WhichOneof("event") == "chunk":
-                    c = event.chunk
-                    yield Milestone("prefill.chunk", {"tokens": c.num_tokens, "start": c.start,
-                                                      "cached_tokens": c.cached_tokens, "step_seconds": c.step_seconds})
-                    continue
-                done = event.done
-                state.cached_tokens = done.cached_tokens
-                yield Milestone("kv_transfer", {"bytes": done.kv_bytes, "blocks": done.kv_blocks,
-                                                "descriptors": done.kv_descriptors, "seconds": done.kv_seconds,
-                                                "queue_seconds": done.queue_seconds})
-                state.generated.append(done.first_token_id)
-                yield NewTokens((done.first_token_id,))
-                return
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in RETRYABLE:
-                state.excluded_prefill.add(prefill.address)
-                self.pool.mark_failed(prefill.address)
-                raise _PrefillFailed(exc) from exc
-            raise
-        finally:
-            prefill.assigned -= 1
-            call.cancel()
-        raise Unavailable(f"prefill worker {prefill.address} ended without a first token")
-
-    async def _pick_prefill(self, job: Job, state: FlowState):
-        workers = self.pool.of_role("prefill")
-        cached = await self._cached_prefixes(job.prompt, [w.address for w in workers if w.address not in state.excluded_prefill])
-        try:
-            return choose_prefill(workers, cached, state.excluded_prefill)
+            if role == "decode":
+                return choose_decode(workers, state.avoid["decode"])
+            cached = await self._cached_prefixes(job.prompt, [w for w in workers if w.address not in state.avoid[role]])
+            return choose_prefill(workers, cached, state.avoid["prefill"])
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
 
-    async def _cached_prefixes(self, prompt: Sequence[int], addresses: list[str]) -> dict[str, int]:
-        if len(addresses) < 2:
+    async def _cached_prefixes(self, prompt: tuple[int, ...], workers: list[Worker]) -> dict[str, int]:
+        if len(workers) < 2:
             return {}
+        counts = await asyncio.gather(*(self.clients.prefill(w.address).match_prefix(prompt, self.config.probe_timeout_s)
+                                        for w in workers))
+        return {w.address: n for w, n in zip(workers, counts) if n is not None}
 
-        async def probe(address: str) -> int:
-            stub = worker_pb2_grpc.PrefillWorkerStub(self.pool.channels.get(address))
+    # ---- phases ----
+
+    async def _remote_prefill(self, job: Job, state: FlowState, decode_call: Pumped,
+                              decode: Worker) -> AsyncIterator[FlowEvent]:
+        reservation = await decode_call.next()
+        if not isinstance(reservation, Reservation):
+            raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "
+                                                                f"(sent {type(reservation).__name__} first)")
+        prefill = await self._choose(job, state, "prefill")
+        state.protocol.advance(Signal.RESERVED, prefill.address)
+        yield Milestone("placement.prefill", {"pdserve.prefill_worker": prefill.address,
+                                              "pdserve.kv_blocks_reserved": len(reservation.block_ids)})
+        self.pool.placed(prefill)
+        call = self.clients.prefill(prefill.address).open(self._worker_job(job, state), reservation)
+        try:
+            async for event in self._prefill_events(state, call, decode_call, prefill.address):
+                yield event
+            self.pool.credit(prefill.address)
+        except WorkerFault as fault:
+            if fault.culprit == Culprit.PEER:  # the decode worker's fault, seen through the prefill stream
+                state.avoid["prefill"].add(prefill.address)  # (not charged: it may only be cut off from it)
+                raise WorkerFault(FaultKind.GONE, decode.address, fault.message) from None
+            if fault.address == prefill.address:
+                self._blame(state, fault, "prefill", prefill.address)
+            raise
+        finally:
+            prefill.assigned -= 1
+            call.close()
+
+    async def _prefill_events(self, state: FlowState, call: Call, decode_call: Pumped,
+                              address: str) -> AsyncIterator[FlowEvent]:
+        while True:
             try:
-                return (await stub.MatchPrefix(wpb.MatchPrefixRequest(token_ids=list(prompt)), timeout=1.0)).cached_tokens
-            except grpc.aio.AioRpcError:
-                return -1
-
-        counts = await asyncio.gather(*(probe(a) for a in addresses))
-        return dict(zip(addresses, counts))
-
-    async def _relay(self, state: FlowState, events) -> AsyncIterator[FlowEvent]:
-        async for event in events:
-            kind = event.WhichOneof("event")
-            if kind == "tokens":
-                state.generated.extend(event.tokens.token_ids)
-                yield NewTokens(tuple(event.tokens.token_ids))
-            elif kind == "preempted":
-                p = event.preempted
-                if p.phase == "preempted":
-                    state.by_mode[p.mode] = state.by_mode.get(p.mode, 0) + 1
-                yield Milestone(f"decode.{p.phase}", {"mode": p.mode, "reason": p.reason})
-            elif kind == "finished":
-                f = event.finished
-                state.preemptions += f.preemptions
-                cached = state.cached_tokens or f.cached_tokens
-                yield Done(finish_from_pb(f.finish_reason), cached, state.preemptions, dict(state.by_mode))
+                event = await decode_call.unless_failed(call.next())
+            except StopAsyncIteration:
+                raise WorkerFault(FaultKind.FAILED, address, "the prefill worker ended the stream without "
+                                                             "a first token") from None
+            if isinstance(event, Chunk):
+                state.protocol.advance(Signal.CHUNK)
+                yield Milestone("prefill.chunk", {"tokens": event.num_tokens, "start": event.start,
+                                                  "cached_tokens": event.cached_tokens,
+                                                  "step_seconds": event.step_seconds})
+            elif isinstance(event, FirstToken):
+                state.protocol.advance(Signal.FIRST_TOKEN)
+                state.cached_tokens = event.cached_tokens
+                yield Milestone("kv_transfer", {"bytes": event.kv_bytes, "blocks": event.kv_blocks,
+                                                "descriptors": event.kv_descriptors, "seconds": event.kv_seconds,
+                                                "queue_seconds": event.queue_seconds})
+                state.generated.append(event.token_id)
+                yield NewTokens((event.token_id,))
                 return
-        raise Unavailable("the decode worker ended the stream without finishing the request")
 
-
-class _PrefillFailed(grpc.aio.AioRpcError):
-    """A prefill worker failed: retry with a fresh reservation, the decode worker is fine."""
-
-    def __init__(self, cause: grpc.aio.AioRpcError):
-        super().__init__(cause.code(), cause.initial_metadata(), cause.trailing_metadata(), cause.details(),
-                         cause.debug_error_string())
-
-
-def _is_prefill_error(exc: grpc.aio.AioRpcError) -> bool:
-    return isinstance(exc, _PrefillFailed)
+    async def _relay(self, state: FlowState, call: Pumped) -> AsyncIterator[FlowEvent]:
+        while True:
+            try:
+                event = await call.next()
+            except StopAsyncIteration:
+                raise WorkerFault(FaultKind.FAILED, call.address, "the decode worker ended the stream without "
+                                                                  "finishing the request") from None
+            if isinstance(event, Tokens):
+                state.protocol.advance(Signal.TOKENS)
+                state.generated.extend(event.token_ids)
+                yield NewTokens(event.token_ids)
+            elif isinstance(event, Preempted):
+                if event.phase == "preempted":
+                    state.by_mode[event.mode] = state.by_mode.get(event.mode, 0) + 1
+                yield Milestone(f"decode.{event.phase}", {"mode": event.mode, "reason": event.reason})
+            elif isinstance(event, Finished):
+                state.protocol.advance(Signal.FINISHED)
+                state.preemptions += event.preemptions
+                yield state.done(event.reason, event.cached_tokens)
+                return

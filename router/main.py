@@ -18,6 +18,8 @@ from pdserve.worker.observability import Observability, start_observability
 from router.discovery import DnsDiscovery, RegistryServicer
 from router.flow import FlowConfig, RequestFlow
 from router.frontend import Frontend
+from router.grpc_clients import GrpcWorkerClients
+from router.recovery import RecoveryPolicy
 from router.servicer import GenerationServicer
 from router.telemetry import RequestTrace
 from router.workers import WorkerPool
@@ -61,13 +63,15 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     frontend = Frontend(load_tokenizer(args.model),
                         Limits(config.vocab_size, config.max_position_embeddings, args.kv_capacity_tokens))
     channels = ChannelPool(security)
+    clients = GrpcWorkerClients(channels)
     drainer = Drain()
     sync: list = []
-    pool = WorkerPool(channels, [] if args.colocated else split_addresses(args.prefill_workers),
+    pool = WorkerPool(clients, [] if args.colocated else split_addresses(args.prefill_workers),
                       split_addresses(args.decode_workers), on_change=lambda: sync and sync[0]())
-    flow = RequestFlow(pool, FlowConfig(colocated=args.colocated,
-                                        resume_on_decode_failure=args.decode_failover == "resume",
-                                        kv_timeout_s=args.kv_timeout))
+    recovery = RecoveryPolicy(resume_on_decode_failure=args.decode_failover == "resume",
+                              eos_token_ids=tuple(config.eos_token_ids))
+    flow = RequestFlow(pool, clients, FlowConfig(colocated=args.colocated, kv_timeout_s=args.kv_timeout,
+                                                 wait_for_worker_s=args.wait_for_worker_s, recovery=recovery))
     obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
     servicer = GenerationServicer(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),

@@ -42,6 +42,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(_pump(self.flow, job, events))
+        task.add_done_callback(lambda t: t.cancelled() and events.put_nowait(asyncio.CancelledError()))
         self.active[job.request_id] = task
         try:
             async for message in self._responses(job, events, trace):
@@ -122,6 +123,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
 
 async def _pump(flow: RequestFlow, job: Job, events: asyncio.Queue) -> None:
+    """Every way it ends puts a last item on `events`; a task cancelled before it ran does not
+    run this at all: the done-callback in Generate covers that (an Abort racing the Generate)."""
     try:
         async for event in flow.run(job):
             events.put_nowait(event)

@@ -1,17 +1,21 @@
-"""The router's view of its workers: addresses, readiness and load, refreshed by polling Stats."""
+"""The router's view of its workers: addresses, load, and whether each is usable now.
+
+A health watch polls every worker's Stats; each worker has a circuit breaker fed by the polls
+and by the faults the request flow charges to it (`charge`). A worker is usable when its last
+poll answered, it is not draining, and its breaker allows it. `wait_usable` lets a new request
+wait, within its deadline, for a worker of a role instead of failing at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import grpc
-
-from pdserve.rpc.channels import ChannelPool
-from pdserve.v1 import worker_pb2 as wpb
-from pdserve.v1 import worker_pb2_grpc
+from router.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from router.clients import WorkerClients, WorkerFault, WorkerSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -20,45 +24,72 @@ log = logging.getLogger(__name__)
 class Worker:
     address: str
     role: str  # "prefill" | "decode"
-    ready: bool = False
+    ready: bool = False  # the last health poll answered
     draining: bool = False
     free_blocks: int = 0
     total_blocks: int = 0
+    active_blocks: int = 0
     running: int = 0
     waiting: int = 0
     assigned: int = 0  # requests this router has in flight on it (fresher than polled stats)
     source: str = "static"  # static | registry | dns:NAME
-    failures: int = 0  # consecutive failed polls
+    silent_polls: int = 0  # consecutive polls without an answer
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
-    @property
-    def usable(self) -> bool:
-        return self.ready and not self.draining
+    def usable(self, now: float) -> bool:
+        return self.ready and not self.draining and self.breaker.allows(now)
+
+    def take(self, snapshot: WorkerSnapshot) -> None:
+        self.ready, self.draining, self.silent_polls = True, snapshot.draining, 0
+        self.free_blocks, self.total_blocks = snapshot.free_blocks, snapshot.total_blocks
+        self.running, self.waiting, self.active_blocks = snapshot.running, snapshot.waiting, snapshot.active_blocks
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    poll_s: float = 0.5
+    poll_timeout_s: float = 1.5
+    forget_after: int = 6  # silent polls before a registered worker is dropped
+    breaker: BreakerConfig = BreakerConfig()
 
 
 class WorkerPool:
-    def __init__(self, channels: ChannelPool, prefill: list[str], decode: list[str], poll_s: float = 0.5,
-                 on_change: Callable[[], None] = lambda: None):
-        self.channels = channels
-        self.workers = {a: Worker(a, "prefill") for a in prefill} | {a: Worker(a, "decode") for a in decode}
-        self.poll_s = poll_s
+    def __init__(self, clients: WorkerClients, prefill: list[str], decode: list[str],
+                 config: PoolConfig = PoolConfig(), on_change: Callable[[], None] = lambda: None):
+        self.clients = clients
+        self.config = config
+        self.workers: dict[str, Worker] = {}
         self.on_change = on_change
-        self.forget_after = 6  # failed polls before a registered worker is dropped
         self._task: asyncio.Task | None = None
+        for address in prefill:
+            self.add(address, "prefill")
+        for address in decode:
+            self.add(address, "decode")
 
     def of_role(self, role: str) -> list[Worker]:
-        return [w for w in self.workers.values() if w.role == role and w.usable]
+        now = time.monotonic()
+        return [w for w in self.workers.values() if w.role == role and w.usable(now)]
 
     @property
     def ready(self) -> bool:
         return bool(self.of_role("prefill")) and bool(self.of_role("decode"))
 
+    async def wait_usable(self, role: str, until: float) -> list[Worker]:
+        """The usable workers of `role`, waiting for one until `until` (monotonic); [] if none came."""
+        while not (workers := self.of_role(role)) and time.monotonic() < until:
+            await asyncio.sleep(min(0.05, max(0.0, until - time.monotonic())))
+        return workers
+
+    # ---- membership ----
+
     def add(self, address: str, role: str, source: str = "static") -> None:
         if address not in self.workers:
             log.info("worker %s (%s) joined via %s", address, role, source)
-            self.workers[address] = Worker(address, role, source=source)
+            self.workers[address] = Worker(address, role, source=source,
+                                           breaker=CircuitBreaker(self.config.breaker))
 
     def remove(self, address: str) -> None:
-        """Stop routing to a worker; requests already on it keep their connection."""
+        """Stop routing to a worker; requests already on it keep their connection until they end."""
         if self.workers.pop(address, None) is not None:
             log.info("worker %s left", address)
             self.on_change()
@@ -70,11 +101,24 @@ class WorkerPool:
         for worker in [w for w in self.workers.values() if w.source == source and w.address not in addresses]:
             self.remove(worker.address)
 
-    def mark_failed(self, address: str) -> None:
+    # ---- health ----
+
+    def charge(self, address: str) -> None:
+        """A request found this worker gone."""
         worker = self.workers.get(address)
-        if worker is not None and worker.ready:
-            worker.ready = False
+        if worker is not None and worker.breaker.on_failure(time.monotonic()):
+            log.warning("worker %s out of rotation for %.1f s (breaker open)", address, worker.breaker.cooldown_s)
             self.on_change()
+
+    def credit(self, address: str) -> None:
+        """A request ended well on this worker."""
+        worker = self.workers.get(address)
+        if worker is not None:
+            self._close_breaker(worker)
+
+    def placed(self, worker: Worker) -> None:
+        worker.assigned += 1
+        worker.breaker.on_trial()
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._poll_forever())
@@ -93,20 +137,30 @@ class WorkerPool:
                 await self.refresh()
             except Exception:  # a poll must never end the loop
                 log.exception("worker poll failed")
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(self.config.poll_s)
 
     async def _poll(self, worker: Worker) -> None:
-        stub_cls = worker_pb2_grpc.PrefillWorkerStub if worker.role == "prefill" else worker_pb2_grpc.DecodeWorkerStub
         try:
-            stats = await stub_cls(self.channels.get(worker.address)).Stats(wpb.StatsRequest(), timeout=2.0)
-        except grpc.aio.AioRpcError as exc:
-            worker.failures += 1
-            busy = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and worker.failures < 3
-            worker.ready = worker.ready and busy
-            if worker.source == "registry" and worker.failures >= self.forget_after:
-                self.remove(worker.address)
+            snapshot = await self.clients.stats(worker.address, worker.role, self.config.poll_timeout_s)
+        except WorkerFault:
+            self._silent(worker)
             return
-        worker.failures = 0
-        worker.ready, worker.draining = True, stats.draining
-        worker.free_blocks, worker.total_blocks = stats.blocks_free + stats.blocks_cached, stats.blocks_total
-        worker.running, worker.waiting = stats.requests_running, stats.requests_waiting
+        worker.take(snapshot)
+        self._close_breaker(worker)
+
+    def _silent(self, worker: Worker) -> None:
+        worker.silent_polls += 1
+        worker.breaker.on_failure(time.monotonic())
+        if worker.breaker.state != BreakerState.CLOSED:
+            worker.ready = False
+        if worker.source == "registry" and worker.silent_polls >= self.config.forget_after:
+            self.remove(worker.address)
+            asyncio.ensure_future(self.clients.forget(worker.address))
+
+    def _close_breaker(self, worker: Worker) -> None:
+        if worker.breaker.state != BreakerState.CLOSED:
+            log.info("worker %s back in rotation", worker.address)
+            worker.breaker.on_success()
+            self.on_change()
+        else:
+            worker.breaker.on_success()

@@ -51,6 +51,8 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--colocated", action="store_true", help="decode workers prefill themselves")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
     p.add_argument("--kv-timeout", type=float, default=30.0, help="seconds for a request's KV to arrive")
+    p.add_argument("--wait-for-worker-s", type=float, default=30.0,
+                   help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")
     p.add_argument("--max-active", type=int, default=1024, help="requests in flight before RESOURCE_EXHAUSTED")
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
 

@@ -9,6 +9,16 @@ from pdserve.rpc.security import Security, metadata_injectors
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # A peer that stops answering (stalled, SIGSTOPped, unplugged) fails every call on the
+    # connection within keepalive time + timeout, instead of at the caller's deadline.
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Reconnect to a restarted worker within seconds; a connect that gets no answer gives up after 2 s.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", 4000),
 )
 
 

@@ -17,7 +17,7 @@ def test_decode_spreads_in_flight_requests_then_prefers_free_blocks():
     assert choose_decode([a, b]).address == "b"
     b.assigned = 1
     assert choose_decode([a, b]).address == "a"
-    assert choose_decode([a, b], exclude={"a"}).address == "b"
+    assert choose_decode([a, b], avoid={"a"}).address == "b"
 
 
 def test_prefill_prefers_the_longest_cached_prefix_then_load():
@@ -26,8 +26,14 @@ def test_prefill_prefers_the_longest_cached_prefix_then_load():
     assert choose_prefill([a, b], {"a": 512, "b": 0}).address == "a"
 
 
+def test_avoided_workers_are_chosen_only_when_nothing_else_is_usable():
+    a, b = _w("a", "prefill"), _w("b", "prefill", running=9)
+    assert choose_prefill([a, b], {}, avoid={"a"}).address == "b"
+    assert choose_prefill([a], {}, avoid={"a"}).address == "a"
+
+
 def test_no_worker_is_an_error():
     with pytest.raises(NoWorker):
         choose_decode([], ())
     with pytest.raises(NoWorker):
-        choose_prefill([_w("a", "prefill")], {}, exclude={"a"})
+        choose_prefill([], {})

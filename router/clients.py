@@ -1,0 +1,191 @@
+"""What the router asks of its workers, without wire types: the worker-client interface.
+
+    RequestFlow --WorkerClients.decode(address).open(job, local)-->   DecodeCall: Reservation? Tokens... Finished
+               --WorkerClients.prefill(address).open(job, reservation)--> PrefillCall: Chunk... FirstToken
+               --WorkerClients.stats(address, role)-->                   WorkerSnapshot (the pool's health watch)
+
+Two implementations: `router/grpc_clients.py` (the real workers) and `router/fake_workers.py`
+(in-process workers that can be killed, stalled, slowed, partitioned or failed at any step).
+
+Every failure of a call is a `WorkerFault`: what kind it is, and whom it is charged to
+(`Culprit`): the worker called, its peer (a prefill stream that failed because the decode
+worker it writes into did), or nobody (the client's own deadline). A call is closed with
+`close()` on every path; closing ends the request on the worker, which frees what it holds.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pdserve.requests import FinishReason, Priority, SamplingParams
+
+
+class FaultKind(enum.Enum):
+    GONE = "gone"  # the worker died, stalled (keepalive), dropped the connection or is shutting down
+    FAILED = "failed"  # the worker reported an internal error while serving this request
+    REFUSED = "refused"  # the worker refused the request as given: the request's own fault
+    OVERLOADED = "overloaded"  # the worker's queues are full
+    TIMEOUT = "timeout"  # a deadline passed (the client's, or the KV transfer's)
+
+
+class Culprit(enum.Enum):
+    SELF = "self"  # the worker that was called
+    PEER = "peer"  # the decode worker a prefill worker was writing into
+    NOBODY = "nobody"
+
+
+class WorkerFault(Exception):
+    """A worker call failed. `address` is the worker called; `culprit` says who caused it."""
+
+    def __init__(self, kind: FaultKind, address: str, message: str, culprit: Culprit = Culprit.SELF):
+        super().__init__(message)
+        self.kind = kind
+        self.address = address
+        self.culprit = culprit
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """One attempt of a request as the workers see it (its id is unique per attempt)."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    priority: Priority
+    kv_timeout_s: float
+    output_token_ids: tuple[int, ...] = ()
+    metadata: tuple[tuple[str, str], ...] = ()
+    timeout_s: float | None = None  # what is left of the client's deadline
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Blocks a decode worker reserved for a request's KV; handed unchanged to the prefill worker."""
+
+    transfer_id: str
+    transport: str
+    kv_address: bytes
+    block_ids: tuple[int, ...]
+    block_size: int
+    block_nbytes: int
+    decode_endpoint: str
+
+
+@dataclass(frozen=True)
+class Tokens:
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Preempted:
+    mode: str  # "recompute" | "swap" (empty for a resume notice)
+    reason: str
+    phase: str  # "preempted" | "swapped_in" | "resumed"
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: FinishReason
+    cached_tokens: int
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start: int
+    num_tokens: int
+    cached_tokens: int
+    step_seconds: float
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """The prompt's KV is in the decode worker's blocks and the first token is sampled."""
+
+    token_id: int
+    cached_tokens: int
+    kv_bytes: int = 0
+    kv_blocks: int = 0
+    kv_descriptors: int = 0
+    kv_seconds: float = 0.0
+    queue_seconds: float = 0.0
+
+
+DecodeEvent = Reservation | Tokens | Preempted | Finished
+PrefillEvent = Chunk | FirstToken
+
+
+@dataclass(frozen=True)
+class WorkerSnapshot:
+    """A worker's load as its Stats reported it."""
+
+    free_blocks: int
+    total_blocks: int
+    running: int
+    waiting: int
+    draining: bool
+    active_blocks: int = 0
+
+
+class Call(abc.ABC):
+    """One open streaming call. `next()` raises WorkerFault on failure, StopAsyncIteration at the end."""
+
+    @abc.abstractmethod
+    async def next(self) -> object:
+        """The next event of the stream."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the call (idempotent): the worker ends the request and frees what it holds."""
+
+    def __aiter__(self) -> AsyncIterator:
+        return self
+
+    async def __anext__(self):
+        return await self.next()
+
+
+class DecodeClient(abc.ABC):
+    address: str
+
+    @abc.abstractmethod
+    def open(self, job: WorkerJob, local_prefill: bool) -> Call:
+        """Start decoding `job`: remote KV (first a Reservation), or prefilled locally."""
+
+
+class PrefillClient(abc.ABC):
+    address: str
+
+    @abc.abstractmethod
+    def open(self, job: WorkerJob, target: Reservation) -> Call:
+        """Prefill `job` into the decode worker's reservation; ends with FirstToken."""
+
+    @abc.abstractmethod
+    async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
+        """Leading tokens this worker has cached; None when it did not answer."""
+
+
+class WorkerClients(abc.ABC):
+    """Clients by address, and the health watch's Stats call."""
+
+    @abc.abstractmethod
+    def decode(self, address: str) -> DecodeClient: ...
+
+    @abc.abstractmethod
+    def prefill(self, address: str) -> PrefillClient: ...
+
+    @abc.abstractmethod
+    async def stats(self, address: str, role: str, timeout_s: float) -> WorkerSnapshot:
+        """Raises WorkerFault when the worker does not answer in time."""
+
+    @abc.abstractmethod
+    async def forget(self, address: str) -> None:
+        """The worker left the pool: drop its connection."""
+

@@ -1,0 +1,155 @@
+"""The worker-client interface over gRPC: wire messages in and out, status codes to WorkerFault."""
+
+from __future__ import annotations
+
+import grpc
+
+from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.convert import finish_from_pb, priority_to_pb, sampling_to_pb
+from pdserve.v1 import worker_pb2 as wpb
+from pdserve.v1 import worker_pb2_grpc
+from router.clients import (
+    Call,
+    Chunk,
+    Culprit,
+    DecodeClient,
+    FaultKind,
+    Finished,
+    FirstToken,
+    Preempted,
+    PrefillClient,
+    Reservation,
+    Tokens,
+    WorkerClients,
+    WorkerFault,
+    WorkerJob,
+    WorkerSnapshot,
+)
+
+FAULT_METADATA = "pdserve-fault"  # trailing metadata of a worker naming who caused its failure
+_KIND_OF = {
+    grpc.StatusCode.UNAVAILABLE: FaultKind.GONE,
+    grpc.StatusCode.CANCELLED: FaultKind.GONE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: FaultKind.TIMEOUT,
+    grpc.StatusCode.INVALID_ARGUMENT: FaultKind.REFUSED,
+    grpc.StatusCode.FAILED_PRECONDITION: FaultKind.REFUSED,
+    grpc.StatusCode.OUT_OF_RANGE: FaultKind.REFUSED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: FaultKind.OVERLOADED,
+}
+
+
+def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
+    """A failed call as a WorkerFault. A worker naming its peer as the cause (a prefill worker
+    whose decode worker went away) makes the fault the peer's, and GONE whatever its status."""
+    message = f"{address}: {exc.code().name}: {exc.details() or ''}".rstrip(": ")
+    peer = any(k == FAULT_METADATA and v == "decode" for k, v in (exc.trailing_metadata() or ()))
+    if peer:
+        return WorkerFault(FaultKind.GONE, address, message, Culprit.PEER)
+    kind = _KIND_OF.get(exc.code(), FaultKind.FAILED)
+    return WorkerFault(kind, address, message, Culprit.NOBODY if kind == FaultKind.TIMEOUT else Culprit.SELF)
+
+
+class GrpcCall(Call):
+    def __init__(self, call: grpc.aio.UnaryStreamCall, address: str, convert):
+        self._call = call
+        self._events = call.__aiter__()
+        self._address = address
+        self._convert = convert
+
+    async def next(self):
+        try:
+            return self._convert(await self._events.__anext__())
+        except grpc.aio.AioRpcError as exc:
+            raise fault_of(exc, self._address) from None
+
+    def close(self) -> None:
+        self._call.cancel()
+
+
+def _worker_request(job: WorkerJob) -> wpb.WorkerRequest:
+    return wpb.WorkerRequest(request_id=job.request_id, prompt_token_ids=list(job.prompt),
+                             sampling=sampling_to_pb(job.sampling), priority=priority_to_pb(job.priority),
+                             kv_timeout_s=job.kv_timeout_s, output_token_ids=list(job.output_token_ids))
+
+
+def _decode_event(event: wpb.DecodeEvent):
+    kind = event.WhichOneof("event")
+    if kind == "tokens":
+        return Tokens(tuple(event.tokens.token_ids))
+    if kind == "reserved":
+        r = event.reserved
+        return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
+                           r.block_nbytes, r.decode_endpoint)
+    if kind == "preempted":
+        p = event.preempted
+        return Preempted(p.mode, p.reason, p.phase)
+    f = event.finished
+    return Finished(finish_from_pb(f.finish_reason), f.cached_tokens, f.preemptions)
+
+
+def _prefill_event(event: wpb.PrefillEvent):
+    if event.WhichOneof("event") == "chunk":
+        c = event.chunk
+        return Chunk(c.start, c.num_tokens, c.cached_tokens, c.step_seconds)
+    d = event.done
+    return FirstToken(d.first_token_id, d.cached_tokens, d.kv_bytes, d.kv_blocks, d.kv_descriptors, d.kv_seconds,
+                      d.queue_seconds)
+
+
+def _target(r: Reservation) -> wpb.KVReservation:
+    return wpb.KVReservation(transfer_id=r.transfer_id, transport=r.transport, kv_address=r.kv_address,
+                             block_ids=list(r.block_ids), block_size=r.block_size, block_nbytes=r.block_nbytes,
+                             decode_endpoint=r.decode_endpoint)
+
+
+class GrpcDecodeClient(DecodeClient):
+    def __init__(self, channel: grpc.aio.Channel, address: str):
+        self.address = address
+        self._stub = worker_pb2_grpc.DecodeWorkerStub(channel)
+
+    def open(self, job: WorkerJob, local_prefill: bool) -> Call:
+        call = self._stub.Decode(wpb.DecodeRequest(request=_worker_request(job), local_prefill=local_prefill),
+                                 metadata=job.metadata, timeout=job.timeout_s)
+        return GrpcCall(call, self.address, _decode_event)
+
+
+class GrpcPrefillClient(PrefillClient):
+    def __init__(self, channel: grpc.aio.Channel, address: str):
+        self.address = address
+        self._stub = worker_pb2_grpc.PrefillWorkerStub(channel)
+
+    def open(self, job: WorkerJob, target: Reservation) -> Call:
+        call = self._stub.Prefill(wpb.PrefillRequest(request=_worker_request(job), target=_target(target)),
+                                  metadata=job.metadata, timeout=job.timeout_s)
+        return GrpcCall(call, self.address, _prefill_event)
+
+    async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
+        try:
+            reply = await self._stub.MatchPrefix(wpb.MatchPrefixRequest(token_ids=list(token_ids)), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return None
+        return reply.cached_tokens
+
+
+class GrpcWorkerClients(WorkerClients):
+    def __init__(self, channels: ChannelPool):
+        self.channels = channels
+
+    def decode(self, address: str) -> DecodeClient:
+        return GrpcDecodeClient(self.channels.get(address), address)
+
+    def prefill(self, address: str) -> PrefillClient:
+        return GrpcPrefillClient(self.channels.get(address), address)
+
+    async def stats(self, address: str, role: str, timeout_s: float) -> WorkerSnapshot:
+        stub_cls = worker_pb2_grpc.PrefillWorkerStub if role == "prefill" else worker_pb2_grpc.DecodeWorkerStub
+        try:
+            s = await stub_cls(self.channels.get(address)).Stats(wpb.StatsRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise fault_of(exc, address) from None
+        return WorkerSnapshot(free_blocks=s.blocks_free + s.blocks_cached, total_blocks=s.blocks_total,
+                              running=s.requests_running, waiting=s.requests_waiting, draining=s.draining,
+                              active_blocks=s.blocks_active)
+
+    async def forget(self, address: str) -> None:
+        await self.channels.drop(address)

@@ -1,0 +1,113 @@
+"""The request protocol between router and workers, as one state machine (no transport here).
+
+                    placed(local)                            first token
+          ┌──────────────────────────────► LOCAL_PREFILL ───────────────┐
+          │                                                             ▼
+    ──► PLACING ──placed──► RESERVING ──reserved──► PREFILLING ──chunk──► KV_IN_FLIGHT ──first token──► DECODING
+          ▲                                             │ first token ▲        (chunk: stays)              │ tokens: stays
+          │                                             └─────────────┘                                    │ finished
+          │  retry (no token out yet) / resume (tokens out: the next decode worker                         ▼
+          └── re-prefills prompt + tokens so far) ◄── fault in any live phase ──► FAILED              FINISHED
+                                                       complete (every token was out) ──► FINISHED
+                                                       the client went away ──► CANCELLED
+
+`RequestProtocol` holds one request's phase and history and refuses any transition not in
+`TRANSITIONS`; `router/flow.py` drives it, `router/recovery.py` decides what a fault leads to.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+class Phase(enum.Enum):
+    PLACING = "placing"  # choosing a decode worker (waits for one, within the deadline)
+    RESERVING = "reserving"  # Decode call open, waiting for its KV reservation
+    PREFILLING = "prefilling"  # Prefill call open, no chunk computed yet
+    KV_IN_FLIGHT = "kv_in_flight"  # chunks computed, KV pieces streaming, until the first token
+    LOCAL_PREFILL = "local_prefill"  # the decode worker prefills itself (colocated, or a resume)
+    DECODING = "decoding"  # tokens from the decode worker
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.FINISHED, Phase.FAILED, Phase.CANCELLED)
+
+
+class Signal(enum.Enum):
+    PLACED = "placed"  # a decode worker took the request; its KV comes from a prefill worker
+    PLACED_LOCAL = "placed_local"  # ... and prefills it itself
+    RESERVED = "reserved"  # the decode worker reserved blocks; a prefill worker was chosen
+    CHUNK = "chunk"  # the prefill worker computed a chunk
+    FIRST_TOKEN = "first_token"
+    TOKENS = "tokens"
+    FINISHED = "finished"
+    RETRY = "retry"  # a fault before any token reached the client: start over elsewhere
+    RESUME = "resume"  # a fault after tokens reached the client: continue elsewhere
+    COMPLETE = "complete"  # a fault after the last token: nothing is missing
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+LIVE = (Phase.PLACING, Phase.RESERVING, Phase.PREFILLING, Phase.KV_IN_FLIGHT, Phase.LOCAL_PREFILL, Phase.DECODING)
+
+TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
+    (Phase.PLACING, Signal.PLACED): Phase.RESERVING,
+    (Phase.PLACING, Signal.PLACED_LOCAL): Phase.LOCAL_PREFILL,
+    (Phase.RESERVING, Signal.RESERVED): Phase.PREFILLING,
+    (Phase.PREFILLING, Signal.CHUNK): Phase.KV_IN_FLIGHT,
+    (Phase.PREFILLING, Signal.FIRST_TOKEN): Phase.DECODING,
+    (Phase.KV_IN_FLIGHT, Signal.CHUNK): Phase.KV_IN_FLIGHT,
+    (Phase.KV_IN_FLIGHT, Signal.FIRST_TOKEN): Phase.DECODING,
+    (Phase.LOCAL_PREFILL, Signal.TOKENS): Phase.DECODING,
+    (Phase.DECODING, Signal.TOKENS): Phase.DECODING,
+    (Phase.LOCAL_PREFILL, Signal.FINISHED): Phase.FINISHED,
+    (Phase.DECODING, Signal.FINISHED): Phase.FINISHED,
+    **{(p, Signal.RETRY): Phase.PLACING for p in LIVE if p not in (Phase.DECODING,)},
+    **{(p, Signal.RESUME): Phase.PLACING for p in (Phase.LOCAL_PREFILL, Phase.DECODING)},
+    **{(p, Signal.COMPLETE): Phase.FINISHED for p in (Phase.LOCAL_PREFILL, Phase.DECODING)},
+    **{(p, Signal.FAIL): Phase.FAILED for p in LIVE},
+    **{(p, Signal.CANCEL): Phase.CANCELLED for p in LIVE},
+}
+
+
+class ProtocolError(RuntimeError):
+    """A transition the protocol does not have: a bug in the driver, never a worker's fault."""
+
+
+@dataclass(frozen=True)
+class Step:
+    phase: Phase
+    signal: Signal
+    at: float
+    note: str = ""
+
+
+@dataclass
+class RequestProtocol:
+    """One request's place in the protocol. A resume re-enters PLACING with tokens already out."""
+
+    request_id: str
+    phase: Phase = Phase.PLACING
+    history: list[Step] = field(default_factory=list)
+
+    def advance(self, signal: Signal, note: str = "") -> Phase:
+        nxt = TRANSITIONS.get((self.phase, signal))
+        if nxt is None:
+            raise ProtocolError(f"request {self.request_id}: no transition from {self.phase.value} on {signal.value}")
+        self.history.append(Step(self.phase, signal, time.monotonic(), note))
+        self.phase = nxt
+        return nxt
+
+    @property
+    def attempts(self) -> int:
+        """Placements so far (each attempt starts with one)."""
+        return sum(1 for s in self.history if s.signal in (Signal.PLACED, Signal.PLACED_LOCAL))
+
+    @property
+    def done(self) -> bool:
+        return self.phase.terminal

@@ -1,0 +1,74 @@
+"""A RequestFlow over a FakeFleet: 2 prefill + 2 decode fake workers, fast health polls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from pdserve.requests import Priority, SamplingParams
+from router.fake_workers import FakeFleet, FleetConfig, token_at
+from router.flow import Done, FlowConfig, Job, NewTokens, RequestFlow
+from router.recovery import RecoveryPolicy
+from router.workers import PoolConfig, WorkerPool
+
+PREFILL = ("p0", "p1")
+DECODE = ("d0", "d1")
+PROMPT = tuple(range(1, 41))
+MAX_TOKENS = 8
+
+
+@dataclass
+class Harness:
+    fleet: FakeFleet
+    pool: WorkerPool
+    flow: RequestFlow
+
+
+@asynccontextmanager
+async def harness(prefill=PREFILL, decode=DECODE, **flow_kw):
+    fleet = FakeFleet(FleetConfig())
+    for a in prefill:
+        fleet.add(a, "prefill")
+    for a in decode:
+        fleet.add(a, "decode")
+    pool = WorkerPool(fleet, list(prefill), list(decode), PoolConfig(poll_s=0.02, poll_timeout_s=0.05))
+    await pool.refresh()
+    pool.start()
+    config = FlowConfig(kv_timeout_s=1.0, wait_for_worker_s=flow_kw.pop("wait_for_worker_s", 2.0),
+                        recovery=RecoveryPolicy(**flow_kw))
+    try:
+        yield Harness(fleet, pool, RequestFlow(pool, fleet, config))
+    finally:
+        await pool.stop()
+
+
+def job(request_id: str = "r", max_tokens: int = MAX_TOKENS, prompt=PROMPT, timeout_s: float | None = 10.0) -> Job:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    return Job(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), Priority.NORMAL,
+               deadline=deadline)
+
+
+def expected(prompt=PROMPT, max_tokens: int = MAX_TOKENS) -> list[int]:
+    return [token_at(prompt, i) for i in range(max_tokens)]
+
+
+async def collect(flow: RequestFlow, j: Job) -> tuple[list[int], Done | None, list[str]]:
+    tokens, done, milestones = [], None, []
+    async for event in flow.run(j):
+        if isinstance(event, NewTokens):
+            tokens.extend(event.token_ids)
+        elif isinstance(event, Done):
+            done = event
+        else:
+            milestones.append(event.name)
+    return tokens, done, milestones
+
+
+async def settle(fleet: FakeFleet, timeout_s: float = 3.0) -> dict[str, int]:
+    """Until every fake worker holds no block (stalled ones first run again), or the timeout."""
+    end = time.monotonic() + timeout_s
+    while any(fleet.active_blocks().values()) and time.monotonic() < end:
+        await asyncio.sleep(0.02)
+    return fleet.active_blocks()

@@ -1,0 +1,130 @@
+"""A fault at every point a request passes on a worker: the stream ends with a defined outcome
+(resumed or retried with the same tokens, or a clear status) and no fake worker holds a block."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from pdserve.rpc.errors import Unavailable
+from router.breaker import BreakerState
+from router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger
+from router.recovery import RequestPoisoned
+from tests.router.flow_harness import collect, expected, harness, job, settle
+
+pytestmark = pytest.mark.timeout(60)
+
+MODES = (Mode.KILL, Mode.STALL, Mode.SLOW, Mode.FAIL)
+CASES = ([("d0", p, m) for p in DECODE_POINTS for m in MODES]
+         + [("p0", p, m) for p in PREFILL_POINTS for m in (*MODES, Mode.PARTITION)])
+
+
+def _on_workers(h, address: str):
+    """Pin the first placement: the other worker of the role looks busier."""
+    for w in h.pool.workers.values():
+        if w.role == h.pool.workers[address].role and w.address != address:
+            w.assigned, w.running = 1, 9
+
+
+@pytest.mark.parametrize("address,point,mode", CASES, ids=[f"{a}-{p}-{m.value}" for a, p, m in CASES])
+def test_a_fault_at_every_point_ends_with_the_full_output_and_no_block_held(address, point, mode):
+    async def main():
+        async with harness() as h:
+            _on_workers(h, address)
+            h.fleet.triggers.append(Trigger(address, point, mode, seconds=0.6))
+            tokens, done, milestones = await collect(h.flow, job())
+            _on_workers_reset(h)
+            assert h.fleet.triggers[0].fired
+            assert tokens == expected() and done is not None, milestones
+            if mode in (Mode.KILL, Mode.STALL, Mode.FAIL) or (mode == Mode.PARTITION and point != "written"):
+                assert {"retry", "resume"} & set(milestones)
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
+
+
+def _on_workers_reset(h) -> None:
+    for w in h.pool.workers.values():
+        w.assigned, w.running = 0, 0
+
+
+def test_a_partition_is_charged_to_the_decode_worker_not_the_prefill_worker():
+    async def main():
+        async with harness(prefill=("p0",)) as h:
+            charged, charge = [], h.pool.charge
+            h.pool.charge = lambda address: (charged.append(address), charge(address))
+            h.fleet.partitions.add(("p0", "d0"))
+            _on_workers(h, "d0")
+            tokens, _, milestones = await collect(h.flow, job())
+            assert tokens == expected() and "retry" in milestones
+            assert charged == ["d0"]
+
+    asyncio.run(main())
+
+
+def test_a_request_that_fails_inside_every_worker_fails_alone():
+    async def main():
+        async with harness() as h:
+            for address in ("d0", "d1"):
+                h.fleet.triggers.append(Trigger(address, "token", Mode.FAIL))
+            with pytest.raises(RequestPoisoned):
+                await collect(h.flow, job("poison"))
+            assert all(w.breaker.state == BreakerState.CLOSED for w in h.pool.workers.values())
+            tokens, _, _ = await collect(h.flow, job("next"))
+            assert tokens == expected()
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
+
+
+def test_a_killed_worker_leaves_rotation_and_many_requests_all_finish():
+    async def main():
+        async with harness() as h:
+            h.fleet.triggers.append(Trigger("d0", "token", Mode.KILL))
+            jobs = [job(f"r{i}") for i in range(20)]
+            results = await asyncio.gather(*(collect(h.flow, j) for j in jobs))
+            assert all(tokens == expected() for tokens, _, _ in results)
+            await asyncio.sleep(0.1)
+            assert "d0" not in [w.address for w in h.pool.of_role("decode")]
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
+
+
+def test_a_request_waits_for_a_worker_to_come_back_within_its_deadline():
+    async def main():
+        async with harness(decode=("d0",)) as h:
+            h.fleet.workers["d0"].kill()
+            await asyncio.sleep(0.1)
+            asyncio.get_running_loop().call_later(0.3, h.fleet.workers["d0"].restart)
+            tokens, _, _ = await collect(h.flow, job())
+            assert tokens == expected()
+
+    asyncio.run(main())
+
+
+def test_no_worker_within_the_wait_is_unavailable():
+    async def main():
+        async with harness(decode=("d0",), wait_for_worker_s=0.3) as h:
+            h.fleet.workers["d0"].kill()
+            await asyncio.sleep(0.1)
+            with pytest.raises(Unavailable):
+                await collect(h.flow, job())
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_request_leaves_no_block_at_any_point():
+    async def main():
+        async with harness() as h:
+            for delay in (0.0, 0.003, 0.01, 0.02, 0.04):
+                task = asyncio.ensure_future(collect(h.flow, job(f"c{delay}")))
+                await asyncio.sleep(delay)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
