@@ -1,14 +1,23 @@
-"""`pdserve up`: router + prefill and decode workers as processes on loopback."""
+"""`pdserve up`: router + prefill and decode workers as processes on loopback, supervised.
+
+A child that exits is restarted with backoff on the same port (pdserve/cli/fleet.py); the
+service stays up meanwhile. SIGTERM or Ctrl-C drains the router, then the workers, then exits 0.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import threading
 import time
+from pathlib import Path
 
+from pdserve.cli.fleet import Fleet
 from pdserve.cli.options import add_engine_flags
 from pdserve.cli.supervisor import Supervisor
+
+TICK_S = 0.2
 
 ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
                 "policy", "max_model_len", "device", "dtype", "attention_backend", "recompute_below_tokens",
@@ -26,12 +35,17 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--kv-timeout", type=float, default=30.0, help="router: seconds allowed between KV pieces")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
     p.add_argument("--ready-timeout", type=float, default=300.0)
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM: how long the router, then each worker, may finish work in flight")
+    p.add_argument("--status-file", type=Path, default=None,
+                   help="JSON of the router address and every child (name, role, pid, ports, restarts), "
+                        "rewritten atomically whenever a child starts or restarts")
     add_engine_flags(p)
     p.set_defaults(run=run)
 
 
 def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
-    argv = [role, "--port", "0", "--metrics-port", "0"]
+    argv = [role, "--port", "0", "--metrics-port", "0", "--drain-timeout-s", str(args.drain_timeout_s)]
     for flag in ENGINE_FLAGS:
         value = getattr(args, flag)
         if value is not None:
@@ -53,7 +67,7 @@ def plan_cpus(count: int) -> list[set[int] | None]:
     return [set(cores[i * share:(i + 1) * share]) for i in range(count)]
 
 
-def start(args: argparse.Namespace, sup: Supervisor) -> int:
+def start(args: argparse.Namespace, fleet: Fleet) -> int:
     roles = ["decode"] * args.decode_workers
     if args.mode == "disaggregated":
         roles = ["prefill"] * args.prefill_workers + roles
@@ -61,47 +75,68 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
     workers = []
     for i, (role, cpu) in enumerate(zip(roles, cpus)):
         threads = ["--threads", str(len(cpu) if cpu else 1)]
-        workers.append((role, sup.spawn(f"{role}-{i}", worker_argv(args, role) + threads, cpu)))
+        name = f"{role}-{roles[:i].count(role)}"
+        workers.append((role, fleet.spawn(name, worker_argv(args, role) + threads, cpu)))
     addresses = {"prefill": [], "decode": []}
     for role, child in workers:
-        addresses[role].append(f"127.0.0.1:{sup.wait_ready(child, args.ready_timeout)}")
-    router_argv = ["router", "--port", str(args.port), "--metrics-port", "0", "--prefill-workers", ",".join(addresses["prefill"]),
-                   "--decode-workers", ",".join(addresses["decode"])]
-    if args.model:
-        router_argv += ["--model", args.model]
-    if args.mode == "colocated":
-        router_argv.append("--colocated")
-    router_argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover]
-    if args.otlp_traces_endpoint:
-        router_argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
-    router = sup.spawn("router", router_argv)
-    port = sup.wait_ready(router, args.ready_timeout)
+        addresses[role].append(f"127.0.0.1:{fleet.wait_ready(child, args.ready_timeout)}")
+    router = fleet.spawn("router", router_argv(args, addresses))
+    port = fleet.wait_ready(router, args.ready_timeout)
     for _, child in [*workers, ("router", router)]:
         print(f"{child.name}: grpc 127.0.0.1:{child.port}, metrics http://127.0.0.1:{child.metrics_port}/metrics "
-              f"(pid {child.process.pid})", flush=True)
-    print(f"logs in {sup.workdir}", flush=True)
+              f"(pid {child.pid})", flush=True)
+    print(f"logs in {fleet.sup.workdir}", flush=True)
     return port
 
 
+def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> list[str]:
+    argv = ["router", "--port", str(args.port), "--metrics-port", "0", "--prefill-workers", ",".join(addresses["prefill"]),
+            "--decode-workers", ",".join(addresses["decode"]), "--drain-timeout-s", str(args.drain_timeout_s)]
+    if args.model:
+        argv += ["--model", args.model]
+    if args.mode == "colocated":
+        argv.append("--colocated")
+    argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover]
+    if args.otlp_traces_endpoint:
+        argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
+    return argv
+
+
 def run(args: argparse.Namespace) -> int:
-    sup = Supervisor()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sup = Supervisor(die_with_parent=True)
+    fleet = Fleet(sup, status_file=args.status_file)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        port = start(args, sup)
+        port = start(args, fleet)
         wait_serving(f"127.0.0.1:{port}", args.ready_timeout)
         print(f"pdserve is SERVING on 127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
         if args.demo:
             from pdserve.cli.demo import run_demo
 
             run_demo(f"127.0.0.1:{port}")
-        while all(c.process.poll() is None for c in sup.children):
-            time.sleep(0.5)
-        print("a service process exited; stopping", flush=True)
-        return 1
+        supervise(fleet, args.drain_timeout_s)
+        return 0
     except KeyboardInterrupt:
         return 0
     finally:
         sup.stop()
+
+
+def supervise(fleet: Fleet, drain_timeout_s: float) -> None:
+    """Restart what exits until SIGTERM or SIGINT, then drain in order."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(TICK_S):
+        fleet.tick()
+    print("stopping: draining the router, then the workers", flush=True)
+    fleet.drain(drain_timeout_s)
+    print("pdserve stopped", flush=True)
+
+
+def _interrupt(*_) -> None:
+    """SIGTERM during start-up: stop like Ctrl-C."""
+    raise KeyboardInterrupt
 
 
 def wait_serving(target: str, timeout_s: float) -> None:

@@ -8,7 +8,9 @@
 Injection is for tests and the chaos harness, and off unless PDSERVE_FAULT_INJECT_FILE names a
 path: before each step the engine claims that file if it exists (renames it away, then deletes
 it) and the step raises. An empty file injects a fatal fault; a file reading `request <id>`
-injects a RequestFault for that request. Unset, a step pays nothing (no file is looked at).
+injects a RequestFault for that request. `{pid}` in the path stands for the process id, so one
+setting shared by several workers still aims at one of them. Unset, a step pays nothing (no
+file is looked at).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def _fault_for(text: str) -> Exception:
     return InjectedFault("injected engine fault")
 
 
-def injector_from_env(env: Mapping[str, str]) -> FaultInjector:
+def injector_from_env(env: Mapping[str, str], pid: int | None = None) -> FaultInjector:
     path = env.get(INJECT_ENV)
-    return FileTrigger(Path(path)) if path else NoFaults()
+    if not path:
+        return NoFaults()
+    return FileTrigger(Path(path.replace("{pid}", str(os.getpid() if pid is None else pid))))

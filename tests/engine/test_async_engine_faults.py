@@ -18,6 +18,11 @@ def test_the_variable_names_the_trigger_file(tmp_path):
     assert isinstance(trigger, FileTrigger) and trigger.path == tmp_path / "f"
 
 
+def test_pid_in_the_path_aims_at_one_process(tmp_path):
+    trigger = injector_from_env({INJECT_ENV: str(tmp_path / "fault-{pid}")}, pid=4321)
+    assert trigger.path == tmp_path / "fault-4321"
+
+
 def test_an_absent_file_injects_nothing(tmp_path):
     FileTrigger(tmp_path / "f").check()
 
