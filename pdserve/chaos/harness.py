@@ -52,6 +52,10 @@ class ChaosResult:
     verdict: Verdict
 
 
+class FleetStartError(Exception):
+    """A fleet's process exited or did not serve in time while it started."""
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -61,7 +65,10 @@ def started(config: ChaosConfig) -> Iterator[tuple[Fleet, str]]:
     fleet = FLEETS[config.fleet_kind](config.fleet)
     try:
         _log(f"== starting {fleet.describe()}")
-        target = fleet.start()
+        try:
+            target = fleet.start()
+        except (RuntimeError, TimeoutError) as exc:
+            raise FleetStartError(f"the fleet did not start: {exc}") from exc
         runner.warm_up(target)
         yield fleet, target
     finally:

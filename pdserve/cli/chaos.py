@@ -99,7 +99,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
-    result = harness.run(config)
+    try:
+        result = harness.run(config)
+    except harness.FleetStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(report.format_report(result), flush=True)
     if args.json:
         write_json(args.json, report.to_document(result))

@@ -1,0 +1,30 @@
+"""A CI-sized chaos run on real processes: 2 prefill + 2 decode workers, 40 concurrent streams, 4
+seeded faults (SIGKILL, SIGSTOP/SIGCONT, SIGTERM): nothing lost, outputs as without faults, every
+worker back to zero active blocks within the bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.chaos import harness
+from pdserve.chaos.report import format_report
+from pdserve.chaos.scenarios import config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+CI = {"streams": 40, "chat_words": (40, 120), "chat_tokens": (8, 16), "faults": 4, "stop_s": (3.0, 8.0),
+      "recovery_s": 25.0, "seed": 0, "progress": False, "duration_limit_s": 400.0, "recovery_timeout_s": 180.0}
+
+
+def test_a_ci_sized_chaos_run_loses_nothing_changes_nothing_and_leaks_no_block():
+    result = harness.run(config("default", CI))
+    report = format_report(result)
+    print(report)
+    v = result.verdict
+    assert v.faults_injected >= 4, report
+    assert (v.lost, v.baseline_lost) == (0, 0), report
+    assert (v.greedy_differ, v.seeded_differ) == (0, 0), report
+    assert result.comparison.greedy_compared + result.comparison.seeded_compared == 40, report
+    assert v.blocks_zero_after_s is not None and v.blocks_zero_after_s <= v.blocks_bound_s, report
+    assert v.faults_not_recovered == 0, report
+    assert v.passed, report
