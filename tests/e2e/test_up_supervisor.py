@@ -1,0 +1,153 @@
+"""`pdserve up` as a supervisor, as a subprocess: a killed worker and a worker whose engine
+failed are restarted on the same port and serve again; SIGTERM drains everything and exits 0.
+
+The tests share one `pdserve up` and run in order (the last one stops it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pdserve.cli.up import wait_serving
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+FLAGS = ["--prefill-workers", "1", "--decode-workers", "1", "--kv-blocks", "128", "--host-kv-blocks", "64",
+         "--token-budget", "256", "--decode-failover", "fail", "--drain-timeout-s", "5"]
+
+
+class Up:
+    def __init__(self, tmp: Path):
+        self.status_file = tmp / "status.json"
+        self.faults = tmp / "fault-{pid}"
+        env = {**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1",
+               "PDSERVE_FAULT_INJECT_FILE": str(self.faults)}
+        self.log = open(tmp / "up.log", "w")
+        self.process = subprocess.Popen([sys.executable, "-m", "pdserve.cli.main", "up", "--port", "0", *FLAGS,
+                                         "--status-file", str(self.status_file)],
+                                        env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def status(self) -> dict:
+        return json.loads(self.status_file.read_text()) if self.status_file.exists() else {"children": []}
+
+    def child(self, name: str) -> dict:
+        return next(c for c in self.status()["children"] if c["name"] == name)
+
+    def wait_until(self, check, timeout_s: float, what: str):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"pdserve up exited with {self.process.returncode} waiting for {what}")
+            if value := check():
+                return value
+            time.sleep(0.2)
+        raise AssertionError(f"no {what} after {timeout_s} s")
+
+    def kill_all(self) -> None:
+        pids = [c["pid"] for c in self.status()["children"]]
+        for pid in [self.process.pid, *pids]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.process.wait(10)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    fleet = Up(tmp_path_factory.mktemp("up"))
+    try:
+        router = fleet.wait_until(lambda: fleet.status().get("router"), 300, "router address")
+        wait_serving(router, 120)
+        yield fleet
+    finally:
+        fleet.kill_all()
+
+
+def _generate(target: str, max_tokens: int = 8, timeout_s: float = 60) -> list[int]:
+    request = pb.GenerateRequest(text="Name three colours.",
+                                 sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    with grpc.insecure_channel(target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        return [t for event in stub.Generate(request, timeout=timeout_s) for t in event.token_ids]
+
+
+def _serves_again(target: str) -> bool:
+    try:
+        return len(_generate(target)) == 8
+    except grpc.RpcError:
+        return False
+
+
+def _blocks_active(up: Up) -> dict[str, int]:
+    stubs = {"prefill": worker_pb2_grpc.PrefillWorkerStub, "decode": worker_pb2_grpc.DecodeWorkerStub}
+    active = {}
+    for child in up.status()["children"]:
+        if child["role"] in stubs:
+            with grpc.insecure_channel(f"127.0.0.1:{child['port']}") as channel:
+                stats = stubs[child["role"]](channel).Stats(worker_pb2.StatsRequest(), timeout=10)
+                active[child["name"]] = stats.blocks_active
+    return active
+
+
+def _all_blocks_free(up: Up) -> bool:
+    return up.wait_until(lambda: set(_blocks_active(up).values()) == {0}, 30, "zero active blocks on every worker")
+
+
+def _restarted(up: Up, name: str, before: dict) -> dict:
+    """The child's next start, once it is serving again."""
+    return up.wait_until(lambda: (c := up.child(name))["restarts"] > before["restarts"]
+                         and c["state"] == "serving" and c, 180, f"restart of {name}")
+
+
+def test_a_killed_decode_worker_is_restarted_on_its_port_and_serves(up):
+    router = up.status()["router"]
+    assert len(_generate(router)) == 8
+    before = up.child("decode-0")
+    os.kill(before["pid"], signal.SIGKILL)
+    after = _restarted(up, "decode-0", before)
+    assert after["pid"] != before["pid"]
+    assert (after["port"], after["metrics_port"]) == (before["port"], before["metrics_port"])
+    assert up.wait_until(lambda: _serves_again(router), 120, "a request served after the restart")
+    assert _all_blocks_free(up)
+
+
+def test_an_engine_failure_ends_the_stream_with_a_status_and_the_worker_comes_back(up):
+    router = up.status()["router"]
+    before = up.child("decode-0")
+    request = pb.GenerateRequest(text="Tell me a long story about a lighthouse.",
+                                 sampling=pb.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
+    with grpc.insecure_channel(router) as channel:
+        events = generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120)
+        with pytest.raises(grpc.RpcError) as ended:
+            for i, _ in enumerate(events):
+                if i == 2:
+                    Path(str(up.faults).replace("{pid}", str(before["pid"]))).touch()
+                    fired = time.monotonic()
+        assert time.monotonic() - fired < 5, "the stream hung after the engine failed"
+        assert ended.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+    after = _restarted(up, "decode-0", before)
+    assert after["port"] == before["port"]
+    assert up.wait_until(lambda: _serves_again(router), 120, "a request served after the restart")
+    assert _all_blocks_free(up)
+
+
+def test_sigterm_drains_every_child_and_exits_zero(up):
+    pids = [c["pid"] for c in up.status()["children"]]
+    up.process.send_signal(signal.SIGTERM)
+    assert up.process.wait(60) == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
