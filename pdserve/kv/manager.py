@@ -32,6 +32,8 @@ class KVStats:
     swapped: int
     total: int
     host_total: int
+    held: int = 0  # active blocks referenced by transfer holds (a send reads them)
+    quarantined: int = 0  # active blocks only a quarantine hold keeps (a withdrawn receive may write them)
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +46,7 @@ class BlockHold:
     blocks: tuple[int, ...]  # the request's block table when the hold was taken
     num_tokens: int  # leading tokens whose KV the blocks held then (num_computed_tokens)
     hold_id: int = 0
+    quarantined: bool = False  # blocks a withdrawn receive may still write: out of use until released
 
 
 class SwapPlan(NamedTuple):
@@ -78,6 +81,7 @@ class KVManager:
         self._holds: dict[int, BlockHold] = {}
         self._hold_ids = itertools.count(1)
         self._hold_refs: Counter[int] = Counter()  # block -> references held by holds
+        self._quarantine_refs: Counter[int] = Counter()  # block -> of those, by quarantine holds
         self._host_releasing: list[int] = []
 
     @property
@@ -240,14 +244,29 @@ class KVManager:
         self._holds[hold.hold_id] = hold
         return hold
 
+    def quarantine(self, hold: BlockHold, blocks: Sequence[int]) -> BlockHold:
+        """Narrow a live hold to those of its blocks in `blocks`, as a quarantine hold: the rest
+        are given back now, these stay out of use until the returned hold is released."""
+        assert hold.hold_id in self._holds, "quarantine of a released hold"
+        unsafe = set(blocks)
+        kept = tuple(b for b in hold.blocks if b in unsafe)
+        for block in kept:
+            self.device.incref(block)
+        self._hold_refs.update(kept)
+        self._quarantine_refs.update(kept)
+        quarantined = BlockHold(hold.request_id, kept, 0, next(self._hold_ids), quarantined=True)
+        self._holds[quarantined.hold_id] = quarantined
+        self.release(hold)
+        return quarantined
+
     def release(self, hold: BlockHold) -> None:
         """Give back a hold's references. Idempotent."""
-        if self._holds.pop(hold.hold_id, None) is not None:
-            for block in hold.blocks:
-                self._hold_refs[block] -= 1
-                if not self._hold_refs[block]:
-                    del self._hold_refs[block]
-            self.device.free(hold.blocks)
+        if self._holds.pop(hold.hold_id, None) is None:
+            return
+        _drop(self._hold_refs, hold.blocks)
+        if hold.quarantined:
+            _drop(self._quarantine_refs, hold.blocks)
+        self.device.free(hold.blocks)
 
     def num_held_only(self) -> int:
         """Blocks only holds keep: they come back when those holds are released."""
@@ -257,8 +276,10 @@ class KVManager:
         return list(self._holds.values())
 
     def stats(self) -> KVStats:
+        quarantine_only = sum(1 for b, n in self._quarantine_refs.items() if self._hold_refs[b] == n)
         return KVStats(self.device.num_free, self.device.num_active, self.device.num_cached,
-                       self.host.num_active, self.device.num_blocks, self.host.num_blocks)
+                       self.host.num_active, self.device.num_blocks, self.host.num_blocks,
+                       len(self._hold_refs) - quarantine_only, len(self._quarantine_refs))
 
     def check_integrity(self) -> None:
         self.device.check_integrity()
@@ -267,6 +288,8 @@ class KVManager:
         device_refs = Counter(b for t in self._tables.values() for b in t.blocks)
         held = Counter(b for h in self._holds.values() for b in h.blocks)
         assert held == self._hold_refs, "hold references drifted"
+        quarantined = Counter(b for h in self._holds.values() if h.quarantined for b in h.blocks)
+        assert quarantined == self._quarantine_refs, "quarantine references drifted"
         device_refs.update(held)
         for block in range(self.device.num_blocks):
             assert self.device.refcount(block) == device_refs[block], f"device block {block} refcount"
@@ -277,3 +300,10 @@ class KVManager:
         for table in self._tables.values():
             assert table.allocated.blocks == tuple(table.blocks)
             assert table.cursor.depth == table.num_cached or table.cursor.depth == 0
+
+
+def _drop(refs: Counter[int], blocks: Sequence[int]) -> None:
+    for block in blocks:
+        refs[block] -= 1
+        if not refs[block]:
+            del refs[block]

@@ -172,18 +172,26 @@ class Scheduler(abc.ABC):
         """The transfer touching these blocks is over: give them back. Idempotent."""
         self.kv.release(hold)
 
+    def quarantine(self, hold: BlockHold, blocks: tuple[int, ...]) -> BlockHold:
+        """Keep only `blocks` of a hold out of use (a withdrawn receive may still write them);
+        the rest come back now. Release the returned hold once nothing can touch them."""
+        return self.kv.quarantine(hold, blocks)
+
     # ---- inspection ----
 
     def get(self, request_id: str) -> Request | None:
         return self._q.requests.get(request_id)
 
     def has_work(self) -> bool:
-        """True while schedule() can produce work (requests receiving KV do not count)."""
-        return bool(self._q.running or len(self._q.waiting) or len(self._q.swapped))
+        """True while schedule() can produce work (requests receiving KV do not count), or has
+        requests that ended between steps to report (a first token that already ends a request)."""
+        return bool(self._q.running or len(self._q.waiting) or len(self._q.swapped) or self._finished)
 
     def stats(self) -> SchedulerStats:
         q = self._q
-        return SchedulerStats(len(q.running), len(q.waiting), len(q.swapped), self.kv.stats(), len(q.receiving))
+        reserved = sum(len(self.kv.block_table(rid)) for rid in q.receiving)
+        return SchedulerStats(len(q.running), len(q.waiting), len(q.swapped), self.kv.stats(), len(q.receiving),
+                              reserved)
 
     def check_integrity(self) -> None:
         """Assert block accounting (free + cached + active == total, refcounts match the block

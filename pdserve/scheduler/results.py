@@ -21,4 +21,5 @@ class SchedulerStats(NamedTuple):
     waiting: int  # queued, no blocks (new, remote not yet reserved, or preempted by recompute)
     swapped: int  # preempted by swap: KV in host blocks
     kv: KVStats
-    receiving: int = 0  # blocks reserved, KV arriving from a prefill worker
+    receiving: int = 0  # requests with blocks reserved, KV arriving from a prefill worker
+    blocks_reserved: int = 0  # the blocks of those requests

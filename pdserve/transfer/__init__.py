@@ -14,6 +14,7 @@ from pdserve.transfer.base import (
     TransferRejected,
     TransferResult,
     TransferTimeout,
+    settled_all,
 )
 from pdserve.transfer.descriptors import BlockRun, merge_runs
 from pdserve.transfer.inprocess import InProcessFabric, InProcessTransport
@@ -55,4 +56,5 @@ __all__ = [
     "TransferTimeout",
     "make_transport",
     "merge_runs",
+    "settled_all",
 ]

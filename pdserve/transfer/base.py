@@ -21,6 +21,7 @@ them blocks that loop for long.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
@@ -56,21 +57,34 @@ class CancelResult:
     """What `KVReceiver.cancel` withdrew.
 
     NOTE: blocks in `unsafe_blocks` may still be written by a message that was already being
-    delivered when the deadline to drain it passed; they must not be reused. Empty in normal
-    operation: then every block of the transfer can be freed at once.
+    delivered when the deadline to drain it passed; they must not be reused until `settled`
+    resolves (every such receive has completed or been cancelled), or, where `settled` is None
+    (the transport cannot tell), until the caller's own bound. Empty in normal operation: then
+    every block of the transfer can be freed at once.
     """
 
     transfer_id: str
     pieces: int
     unsafe_blocks: tuple[int, ...] = ()
+    settled: asyncio.Future | None = None
+
+
+def settled_all(futures: Sequence[asyncio.Future | None]) -> asyncio.Future | None:
+    """One `settled` future for several: resolves when all have; None if any is None or none given."""
+    if not futures or any(f is None for f in futures):
+        return None
+    return asyncio.gather(*futures, return_exceptions=True)
 
 
 class TransferError(Exception):
-    """A piece failed; on the receiver nothing more is written into its blocks (see unsafe_blocks)."""
+    """A piece failed; on the receiver nothing more is written into its blocks, except into
+    `unsafe_blocks` until `settled` resolves (as in CancelResult)."""
 
-    def __init__(self, message: str, unsafe_blocks: tuple[int, ...] = ()):
+    def __init__(self, message: str, unsafe_blocks: tuple[int, ...] = (),
+                 settled: asyncio.Future | None = None):
         super().__init__(message)
         self.unsafe_blocks = unsafe_blocks
+        self.settled = settled
 
 
 class TransferTimeout(TransferError):
@@ -107,7 +121,8 @@ class KVReceiver(ABC):
 
     @abstractmethod
     def cancel(self, transfer_id: str) -> CancelResult:
-        """Withdraw every piece posted for `transfer_id`; its blocks may then be freed and reused.
+        """Withdraw every piece posted for `transfer_id`; its blocks may then be freed and reused
+        (all but the result's unsafe_blocks).
 
         The id is retired: a later `expect` with it is rejected (leftover messages of the
         withdrawn pieces could otherwise match). A retry needs a fresh transfer_id.

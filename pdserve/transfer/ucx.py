@@ -37,6 +37,7 @@ from pdserve.transfer.base import (
     TransferResult,
     TransferTimeout,
     pool_bytes,
+    settled_all,
 )
 from pdserve.transfer.descriptors import (
     BlockRun,
@@ -173,6 +174,7 @@ class UcxReceiver(KVReceiver):
         error.unsafe_blocks = tuple(
             b for i in stuck if i < len(piece.messages) for b in piece.messages[i].dst_blocks()
         )
+        error.settled = self._worker.settling(piece.batch, stuck) if error.unsafe_blocks else None
         piece.batch.fail(error)
         self._ledger.retire(piece.transfer_id)
         return error
@@ -181,7 +183,9 @@ class UcxReceiver(KVReceiver):
         pieces = self._ledger.pieces_of(transfer_id)
         errors = [self._withdraw(p, TransferCancelled(f"{p.name()} cancelled")) for p in pieces]
         self._ledger.retire(transfer_id)
-        return CancelResult(transfer_id, len(pieces), tuple(b for e in errors for b in e.unsafe_blocks))
+        unsafe = [e for e in errors if e.unsafe_blocks]
+        return CancelResult(transfer_id, len(pieces), tuple(b for e in unsafe for b in e.unsafe_blocks),
+                            settled_all([e.settled for e in unsafe]))
 
     async def close(self) -> None:
         self._closed = True

@@ -88,6 +88,21 @@ class Batch:
         return [i for i, r in enumerate(self.requests) if not r.completed]
 
 
+@dataclass(eq=False)
+class Settling:
+    """Withdrawn requests still running (a receive already matched, being written): the future
+    resolves once every one of them has completed, however it ended."""
+
+    requests: list[Any]
+    keep: list[Any]
+    future: asyncio.Future = field(repr=False)
+
+    def poll(self) -> bool:
+        if not self.future.done() and all(r.completed for r in self.requests):
+            self.future.set_result(None)
+        return self.future.done()
+
+
 def _request_error(request: Any) -> BaseException | None:
     if not request.completed:
         return None
@@ -110,7 +125,7 @@ class UcxWorker:
         self._fd = self._worker.epoll_file_descriptor
         self._cancel = _request_canceller()
         self._poll_s, self._idle_s, self._slice_s = poll_s, idle_s, slice_s
-        self._batches: set[Batch] = set()
+        self._batches: set[Batch | Settling] = set()
         self._wake: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._drive(), name="ucx-progress")
@@ -161,6 +176,18 @@ class UcxWorker:
         self.kick()
         return pending
 
+    def settling(self, batch: Batch, stuck: list[int]) -> asyncio.Future | None:
+        """After `withdraw` returned `stuck`: a future that resolves once those requests have
+        completed (nothing of theirs can land in their buffers after that), progressed like any
+        other. None when completion cannot be observed (no canceller: the requests were dropped)."""
+        if self._cancel is None:
+            return None
+        settling = Settling([batch.requests[i] for i in stuck], batch.keep, self._loop.create_future())
+        if not settling.poll():
+            self._batches.add(settling)
+            self.kick()
+        return settling.future
+
     def _cancel_and_drain(self, batch: Batch, pending: list[int], drain_s: float) -> list[int]:
         for index in pending:
             self._cancel(batch.requests[index].ucxx_ptr)
@@ -177,8 +204,9 @@ class UcxWorker:
 
     def fail_all(self, error: BaseException) -> None:
         for batch in list(self._batches):
-            self.withdraw(batch, drain_s=0.0)
-            batch.fail(error)
+            if isinstance(batch, Batch):
+                self.withdraw(batch, drain_s=0.0)
+                batch.fail(error)
 
     async def close_endpoint(self, endpoint: Any, timeout_s: float) -> None:
         """Close without waiting past timeout_s (a dead peer may never acknowledge)."""

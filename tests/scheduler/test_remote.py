@@ -110,3 +110,43 @@ def test_hold_on_a_running_request_survives_its_preemption() -> None:
     s.release_hold(hold)
     s.check_integrity()
     assert s.hold("nobody") is None
+
+
+def test_a_first_token_that_ends_the_request_is_reported_by_the_next_step() -> None:
+    s, ex, _ = build()
+    r = request("r", 10, max_tokens=1)
+    s.add_remote(r)
+    step(s, ex)
+    s.take_reserved()
+    s.mark_received("r", first_token=5)
+    assert s.has_work()  # nothing to compute, but a finish to report
+    out, _ = step(s, ex)
+    assert [f.request_id for f in out.finished] == ["r"] and not out.chunks
+    assert not s.has_work() and s.stats().kv.active == 0
+
+
+def test_reserved_blocks_are_counted_while_their_kv_arrives() -> None:
+    s, ex, _ = build()
+    s.add_remote(request("r", 10, max_tokens=3))
+    step(s, ex)
+    s.take_reserved()
+    assert s.stats().blocks_reserved == 3
+    s.mark_received("r", first_token=5)
+    assert s.stats().blocks_reserved == 0
+
+
+def test_quarantine_keeps_only_the_unsafe_blocks_of_an_aborted_reservation() -> None:
+    s, ex, _ = build()
+    s.add_remote(request("r", 10, max_tokens=3))
+    step(s, ex)
+    (reservation,) = s.take_reserved()
+    s.abort("r")
+    hold = s.take_holds()["r"]
+    quarantined = s.quarantine(hold, reservation.block_ids[1:2])
+    stats = s.stats().kv
+    assert quarantined.blocks == reservation.block_ids[1:2] and quarantined.quarantined
+    assert (stats.active, stats.quarantined, stats.held) == (1, 1, 0)
+    s.check_integrity()
+    s.release_hold(quarantined)
+    assert s.stats().kv.active == 0 and s.stats().kv.quarantined == 0
+    s.check_integrity()
