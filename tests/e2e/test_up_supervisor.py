@@ -1,5 +1,6 @@
-"""`pdserve up` as a supervisor, as a subprocess: a killed worker and a worker whose engine
-failed are restarted on the same port and serve again; SIGTERM drains everything and exits 0.
+"""`pdserve up` as a supervisor, as a subprocess: a killed worker, a worker whose engine failed
+and a killed router are restarted on the same port and serve again; SIGTERM drains everything
+and exits 0.
 
 The tests share one `pdserve up` and run in order (the last one stops it).
 """
@@ -142,6 +143,14 @@ def test_an_engine_failure_ends_the_stream_with_a_status_and_the_worker_comes_ba
     assert after["port"] == before["port"]
     assert up.wait_until(lambda: _serves_again(router), 120, "a request served after the restart")
     assert _all_blocks_free(up)
+
+
+def test_a_killed_router_is_restarted_on_its_port(up):
+    before = up.child("router")
+    os.kill(before["pid"], signal.SIGKILL)
+    after = _restarted(up, "router", before)
+    assert after["port"] == before["port"] and up.status()["router"] == f"127.0.0.1:{before['port']}"
+    assert up.wait_until(lambda: _serves_again(up.status()["router"]), 120, "a request served by the new router")
 
 
 def test_sigterm_drains_every_child_and_exits_zero(up):
