@@ -49,6 +49,7 @@ class AsyncEngine:
         self._fault_listeners: list[RequestFaultListener] = []
         self._ended: str | None = None  # why calls fail, once the engine thread is over
         self._fatal: BaseException | None = None
+        self._fatal_lock = threading.Lock()  # each failure listener hears of the failure once
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stats = engine.scheduler.stats()
@@ -71,9 +72,11 @@ class AsyncEngine:
         """`listener(exc)` runs once, on the event loop, after the engine thread died of `exc`;
         by then every pending `call` has raised EngineFailed, and every later one does. Added
         after the failure, it runs at once (on the loop)."""
-        self._failure_listeners.append(listener)
-        if self._fatal is not None:
-            self._announce([listener], self._fatal)
+        with self._fatal_lock:
+            self._failure_listeners.append(listener)
+            fatal = self._fatal
+        if fatal is not None:
+            self._announce([listener], fatal)
 
     def add_request_fault_listener(self, listener: RequestFaultListener) -> None:
         """`listener(fault)` runs on the event loop after a step failed because of one request:
@@ -119,9 +122,11 @@ class AsyncEngine:
                 self._tick()
         except BaseException as exc:
             log.exception("engine step failed; this engine serves nothing more")
-            self._fatal = exc
             self._end(f"the engine failed: {exc!r}")
-            self._announce(self._failure_listeners, exc)
+            with self._fatal_lock:
+                self._fatal = exc
+                listeners = list(self._failure_listeners)
+            self._announce(listeners, exc)
             return
         self._end("the engine was stopped")
 
