@@ -18,6 +18,7 @@ class FaultPlan:
     roles: tuple[str, ...] = ("prefill", "decode")
     stop_s: tuple[float, float] = (3.0, 15.0)
     recovery_s: float = 30.0  # how long a restart is assumed to take when placing faults
+    max_down_per_role: int = 1  # workers of one role faulted at once; 0: no limit
     first_s: float = 2.0  # no fault before this
     span_s: float | None = None  # no fault starts after this; None: 0.8 x the no-fault run's duration
     fixed: tuple[Fault, ...] = ()

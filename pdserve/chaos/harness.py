@@ -77,7 +77,7 @@ def started(config: ChaosConfig) -> Iterator[tuple[Fleet, str]]:
 
 def measure(fleet: Fleet, target: str, workload: Workload, faults: tuple[Fault, ...], config: ChaosConfig,
             label: str) -> Measured:
-    injector = Injector(fleet, faults, config.recovery_timeout_s)
+    injector = Injector(fleet, faults, config.recovery_timeout_s, config.plan.max_down_per_role)
     injector.start()
     try:
         result = runner.run(target, workload, runner.RunOptions(config.duration_limit_s, config.progress, label))
@@ -99,7 +99,8 @@ def schedule_for(config: ChaosConfig, baseline_s: float) -> tuple[Fault, ...]:
         return p.fixed
     last = p.span_s if p.span_s is not None else 0.8 * baseline_s
     targets = tuple(n for n in names if role_of(n) in p.roles)
-    return plan(ScheduleSpec(p.faults, p.kinds, targets, (p.first_s, max(p.first_s, last)), p.stop_s, p.recovery_s),
+    window = (p.first_s, max(p.first_s, last))
+    return plan(ScheduleSpec(p.faults, p.kinds, targets, window, p.stop_s, p.recovery_s, p.max_down_per_role),
                 config.seed)
 
 

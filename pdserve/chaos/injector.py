@@ -1,8 +1,8 @@
 """Sends a fault schedule's signals to a fleet during a run, one thread per fault.
 
 A fault waits for its time, then for the end of any earlier fault on the same worker (so two
-never overlap, however long a restart takes). A fault whose time comes after the load finished
-is skipped. A stop ends at SIGCONT; a kill or a term ends when the worker serves again.
+never overlap, however long a restart takes) and, with a role budget, until fewer than that many
+workers of its role are down. A fault whose time comes after the load finished is skipped. A stop ends at SIGCONT; a kill or a term ends when the worker serves again.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import enum
 import signal
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
-from pdserve.chaos.fleet import Fleet
+from pdserve.chaos.fleet import Fleet, role_of
 from pdserve.chaos.schedule import Fault, FaultKind
 
 SIGNALS = {FaultKind.KILL: signal.SIGKILL, FaultKind.TERM: signal.SIGTERM}
@@ -38,11 +37,15 @@ class FaultRecord:
 
 
 class Injector:
-    def __init__(self, fleet: Fleet, faults: tuple[Fault, ...], recovery_timeout_s: float):
+    def __init__(self, fleet: Fleet, faults: tuple[Fault, ...], recovery_timeout_s: float,
+                 max_down_per_role: int = 0):
+        """`max_down_per_role`: at most this many workers of one role faulted at once; 0: no limit."""
         self.fleet = fleet
         self.records = tuple(FaultRecord(f) for f in faults)
         self.recovery_timeout_s = recovery_timeout_s
-        self._busy: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        budget = max_down_per_role or max(1, len(faults))
+        self._busy = {f.target: threading.Lock() for f in faults}
+        self._down = {role_of(f.target): threading.Semaphore(budget) for f in faults}
         self._load_done = threading.Event()
         self._threads: list[threading.Thread] = []
         self.t0 = 0.0
@@ -69,7 +72,7 @@ class Injector:
         if self._load_done.wait(max(0.0, self.t0 + fault.at_s - time.time())):
             record.outcome = Outcome.SKIPPED
             return
-        with self._busy[fault.target]:
+        with self._busy[fault.target], self._down[role_of(fault.target)]:
             if self._load_done.is_set():
                 record.outcome = Outcome.SKIPPED
                 return

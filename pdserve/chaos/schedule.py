@@ -2,7 +2,9 @@
 
 A worker is busy from a fault's start until it is back: a stopped one until SIGCONT, a killed
 or terminated one for an estimated `recovery_s` (restart and model load). Two faults on one
-worker never overlap; faults on different workers may.
+worker never overlap, and at most `max_down_per_role` workers of one role are busy at once
+(0: no limit), so that with the default of 1 every role keeps a worker serving, as a
+disruption budget would.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import enum
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pdserve.chaos.fleet import role_of
 
 
 class FaultKind(enum.Enum):
@@ -44,6 +48,7 @@ class ScheduleSpec:
     window: tuple[float, float]  # every fault starts within [first, last] seconds
     stop_s: tuple[float, float] = (3.0, 15.0)
     recovery_s: float = 30.0
+    max_down_per_role: int = 1
     attempts: int = 2000
 
 
@@ -71,18 +76,32 @@ def _draw(rng: random.Random, spec: ScheduleSpec) -> Fault:
 def _place(rng: random.Random, spec: ScheduleSpec, placed: Sequence[Fault]) -> Fault:
     for _ in range(spec.attempts):
         fault = _draw(rng, spec)
-        if not any(overlap(fault, other, spec.recovery_s) for other in placed):
+        if not conflicts(fault, placed, spec):
             return fault
     raise ValueError(f"cannot place {spec.count} faults in {spec.window[0]:.0f}-{spec.window[1]:.0f} s without two "
-                     f"on one worker at once (a restart counts {spec.recovery_s:.0f} s); fewer faults or a longer span")
+                     f"on one worker at once or more than {spec.max_down_per_role} per role (a restart counts "
+                     f"{spec.recovery_s:.0f} s); fewer faults or a longer span")
+
+
+def conflicts(fault: Fault, placed: Sequence[Fault], spec: ScheduleSpec) -> bool:
+    """True when `fault` would overlap another on its worker, or exceed the role's budget."""
+    if any(overlap(fault, other, spec.recovery_s) for other in placed):
+        return True
+    if not spec.max_down_per_role:
+        return False
+    role = role_of(fault.target)
+    down = sum(role_of(o.target) == role and spans_meet(fault, o, spec.recovery_s) for o in placed)
+    return down >= spec.max_down_per_role
+
+
+def spans_meet(a: Fault, b: Fault, recovery_s: float) -> bool:
+    (a0, a1), (b0, b1) = a.busy(recovery_s), b.busy(recovery_s)
+    return a0 <= b1 and b0 <= a1
 
 
 def overlap(a: Fault, b: Fault, recovery_s: float) -> bool:
     """True when both reach the same worker and their busy spans intersect."""
-    if a.target != b.target:
-        return False
-    (a0, a1), (b0, b1) = a.busy(recovery_s), b.busy(recovery_s)
-    return a0 <= b1 and b0 <= a1
+    return a.target == b.target and spans_meet(a, b, recovery_s)
 
 
 def parse_kinds(value: str) -> tuple[FaultKind, ...]:

@@ -72,6 +72,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     s.add_argument("--fault-roles", dest="roles", type=_words, default=None, help="of prefill,decode")
     s.add_argument("--stop-s", type=_pair(float), default=None, help="LOW,HIGH seconds between SIGSTOP and SIGCONT")
     s.add_argument("--recovery-s", type=float, default=None, help="a restart's length when placing faults")
+    s.add_argument("--max-down-per-role", type=int, default=None,
+                   help="workers of one role faulted at once (default 1; 0: no limit)")
     s.add_argument("--first-fault-s", dest="first_s", type=float, default=None)
     s.add_argument("--span-s", type=float, default=None, help="last fault start (default: 0.8 x no-fault run)")
     s.add_argument("--schedule", dest="fixed", type=_schedule, default=None,

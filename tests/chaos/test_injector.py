@@ -17,7 +17,7 @@ class FakeFleet(Fleet):
     def __init__(self, restart_s: float | None = 0.05):
         self.restart_s = restart_s
         self.sent: list[tuple[float, str, int]] = []
-        self.generations = {"prefill-0": 1, "decode-0": 1}
+        self.generations = {"prefill-0": 1, "decode-0": 1, "decode-1": 1}
         self.back_at: dict[str, float] = {}
         self.lock = threading.Lock()
 
@@ -51,8 +51,8 @@ class FakeFleet(Fleet):
 
 
 def run(fleet: FakeFleet, faults: tuple[Fault, ...], finish_after_s: float | None = None,
-        recovery_timeout_s: float = 5.0) -> Injector:
-    injector = Injector(fleet, faults, recovery_timeout_s)
+        recovery_timeout_s: float = 5.0, max_down_per_role: int = 0) -> Injector:
+    injector = Injector(fleet, faults, recovery_timeout_s, max_down_per_role)
     injector.start()
     if finish_after_s is not None:
         time.sleep(finish_after_s)
@@ -79,7 +79,7 @@ def test_a_kill_ends_when_the_worker_serves_again_and_a_term_sends_sigterm():
     for record in injector.records:
         assert record.outcome is Outcome.RECOVERED
         assert record.ended_at - record.started_at >= 0.3
-    assert fleet.generations == {"prefill-0": 2, "decode-0": 2}
+    assert fleet.generations == {"prefill-0": 2, "decode-0": 2, "decode-1": 1}
 
 
 def test_a_worker_that_never_comes_back_is_not_recovered():
@@ -102,3 +102,19 @@ def test_faults_due_after_the_load_finished_are_skipped():
     assert [r.outcome for r in injector.records] == [Outcome.RECOVERED, Outcome.SKIPPED]
     assert injector.records[1].started_at is None
     assert all(name == "decode-0" for _, name, _ in fleet.sent)
+
+
+def test_with_a_role_budget_of_one_a_fault_waits_until_its_role_has_no_worker_down():
+    fleet = FakeFleet(restart_s=0.4)
+    injector = run(fleet, (Fault(0.0, FaultKind.KILL, "decode-0"), Fault(0.1, FaultKind.STOP, "decode-1", 0.05),
+                           Fault(0.1, FaultKind.STOP, "prefill-0", 0.05)), max_down_per_role=1)
+    kill, other_decode, prefill = injector.records
+    assert other_decode.started_at >= kill.ended_at
+    assert prefill.started_at < kill.ended_at
+
+
+def test_without_a_budget_workers_of_one_role_go_down_together():
+    injector = run(FakeFleet(restart_s=0.4), (Fault(0.0, FaultKind.KILL, "decode-0"),
+                                              Fault(0.1, FaultKind.STOP, "decode-1", 0.05)))
+    kill, stop = injector.records
+    assert stop.started_at < kill.ended_at

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pdserve.chaos.scenarios import parse_schedule
-from pdserve.chaos.schedule import Fault, FaultKind, ScheduleSpec, format_schedule, overlap, parse_kinds, plan
+from pdserve.chaos.fleet import role_of
+from pdserve.chaos.schedule import (Fault, FaultKind, ScheduleSpec, format_schedule, overlap, parse_kinds, plan,
+                                    spans_meet)
 
 TARGETS = ("prefill-0", "prefill-1", "decode-0", "decode-1")
 ALL_KINDS = tuple(FaultKind)
@@ -31,6 +33,32 @@ def test_no_two_faults_reach_one_worker_at_once(seed):
                 assert a.busy(30.0)[1] < b.at_s
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_by_default_at_most_one_worker_of_a_role_is_down_at_once(seed):
+    faults = plan(spec(count=8, recovery_s=20.0), seed)
+    for i, a in enumerate(faults):
+        for b in faults[i + 1:]:
+            if role_of(a.target) == role_of(b.target):
+                assert not spans_meet(a, b, 20.0), (a, b)
+
+
+def test_without_a_role_budget_workers_of_one_role_may_be_down_together():
+    together = 0
+    for seed in range(20):
+        faults = plan(spec(count=8, recovery_s=20.0, max_down_per_role=0), seed)
+        together += any(spans_meet(a, b, 20.0) and a.target != b.target and role_of(a.target) == role_of(b.target)
+                        for i, a in enumerate(faults) for b in faults[i + 1:])
+    assert together > 0
+
+
+def test_a_budget_of_two_lets_two_of_a_role_down_but_never_three():
+    for seed in range(20):
+        faults = plan(spec(count=9, targets=("decode-0", "decode-1", "decode-2"), recovery_s=20.0,
+                           max_down_per_role=2), seed)
+        down_at = [sum(g.busy(20.0)[0] <= f.at_s <= g.busy(20.0)[1] for g in faults) for f in faults]
+        assert max(down_at) <= 2
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_faults_are_in_time_order_within_the_window_with_the_given_kinds_and_targets(seed):
     faults = plan(spec(count=6, kinds=(FaultKind.STOP, FaultKind.KILL), targets=TARGETS[2:], stop_s=(3.0, 15.0)),
@@ -44,7 +72,7 @@ def test_faults_are_in_time_order_within_the_window_with_the_given_kinds_and_tar
 
 
 def test_every_kind_and_worker_shows_up_over_a_long_schedule():
-    faults = plan(spec(count=12, window=(0.0, 600.0)), 3)
+    faults = plan(spec(count=12, window=(0.0, 900.0)), 3)
     assert {f.kind for f in faults} == set(FaultKind)
     assert {f.target for f in faults} == set(TARGETS)
 
