@@ -67,12 +67,13 @@ class Supervisor:
         """Start an exited child again with the same flags, on the ports it had (if it ever got
         as far as binding them), so that whoever dials it finds it where it was."""
         assert child.exited(), f"{child.name} is still running"
+        pinned = [*child.argv]  # NOTE: a flag given twice: the last one counts
         if child.port is not None:
-            child.argv += ["--port", str(child.port)]
+            pinned += ["--port", str(child.port)]
         if child.metrics_port is not None:
-            child.argv += ["--metrics-port", str(child.metrics_port)]
+            pinned += ["--metrics-port", str(child.metrics_port)]
         child.restarts += 1
-        child.process = self._launch(child.argv, child.cpus, child.ready_file, self.log_of(child), "a")
+        child.process = self._launch(pinned, child.cpus, child.ready_file, self.log_of(child), "a")
 
     def _launch(self, argv: list[str], cpus: set[int] | None, ready: Path, log: Path | None,
                 mode: str) -> subprocess.Popen:

@@ -112,6 +112,8 @@ def test_quick_exits_in_a_row_wait_longer_each_time(tmp_path):
         clock.offset += 20
         fleet.tick()
     assert waits == [0.5, 1.0, 2.0, 4.0]
+    assert fleet.sup.launched[-1] == ["decode", "--port", "0", "--metrics-port", "0", "--port", "7001",
+                                      "--metrics-port", "8001"]
 
 
 def test_drain_stops_the_router_before_the_workers_and_restarts_nothing(tmp_path):
