@@ -56,18 +56,13 @@ class Fleet:
         self.say = say
         self.watches: list[Watch] = []
 
-    def spawn(self, name: str, argv: list[str], cpus: set[int] | None = None) -> Child:
-        child = self.sup.spawn(name, argv, cpus)
-        self.watches.append(Watch(child, started=self.clock()))
+    def adopt(self) -> None:
+        """Watch every child of the supervisor not watched yet, as serving (call once they are
+        ready: an exit during start-up is the caller's error, not a restart)."""
+        watched = {id(w.child) for w in self.watches}
+        now = self.clock()
+        self.watches += [Watch(c, ChildState.SERVING, started=now) for c in self.sup.children if id(c) not in watched]
         self.write_status()
-        return child
-
-    def wait_ready(self, child: Child, timeout_s: float) -> int:
-        """Start-up: wait for a first start (an exit then is an error, not a restart)."""
-        port = self.sup.wait_ready(child, timeout_s)
-        self._watch_of(child).state = ChildState.SERVING
-        self.write_status()
-        return port
 
     def tick(self) -> None:
         now = self.clock()
@@ -134,9 +129,6 @@ class Fleet:
                           "metrics_port": w.child.metrics_port, "restarts": w.child.restarts,
                           "state": w.state.value} for w in self.watches],
         }
-
-    def _watch_of(self, child: Child) -> Watch:
-        return next(w for w in self.watches if w.child is child)
 
 
 def describe_exit(code: int | None) -> str:

@@ -67,7 +67,7 @@ def plan_cpus(count: int) -> list[set[int] | None]:
     return [set(cores[i * share:(i + 1) * share]) for i in range(count)]
 
 
-def start(args: argparse.Namespace, fleet: Fleet) -> int:
+def start(args: argparse.Namespace, sup: Supervisor) -> int:
     roles = ["decode"] * args.decode_workers
     if args.mode == "disaggregated":
         roles = ["prefill"] * args.prefill_workers + roles
@@ -76,16 +76,16 @@ def start(args: argparse.Namespace, fleet: Fleet) -> int:
     for i, (role, cpu) in enumerate(zip(roles, cpus)):
         threads = ["--threads", str(len(cpu) if cpu else 1)]
         name = f"{role}-{roles[:i].count(role)}"
-        workers.append((role, fleet.spawn(name, worker_argv(args, role) + threads, cpu)))
+        workers.append((role, sup.spawn(name, worker_argv(args, role) + threads, cpu)))
     addresses = {"prefill": [], "decode": []}
     for role, child in workers:
-        addresses[role].append(f"127.0.0.1:{fleet.wait_ready(child, args.ready_timeout)}")
-    router = fleet.spawn("router", router_argv(args, addresses))
-    port = fleet.wait_ready(router, args.ready_timeout)
+        addresses[role].append(f"127.0.0.1:{sup.wait_ready(child, args.ready_timeout)}")
+    router = sup.spawn("router", router_argv(args, addresses))
+    port = sup.wait_ready(router, args.ready_timeout)
     for _, child in [*workers, ("router", router)]:
         print(f"{child.name}: grpc 127.0.0.1:{child.port}, metrics http://127.0.0.1:{child.metrics_port}/metrics "
               f"(pid {child.pid})", flush=True)
-    print(f"logs in {fleet.sup.workdir}", flush=True)
+    print(f"logs in {sup.workdir}", flush=True)
     return port
 
 
@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     fleet = Fleet(sup, status_file=args.status_file)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        port = start(args, fleet)
+        port = start(args, sup)
+        fleet.adopt()
         wait_serving(f"127.0.0.1:{port}", args.ready_timeout)
         print(f"pdserve is SERVING on 127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
         if args.demo:

@@ -62,12 +62,12 @@ def _fleet(tmp_path) -> tuple[Fleet, FakeSupervisor, Clock, list[str]]:
     lines: list[str] = []
     clock = Clock()
     fleet = Fleet(sup, status_file=tmp_path / "status.json", say=lines.append, clock=clock)
-    decode = fleet.spawn("decode-0", ["decode", "--port", "0", "--metrics-port", "0"])
-    _ready(decode, 7001, 8001)
-    fleet.wait_ready(decode, 1)
-    router = fleet.spawn("router", ["router", "--port", "0"])
-    _ready(router, 7000, 8000)
-    fleet.wait_ready(router, 1)
+    for name, argv, port in (("decode-0", ["decode", "--port", "0", "--metrics-port", "0"], 7001),
+                             ("router", ["router", "--port", "0"], 7000)):
+        child = sup.spawn(name, argv)
+        _ready(child, port, port + 1000)
+        sup.wait_ready(child, 1)
+    fleet.adopt()
     return fleet, sup, clock, lines
 
 
