@@ -40,7 +40,7 @@ from router.clients import (
     WorkerSnapshot,
 )
 
-DECODE_POINTS = ("open", "reserved", "received", "token")
+DECODE_POINTS = ("open", "reserved", "received", "token", "last")  # last: every token out, Finished not yet
 PREFILL_POINTS = ("open", "chunk", "written")
 
 
@@ -251,6 +251,7 @@ class FakeDecodeClient(DecodeClient):
         for index in range(start, job.sampling.max_tokens):
             await w.step(session, "token")
             yield Tokens((token_at(job.prompt, index),))
+        await w.step(session, "last")
         yield Finished(FinishReason.LENGTH, 0, 0)
 
 

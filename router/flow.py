@@ -121,11 +121,10 @@ class RequestFlow:
                         yield event
                 except WorkerFault as fault:
                     decision = self._recover(job, state, fault)
+                    yield Milestone(decision.action.value, {"pdserve.fault": fault.message,
+                                                            "pdserve.fault_kind": fault.kind.value})
                     if decision.action == Action.COMPLETE:
                         yield state.done(decision.reason)
-                    elif decision.action != Action.FAIL:
-                        yield Milestone(decision.action.value, {"pdserve.fault": fault.message,
-                                                                "pdserve.fault_kind": fault.kind.value})
         except Exception as exc:
             if not state.protocol.done:
                 state.protocol.advance(Signal.FAIL, str(exc))

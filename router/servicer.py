@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.text_stream import TextStream
@@ -31,7 +32,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.flow = flow
         self.traces = traces
         self.max_active = max_active
-        self.active: dict[str, asyncio.Task] = {}
+        self.active: dict[str, _Active] = {}
 
     async def Generate(self, request: pb.GenerateRequest, context):
         trace = self.traces(context.invocation_metadata())
@@ -43,7 +44,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(_pump(self.flow, job, events))
         task.add_done_callback(lambda t: t.cancelled() and events.put_nowait(asyncio.CancelledError()))
-        self.active[job.request_id] = task
+        mine = _Active(task, asyncio.current_task())
+        self.active[job.request_id] = mine
         try:
             async for message in self._responses(job, events, trace):
                 yield message
@@ -52,7 +54,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise
         finally:
             task.cancel()
-            self.active.pop(job.request_id, None)
+            if self.active.get(job.request_id) is mine:
+                del self.active[job.request_id]
 
     def _admit(self, request: pb.GenerateRequest, trace: RequestTrace, remaining_s: float | None) -> Job:
         self.drain.refuse_if_draining()
@@ -62,7 +65,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         deadline = None if remaining_s is None else time.monotonic() + remaining_s
         job = Job(request.request_id or uuid.uuid4().hex, tuple(prompt), sampling,
                   priority_from_pb(request.priority), trace.metadata(), deadline)
-        if job.request_id in self.active:
+        if (running := self.active.get(job.request_id)) is not None and not running.ending:
             raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
         if len(self.active) >= self.max_active:
             raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
@@ -115,11 +118,26 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         raise InvalidRequestError("no prompt: set one of text, token_ids or messages")
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
-        task = self.active.get(request.request_id)
-        if task is None:
+        running = self.active.get(request.request_id)
+        if running is None or running.ending:
             return pb.AbortResponse(found=False)
-        task.cancel()
+        running.pump.cancel()
         return pb.AbortResponse(found=True)
+
+
+@dataclass(frozen=True)
+class _Active:
+    """A request in flight: the task running its flow, and the Generate handler streaming it."""
+
+    pump: asyncio.Task
+    handler: asyncio.Task | None
+
+    @property
+    def ending(self) -> bool:
+        """Aborted, or its client went away: a new request may take its id (the workers never
+        see the two under one id: each attempt has its own there)."""
+        return self.pump.cancelling() > 0 or self.pump.done() or (
+            self.handler is not None and (self.handler.cancelling() > 0 or self.handler.done()))
 
 
 async def _pump(flow: RequestFlow, job: Job, events: asyncio.Queue) -> None:

@@ -132,12 +132,20 @@ class WorkerPool:
         self.on_change()
 
     async def _poll_forever(self) -> None:
+        """Each worker is polled on its own: one that does not answer delays nobody else's poll."""
+        polls: dict[str, asyncio.Task] = {}
         while True:
-            try:
-                await self.refresh()
-            except Exception:  # a poll must never end the loop
-                log.exception("worker poll failed")
+            for address, worker in list(self.workers.items()):
+                if address not in polls or polls[address].done():
+                    polls[address] = asyncio.ensure_future(self._poll_and_tell(worker))
             await asyncio.sleep(self.config.poll_s)
+
+    async def _poll_and_tell(self, worker: Worker) -> None:
+        try:
+            await self._poll(worker)
+            self.on_change()
+        except Exception:  # a poll must never end the loop
+            log.exception("polling %s failed", worker.address)
 
     async def _poll(self, worker: Worker) -> None:
         try:

@@ -39,7 +39,7 @@ def test_a_fault_at_every_point_ends_with_the_full_output_and_no_block_held(addr
             assert h.fleet.triggers[0].fired
             assert tokens == expected() and done is not None, milestones
             if mode in (Mode.KILL, Mode.STALL, Mode.FAIL) or (mode == Mode.PARTITION and point != "written"):
-                assert {"retry", "resume"} & set(milestones)
+                assert {"retry", "resume", "complete"} & set(milestones)
             assert not any((await settle(h.fleet)).values())
 
     asyncio.run(main())

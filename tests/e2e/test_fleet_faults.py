@@ -1,0 +1,180 @@
+"""The fleet under faults, with separately started workers (1 prefill, 2 decode) and a router:
+Generate racing Abort, one id cancelled and resubmitted, a stalled and a killed decode worker
+under load. Every stream ends, nothing is lost, and every worker is back to zero active blocks."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import signal
+import time
+
+import grpc
+import pytest
+
+from pdserve.cli.client import stream
+from pdserve.cli.supervisor import Supervisor
+from pdserve.cli.up import wait_serving
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+from pdserve.v1 import worker_pb2 as wpb
+from pdserve.v1 import worker_pb2_grpc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+ENGINE = ["--threads", "1", "--kv-blocks", "256", "--host-kv-blocks", "64", "--token-budget", "256",
+          "--max-chunk-tokens", "128"]
+ROLES = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
+
+
+class Fleet:
+    def __init__(self):
+        self.sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+        self.children = {n: self.sup.spawn(n, [role, "--port", "0", *ENGINE]) for n, role in ROLES.items()}
+        self.ports = {n: self.sup.wait_ready(c, 240) for n, c in self.children.items()}
+        router = self.sup.spawn("router", ["router", "--port", "0", "--kv-timeout", "10",
+                                           "--prefill-workers", f"127.0.0.1:{self.ports['prefill-0']}",
+                                           "--decode-workers", ",".join(f"127.0.0.1:{self.ports[n]}"
+                                                                        for n in ("decode-0", "decode-1"))])
+        self.target = f"127.0.0.1:{self.sup.wait_ready(router, 240)}"
+        wait_serving(self.target, 60)
+
+    def restart(self, name: str) -> None:
+        """Start a worker again on the port it had (a platform rescheduling it)."""
+        child = self.sup.spawn(f"{name}-again", [ROLES[name], "--port", str(self.ports[name]), *ENGINE])
+        self.sup.wait_ready(child, 240)
+        self.children[name] = child
+
+    def stats(self, name: str) -> wpb.WorkerStats:
+        stub_cls = worker_pb2_grpc.PrefillWorkerStub if ROLES[name] == "prefill" else worker_pb2_grpc.DecodeWorkerStub
+        with grpc.insecure_channel(f"127.0.0.1:{self.ports[name]}") as channel:
+            return stub_cls(channel).Stats(wpb.StatsRequest(), timeout=5)
+
+    def wait_idle(self, timeout_s: float = 30.0) -> dict[str, int]:
+        """Until every worker reports zero active blocks (or the timeout): what each reports."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            active = {n: self.stats(n).blocks_active for n in ROLES}
+            if not any(active.values()) or time.monotonic() > deadline:
+                return active
+            time.sleep(0.2)
+
+    def wait_running(self, name: str, count: int, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.stats(name).requests_running < count:
+            assert time.monotonic() < deadline, f"{name} never ran {count} requests"
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    f = Fleet()
+    try:
+        yield f
+    finally:
+        f.sup.stop()
+
+
+def _greedy(text: str, max_tokens: int, request_id: str = "") -> pb.GenerateRequest:
+    return pb.GenerateRequest(text=text, request_id=request_id, sampling=pb.SamplingParams(
+        max_tokens=max_tokens, temperature=0, ignore_eos=True))
+
+
+def _safe(fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except grpc.RpcError as exc:
+        return exc
+
+
+def test_generate_racing_abort_ends_every_stream(fleet):
+    with grpc.insecure_channel(fleet.target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+
+        def pair(i: int):
+            call = stub.Generate(_greedy(f"Tell me about the number {i}.", 24, f"race-{i}"), timeout=120)
+            time.sleep(random.Random(i).uniform(0, 0.05))
+            found = stub.Abort(pb.AbortRequest(request_id=f"race-{i}"), timeout=10).found
+            started = time.monotonic()
+            outcome = _safe(lambda: list(call))
+            return found, time.monotonic() - started, outcome
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(pair, range(48)))
+    for found, seconds, outcome in results:
+        assert not isinstance(outcome, grpc.RpcError), outcome
+        if found:  # aborted: the stream ends at once, with ABORT (an Abort that came first finds nothing)
+            assert seconds < 5 and outcome[-1].finish_reason == pb.FINISH_REASON_ABORT
+    assert sum(found for found, _, _ in results) >= len(results) // 2
+    assert not any(fleet.wait_idle().values())
+
+
+def test_cancel_and_resubmit_one_id(fleet):
+    rng = random.Random(7)
+    statuses = []
+    with grpc.insecure_channel(fleet.target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        for i in range(20):
+            call = stub.Generate(_greedy(f"Write a poem about the sea, verse {i}.", 40, "same-id"), timeout=60)
+            time.sleep(rng.uniform(0, 0.3))
+            call.cancel()
+            result = _safe(stream, stub, _greedy("Say hello.", 6, "same-id"), timeout=60)
+            statuses.append(result.code() if isinstance(result, grpc.RpcError) else len(result.token_ids))
+    assert all(s == 6 or s == grpc.StatusCode.ALREADY_EXISTS for s in statuses), statuses
+    assert statuses.count(6) >= len(statuses) // 2, statuses
+    assert not any(fleet.wait_idle().values())
+
+
+PROMPTS = [f"Write a short story about a robot named Unit {i}." for i in range(8)]
+
+
+def _run_all(fleet, max_tokens: int, during=None) -> list:
+    with grpc.insecure_channel(fleet.target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures = [pool.submit(_safe, stream, stub, _greedy(p, max_tokens), timeout=300) for p in PROMPTS]
+            if during is not None:
+                during()
+            return [f.result() for f in futures]
+
+
+def _tokens(results) -> list:
+    for r in results:
+        assert not isinstance(r, grpc.RpcError), r
+    return [tuple(r.token_ids) for r in results]
+
+
+def test_a_stalled_decode_worker_is_seen_and_its_streams_resume(fleet):
+    baseline = _tokens(_run_all(fleet, 32))
+    victim = fleet.children["decode-1"]
+
+    def stall():
+        fleet.wait_running("decode-1", 2)
+        os.killpg(victim.process.pid, signal.SIGSTOP)
+        time.sleep(10)
+        os.killpg(victim.process.pid, signal.SIGCONT)
+
+    assert _tokens(_run_all(fleet, 32, stall)) == baseline
+    assert not any(fleet.wait_idle().values())
+
+
+def test_a_killed_decode_worker_under_load_loses_nothing_and_is_taken_back(fleet):
+    baseline = _tokens(_run_all(fleet, 32))
+
+    def kill():
+        fleet.wait_running("decode-0", 2)
+        os.killpg(fleet.children["decode-0"].process.pid, signal.SIGKILL)
+
+    assert _tokens(_run_all(fleet, 32, kill)) == baseline
+    fleet.restart("decode-0")
+    os.killpg(fleet.children["decode-1"].process.pid, signal.SIGKILL)  # only the restarted worker is left
+    with grpc.insecure_channel(fleet.target) as channel:
+        after = stream(generation_pb2_grpc.GenerationStub(channel), _greedy(PROMPTS[0], 32), timeout=120)
+    assert tuple(after.token_ids) == baseline[0]
+    active = {n: fleet.stats(n).blocks_active for n in ("prefill-0", "decode-0")}
+    deadline = time.monotonic() + 30
+    while any(active.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        active = {n: fleet.stats(n).blocks_active for n in ("prefill-0", "decode-0")}
+    assert not any(active.values())
