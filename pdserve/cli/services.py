@@ -95,8 +95,10 @@ async def _serve(args: argparse.Namespace) -> int:
     elif stop is Stop.ENGINE_FAILED:
         print(f"pdserve {args.role}: the engine failed; leaving rotation and exiting", flush=True)
         await service.give_up()
+        await service.stop(grace_s=0)
+        return EXIT_ENGINE_FAILED
     await service.stop()
-    return EXIT_ENGINE_FAILED if stop is Stop.ENGINE_FAILED else 0
+    return 0
 
 
 def _stop_queue(service) -> asyncio.Queue[Stop]:

@@ -56,15 +56,16 @@ class WorkerService:
 
     async def give_up(self, flush_s: float = FLUSH_S) -> None:
         """The engine failed: leave rotation (NOT_SERVING, out of the registry) and give the
-        streams that failed time to send their statuses before the process stops."""
+        streams that failed time to send their statuses; `stop(grace_s=0)` then cancels the rest."""
         await self.server.set_serving(False)
         self.registration.stop()
         await asyncio.sleep(flush_s)
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving (calls still running after grace_s are cancelled), then everything beneath."""
         self.registration.stop()
         self.feed.stop()
-        await self.server.stop(1.0)
+        await self.server.stop(grace_s)
         if self.transfer is not None:
             await self.transfer.close()
         await self.channels.close()

@@ -137,8 +137,8 @@ def test_an_engine_failure_ends_the_stream_with_a_status_and_the_worker_comes_ba
                 if i == 2:
                     Path(str(up.faults).replace("{pid}", str(before["pid"]))).touch()
                     fired = time.monotonic()
-        assert time.monotonic() - fired < 5, "the stream hung after the engine failed"
-        assert ended.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - fired < 3, "the stream hung after the engine failed"
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
     after = _restarted(up, "decode-0", before)
     assert after["port"] == before["port"]
     assert up.wait_until(lambda: _serves_again(router), 120, "a request served after the restart")
