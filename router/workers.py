@@ -92,6 +92,7 @@ class WorkerPool:
         """Stop routing to a worker; requests already on it keep their connection until they end."""
         if self.workers.pop(address, None) is not None:
             log.info("worker %s left", address)
+            asyncio.ensure_future(self.clients.forget(address))
             self.on_change()
 
     def sync(self, role: str, addresses: set[str], source: str) -> None:
@@ -163,7 +164,6 @@ class WorkerPool:
             worker.ready = False
         if worker.source == "registry" and worker.silent_polls >= self.config.forget_after:
             self.remove(worker.address)
-            asyncio.ensure_future(self.clients.forget(worker.address))
 
     def _close_breaker(self, worker: Worker) -> None:
         if worker.breaker.state != BreakerState.CLOSED:
