@@ -1,9 +1,14 @@
-"""Polls every worker's Stats until none holds an active KV block (the leak check after a run)."""
+"""Polls every worker's Stats until none holds an active KV block (the leak check after a run).
+
+A worker that does not answer holds blocks as far as anyone can tell, unless it is `excused`:
+its process was killed or terminated and is not back yet, and a process that is gone holds
+nothing (its restart starts empty). A stopped worker is never excused.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
 from pdserve.chaos.fleet import WorkerRef
@@ -70,27 +75,30 @@ class StatsPoller:
             channel.close()
 
 
-def all_zero(answers: Sequence[WorkerBlocks]) -> bool:
-    return all(a.active == 0 for a in answers)
+def all_zero(answers: Sequence[WorkerBlocks], excused: Set[str] = frozenset()) -> bool:
+    return all(a.active == 0 or (a.active is None and a.name in excused) for a in answers)
 
 
 def wait_zero(poll: Callable[[], tuple[WorkerBlocks, ...]], since: float, limit_s: float,
-              every_s: float = 0.25) -> Drain:
-    """Calls `poll` until every worker reports zero active blocks, or until `limit_s` after `since` (a Unix time)."""
+              excused: Callable[[], Set[str]] = frozenset, every_s: float = 0.25) -> Drain:
+    """Calls `poll` until every worker reports zero active blocks (or is excused), or until
+    `limit_s` after `since` (a Unix time)."""
     while True:
+        gone = excused()
         answers = poll()
         elapsed = time.time() - since
-        if all_zero(answers):
+        if all_zero(answers, gone):
             return Drain(max(0.0, elapsed), limit_s, answers)
         if elapsed >= limit_s:
             return Drain(None, limit_s, answers)
         time.sleep(every_s)
 
 
-def drain(workers: Sequence[WorkerRef], since: float, limit_s: float) -> Drain:
+def drain(workers: Sequence[WorkerRef], since: float, limit_s: float,
+          excused: Callable[[], Set[str]] = frozenset) -> Drain:
     """`wait_zero` over the Stats of `workers`."""
     poller = StatsPoller(workers)
     try:
-        return wait_zero(poller.poll, since, limit_s)
+        return wait_zero(poller.poll, since, limit_s, excused)
     finally:
         poller.close()

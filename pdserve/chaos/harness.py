@@ -77,14 +77,17 @@ def started(config: ChaosConfig) -> Iterator[tuple[Fleet, str]]:
 
 def measure(fleet: Fleet, target: str, workload: Workload, faults: tuple[Fault, ...], config: ChaosConfig,
             label: str) -> Measured:
+    """Blocks are polled from the load's end while faults still in progress end (see blocks)."""
     injector = Injector(fleet, faults, config.recovery_timeout_s, config.plan.max_down_per_role)
     injector.start()
     try:
         result = runner.run(target, workload, runner.RunOptions(config.duration_limit_s, config.progress, label))
+        injector.load_finished()
+        drain = blocks.drain(fleet.workers(), result.started_at + result.duration_s,
+                             config.bound_s + POLL_PAST_BOUND_S, injector.restarting)
     finally:
         injector.load_finished()
         injector.join()
-    drain = blocks.drain(fleet.workers(), result.started_at + result.duration_s, config.bound_s + POLL_PAST_BOUND_S)
     _log(f"{label}: {result.duration_s:.1f} s; active blocks zero after {drain.describe()}")
     return Measured(result, injector.records, drain, fleet.describe())
 

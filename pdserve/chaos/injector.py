@@ -62,6 +62,11 @@ class Injector:
     def load_finished(self) -> None:
         self._load_done.set()
 
+    def restarting(self) -> set[str]:
+        """Workers whose kill or term fault has begun and not ended: their process is gone or going."""
+        return {r.fault.target for r in self.records
+                if r.fault.kind in SIGNALS and r.started_at is not None and r.ended_at is None}
+
     def join(self) -> None:
         """Until every started fault has ended (a restart may outlive the load)."""
         for thread in self._threads:

@@ -118,3 +118,14 @@ def test_without_a_budget_workers_of_one_role_go_down_together():
                                               Fault(0.1, FaultKind.STOP, "decode-1", 0.05)))
     kill, stop = injector.records
     assert stop.started_at < kill.ended_at
+
+
+def test_a_worker_is_restarting_from_its_kill_until_it_serves_again_and_a_stopped_one_never_is():
+    fleet = FakeFleet(restart_s=0.5)
+    injector = Injector(fleet, (Fault(0.0, FaultKind.KILL, "decode-0"), Fault(0.0, FaultKind.STOP, "prefill-0", 0.5)),
+                        5.0)
+    injector.start()
+    time.sleep(0.2)
+    assert injector.restarting() == {"decode-0"}
+    injector.join()
+    assert injector.restarting() == set()
