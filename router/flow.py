@@ -151,6 +151,8 @@ class RequestFlow:
 
     async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
         local = self.config.colocated or bool(state.generated)
+        if not local:  # no decode blocks are reserved while no prefill worker could fill them
+            await self.pool.wait_usable("prefill", self._wait_until(job))
         decode = await self._choose(job, state, "decode")
         state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
         self.pool.placed(decode)
@@ -186,10 +188,7 @@ class RequestFlow:
             state.avoid[role].add(address)
 
     async def _choose(self, job: Job, state: FlowState, role: str) -> Worker:
-        until = time.monotonic() + self.config.wait_for_worker_s
-        if job.deadline is not None:
-            until = min(until, job.deadline)
-        workers = await self.pool.wait_usable(role, until)
+        workers = await self.pool.wait_usable(role, self._wait_until(job))
         try:
             if role == "decode":
                 return choose_decode(workers, state.avoid["decode"])
@@ -197,6 +196,10 @@ class RequestFlow:
             return choose_prefill(workers, cached, state.avoid["prefill"])
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
+
+    def _wait_until(self, job: Job) -> float:
+        until = time.monotonic() + self.config.wait_for_worker_s
+        return until if job.deadline is None else min(until, job.deadline)
 
     async def _cached_prefixes(self, prompt: tuple[int, ...], workers: list[Worker]) -> dict[str, int]:
         if len(workers) < 2:

@@ -128,3 +128,14 @@ def test_a_cancelled_request_leaves_no_block_at_any_point():
             assert not any((await settle(h.fleet)).values())
 
     asyncio.run(main())
+
+
+def test_the_only_prefill_worker_stalled_the_request_waits_for_it_and_finishes():
+    async def main():
+        async with harness(prefill=("p0",)) as h:
+            h.fleet.triggers.append(Trigger("p0", "chunk", Mode.STALL, seconds=1.0))
+            tokens, _, milestones = await collect(h.flow, job())
+            assert tokens == expected() and "retry" in milestones
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
