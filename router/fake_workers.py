@@ -1,6 +1,6 @@
 """In-process workers behind the worker-client interface, for tests of the request protocol.
 
-A `FakeFleet` plays prefill and decode workers on one asyncio loop, with the semantics of the
+A `FakeFleet` (router/fake_fleet.py) plays prefill and decode workers on one asyncio loop, with the semantics of the
 real ones: a decode worker reserves blocks, a prefill worker holds its blocks while it computes
 and writes chunk by chunk into the reservation, then sends the first token; closing a call ends
 the request on the worker, which frees its blocks. Tokens are a function of the prompt and the
@@ -22,23 +22,12 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from pdserve.requests import FinishReason
-from router.clients import (
-    Call,
-    Chunk,
-    Culprit,
-    DecodeClient,
-    FaultKind,
-    Finished,
-    FirstToken,
-    PrefillClient,
-    Reservation,
-    Tokens,
-    WorkerClients,
-    WorkerFault,
-    WorkerJob,
-    WorkerSnapshot,
-)
+from typing import TYPE_CHECKING
+
+from router.clients import Call, FaultKind, WorkerFault, WorkerSnapshot
+
+if TYPE_CHECKING:
+    from router.fake_fleet import FakeFleet
 
 DECODE_POINTS = ("open", "reserved", "received", "token", "last")  # last: every token out, Finished not yet
 PREFILL_POINTS = ("open", "chunk", "written")
@@ -216,143 +205,3 @@ class FakeCall(Call):
             self.session.closed = True
             if self.session.received is not None and not self.session.received.done():
                 self.session.received.cancel()
-
-
-class FakeDecodeClient(DecodeClient):
-    def __init__(self, worker: FakeWorker):
-        self.address = worker.address
-        self.worker = worker
-
-    def open(self, job: WorkerJob, local_prefill: bool) -> Call:
-        w, size = self.worker, self.worker.fleet.config.block_size
-        try:
-            session = w.open_session(job.request_id, -(-(len(job.prompt) + job.sampling.max_tokens) // size))
-        except WorkerFault as fault:
-            return FakeCall(w, None, fault)
-        session.received = asyncio.get_running_loop().create_future()
-        w.run(session, self._serve(job, session, local_prefill))
-        return FakeCall(w, session)
-
-    async def _serve(self, job: WorkerJob, session: _Session, local: bool):
-        w = self.worker
-        await w.step(session, "open")
-        if local:
-            await w.step(session, seconds=w.fleet.config.step_s * (1 + len(job.prompt) // w.fleet.config.chunk_tokens))
-            start = len(job.output_token_ids)
-        else:
-            transfer_id = f"{job.request_id}#{next(w._ids)}"
-            w.transfers[transfer_id] = session
-            yield Reservation(transfer_id, "fake", w.address.encode(), tuple(range(session.blocks)),
-                              w.fleet.config.block_size, 1, w.address)
-            await w.step(session, "reserved")
-            await session.received
-            await w.step(session, "received")
-            start = 1
-        for index in range(start, job.sampling.max_tokens):
-            await w.step(session, "token")
-            yield Tokens((token_at(job.prompt, index),))
-        await w.step(session, "last")
-        yield Finished(FinishReason.LENGTH, 0, 0)
-
-
-class FakePrefillClient(PrefillClient):
-    def __init__(self, worker: FakeWorker):
-        self.address = worker.address
-        self.worker = worker
-
-    def open(self, job: WorkerJob, target: Reservation) -> Call:
-        w = self.worker
-        try:
-            session = w.open_session(job.request_id, -(-len(job.prompt) // w.fleet.config.block_size))
-        except WorkerFault as fault:
-            return FakeCall(w, None, fault)
-        w.run(session, self._serve(job, target, session))
-        return FakeCall(w, session)
-
-    async def _serve(self, job: WorkerJob, target: Reservation, session: _Session):
-        w, cfg = self.worker, self.worker.fleet.config
-        await w.step(session, "open")
-        for start in range(0, len(job.prompt), cfg.chunk_tokens):
-            await w.step(session, "chunk")
-            end = min(len(job.prompt), start + cfg.chunk_tokens)
-            w.fleet.write(w, target, end // cfg.block_size)
-            yield Chunk(start, end - start, 0, cfg.step_s)
-        w.fleet.complete(w, target, token_at(job.prompt, 0))
-        await w.step(session, "written")
-        yield FirstToken(token_at(job.prompt, 0), 0, kv_blocks=len(target.block_ids))
-
-    async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
-        return None if self.worker.killed or self.worker.stalled else 0
-
-
-class FakeFleet(WorkerClients):
-    def __init__(self, config: FleetConfig = FleetConfig()):
-        self.config = config
-        self.workers: dict[str, FakeWorker] = {}
-        self.triggers: list[Trigger] = []
-        self.partitions: set[tuple[str, str]] = set()
-
-    def add(self, address: str, role: str) -> FakeWorker:
-        self.workers[address] = FakeWorker(self, address, role)
-        return self.workers[address]
-
-    def active_blocks(self) -> dict[str, int]:
-        return {a: w.active_blocks for a, w in self.workers.items()}
-
-    def fire(self, worker: FakeWorker, session: _Session, point: str) -> None:
-        for t in self.triggers:
-            if not t.fired and t.address == worker.address and t.point == point:
-                t.fired = True
-                self._apply(t, worker, session)
-
-    def _apply(self, t: Trigger, worker: FakeWorker, session: _Session) -> None:
-        if t.mode == Mode.KILL:
-            worker.kill()
-        elif t.mode == Mode.STALL:
-            worker.stall(t.seconds)
-        elif t.mode == Mode.SLOW:
-            worker.slow = t.factor
-        elif t.mode == Mode.FAIL:
-            raise WorkerFault(FaultKind.FAILED, worker.address, f"{worker.address}: internal error (injected)")
-        elif t.mode == Mode.PARTITION:
-            self.partitions |= {(worker.address, d) for d, w in self.workers.items() if w.role == "decode"}
-
-    # ---- the data plane between fake workers ----
-
-    def _reservation(self, prefill: FakeWorker, target: Reservation) -> _Session:
-        decode = self.workers.get(target.decode_endpoint)
-        session = None
-        if decode is not None and not decode.killed and (prefill.address, decode.address) not in self.partitions:
-            session = decode.transfers.get(target.transfer_id)
-        if session is None or session.closed:
-            raise WorkerFault(FaultKind.GONE, prefill.address, f"decode worker {target.decode_endpoint} cannot "
-                                                               "take KV", Culprit.PEER)
-        return session
-
-    def write(self, prefill: FakeWorker, target: Reservation, blocks: int) -> None:
-        self._reservation(prefill, target).written = blocks
-
-    def complete(self, prefill: FakeWorker, target: Reservation, first_token: int) -> None:
-        session = self._reservation(prefill, target)
-        if not session.received.done():
-            session.received.set_result(first_token)
-
-    # ---- WorkerClients ----
-
-    def decode(self, address: str) -> DecodeClient:
-        return FakeDecodeClient(self.workers[address])
-
-    def prefill(self, address: str) -> PrefillClient:
-        return FakePrefillClient(self.workers[address])
-
-    async def stats(self, address: str, role: str, timeout_s: float) -> WorkerSnapshot:
-        worker = self.workers[address]
-        if worker.killed:
-            raise WorkerFault(FaultKind.GONE, address, f"{address}: connection refused")
-        if worker.stalled:
-            await asyncio.sleep(timeout_s)
-            raise WorkerFault(FaultKind.TIMEOUT, address, f"{address}: Stats timed out", Culprit.NOBODY)
-        return worker.snapshot()
-
-    async def forget(self, address: str) -> None:
-        return None

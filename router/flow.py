@@ -37,7 +37,7 @@ from router.clients import (
     WorkerJob,
 )
 from router.placement import NoWorker, choose_decode, choose_prefill
-from router.protocol import Phase, RequestProtocol, Signal
+from router.protocol import RequestProtocol, Signal
 from router.recovery import Action, Decision, RecoveryPolicy, charged_to
 from router.stream import Pumped
 from router.workers import Worker, WorkerPool

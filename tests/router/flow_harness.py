@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from pdserve.requests import Priority, SamplingParams
-from router.fake_workers import FakeFleet, FleetConfig, token_at
+from router.fake_fleet import FakeFleet
+from router.fake_workers import FleetConfig, token_at
 from router.flow import Done, FlowConfig, Job, NewTokens, RequestFlow
 from router.recovery import RecoveryPolicy
 from router.workers import PoolConfig, WorkerPool
