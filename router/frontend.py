@@ -1,32 +1,51 @@
-"""Prompts to token ids, with the same validation the workers apply."""
+"""Prompts to token ids, with the same validation the workers apply.
+
+Tokenising and chat templating run on a small thread pool of their own, never on the event
+loop: one long prompt does not stall the other streams. Sizes are checked before
+(router/limits.py), so no prompt costs more than its limit.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.engine.validation import Limits, validate_request
 from pdserve.requests import SamplingParams
 from pdserve.tokenizer import ChatMessage, Tokenizer
+from router.limits import InputLimits
 
 
 class Frontend:
-    def __init__(self, tokenizer: Tokenizer, limits: Limits):
+    def __init__(self, tokenizer: Tokenizer, limits: Limits, inputs: InputLimits = InputLimits(),
+                 threads: int = 2):
         self.tokenizer = tokenizer
         self.limits = limits
+        self.inputs = inputs
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
 
-    def text(self, text: str) -> list[int]:
+    async def text(self, text: str) -> list[int]:
         if not text:
             raise InvalidRequestError("the prompt is empty")
-        return self.tokenizer.encode(text)
+        self.inputs.check_text(len(text))
+        return await self._off_loop(self.tokenizer.encode, text)
 
-    def chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    async def chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         if not messages:
             raise InvalidRequestError("the chat has no messages")
         for i, m in enumerate(messages):
             if not m.role:
                 raise InvalidRequestError(f"chat message {i} has no role")
-        return self.tokenizer.apply_chat_template(list(messages))
+        self.inputs.check_chat([m.role for m in messages], sum(len(m.content) for m in messages))
+        return await self._off_loop(self.tokenizer.apply_chat_template, list(messages))
 
     def check(self, prompt: list[int], sampling: SamplingParams) -> None:
         validate_request(prompt, sampling, self.limits)
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

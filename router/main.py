@@ -19,6 +19,7 @@ from router.discovery import DnsDiscovery, RegistryServicer
 from router.flow import FlowConfig, RequestFlow
 from router.frontend import Frontend
 from router.grpc_clients import GrpcWorkerClients
+from router.limits import limits_from_args
 from router.recovery import RecoveryPolicy
 from router.servicer import GenerationServicer
 from router.telemetry import RequestTrace
@@ -54,6 +55,7 @@ class RouterService:
         await self.pool.stop()
         await self.server.stop(1.0)
         await self.channels.close()
+        self.servicer.frontend.close()
         self.observability.stop()
 
 
@@ -61,7 +63,8 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     security = security_from_args(args)
     config = read_model_config(args.model)
     frontend = Frontend(load_tokenizer(args.model),
-                        Limits(config.vocab_size, config.max_position_embeddings, args.kv_capacity_tokens))
+                        Limits(config.vocab_size, config.max_position_embeddings, args.kv_capacity_tokens),
+                        limits_from_args(args))
     channels = ChannelPool(security)
     clients = GrpcWorkerClients(channels)
     drainer = Drain()

@@ -37,7 +37,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context):
         trace = self.traces(context.invocation_metadata())
         try:
-            job = self._admit(request, trace, context.time_remaining())
+            job = await self._admit(request, trace, context.time_remaining())
         except Exception as exc:
             trace.fail(exc, status_of(exc).name)
             raise
@@ -57,20 +57,27 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             if self.active.get(job.request_id) is mine:
                 del self.active[job.request_id]
 
-    def _admit(self, request: pb.GenerateRequest, trace: RequestTrace, remaining_s: float | None) -> Job:
+    async def _admit(self, request: pb.GenerateRequest, trace: RequestTrace, remaining_s: float | None) -> Job:
+        """Cheap checks first (sizes straight off the message), then tokenising off the loop."""
         self.drain.refuse_if_draining()
-        prompt = self._prompt(request)
+        request_id = request.request_id or uuid.uuid4().hex
+        self.frontend.inputs.check_request_id(request_id)
+        self._refuse_if_taken(request_id)
+        self.frontend.inputs.check_stops(request.sampling.stop, len(request.sampling.stop_token_ids))
+        prompt = await self._prompt(request)
         sampling = sampling_from_pb(request.sampling)
         self.frontend.check(prompt, sampling)
+        self._refuse_if_taken(request_id)  # another request may have taken the id while this one tokenised
         deadline = None if remaining_s is None else time.monotonic() + remaining_s
-        job = Job(request.request_id or uuid.uuid4().hex, tuple(prompt), sampling,
-                  priority_from_pb(request.priority), trace.metadata(), deadline)
-        if (running := self.active.get(job.request_id)) is not None and not running.ending:
-            raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
-        if len(self.active) >= self.max_active:
-            raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
+        job = Job(request_id, tuple(prompt), sampling, priority_from_pb(request.priority), trace.metadata(), deadline)
         trace.bind(job)
         return job
+
+    def _refuse_if_taken(self, request_id: str) -> None:
+        if (running := self.active.get(request_id)) is not None and not running.ending:
+            raise DuplicateRequestError(f"request_id {request_id!r} is already running")
+        if len(self.active) >= self.max_active:
+            raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
 
     async def _responses(self, job: Job, events: asyncio.Queue, trace: RequestTrace):
         text = TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop)
@@ -107,14 +114,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return pb.GenerateResponse(request_id=job.request_id, token_ids=list(ids), text=text,
                                    finish_reason=finish_to_pb(reason), usage=usage)
 
-    def _prompt(self, request: pb.GenerateRequest) -> list[int]:
+    async def _prompt(self, request: pb.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("prompt")
         if kind == "text":
-            return self.frontend.text(request.text)
+            return await self.frontend.text(request.text)
         if kind == "token_ids":
+            self.frontend.inputs.check_token_ids(len(request.token_ids.ids))
             return list(request.token_ids.ids)
         if kind == "messages":
-            return self.frontend.chat([ChatMessage(m.role, m.content) for m in request.messages.messages])
+            self.frontend.inputs.check_messages(len(request.messages.messages))
+            return await self.frontend.chat([ChatMessage(m.role, m.content) for m in request.messages.messages])
         raise InvalidRequestError("no prompt: set one of text, token_ids or messages")
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:

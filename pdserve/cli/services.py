@@ -16,6 +16,7 @@ import signal
 
 from pdserve.cli.options import add_engine_flags
 from pdserve.rpc.security import add_security_flags
+from router.limits import add_limit_flags
 
 DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
 EXIT_ENGINE_FAILED = 70  # a supervisor restarts the process
@@ -38,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         p.add_argument("--transport", default="ucx", choices=["ucx", "none"])
         p.add_argument("--advertise-host", default=None, help="host other services dial (default: --host)")
         p.add_argument("--register-with", default="", help="router host:port,... to register with (heartbeat)")
+        p.add_argument("--quarantine-timeout-s", type=float, default=60.0,
+                       help="decode: longest that KV blocks a withdrawn receive may write stay out of use")
     p.set_defaults(run=run, role=name)
 
 
@@ -55,6 +58,7 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")
     p.add_argument("--max-active", type=int, default=1024, help="requests in flight before RESOURCE_EXHAUSTED")
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
+    add_limit_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:

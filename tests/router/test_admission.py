@@ -1,0 +1,79 @@
+"""The router refuses oversized or malformed requests before any work, with INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
+from pdserve.engine.validation import Limits
+from pdserve.rpc.drain import Drain
+from pdserve.tokenizer import load_tokenizer
+from pdserve.v1 import generation_pb2 as pb
+from router.frontend import Frontend
+from router.limits import InputLimits
+from router.servicer import GenerationServicer
+
+
+class _Trace:
+    def metadata(self):
+        return ()
+
+    def bind(self, job):
+        self.job = job
+
+
+@pytest.fixture(scope="module")
+def servicer():
+    frontend = Frontend(load_tokenizer(None), Limits(49152, 8192), InputLimits(max_prompt_chars=100_000))
+    yield GenerationServicer(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
+    frontend.close()
+
+
+def _admit(servicer, request: pb.GenerateRequest):
+    return asyncio.run(servicer._admit(request, _Trace(), None))
+
+
+def test_a_good_request_is_admitted(servicer):
+    job = _admit(servicer, pb.GenerateRequest(text="Hello there", request_id="ok-1"))
+    assert job.request_id == "ok-1" and job.prompt
+
+
+@pytest.mark.parametrize("request_,needle", [
+    (pb.GenerateRequest(text="x" * 60_000_000), "--max-prompt-chars"),
+    (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1] * 8_000_000)), "--max-prompt-tokens"),
+    (pb.GenerateRequest(text="hi", request_id="r" * 129), "--max-request-id-chars"),
+    (pb.GenerateRequest(text="hi", request_id="bad\nid"), "printable"),
+    (pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(stop=["s"] * 17)), "--max-stop-strings"),
+    (pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(stop=["s" * 257])), "--max-stop-chars"),
+    (pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(stop_token_ids=[1] * 65)), "--max-stop-token-ids"),
+    (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="a")] * 513)),
+     "--max-messages"),
+    (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="tool", content="a")])), "role"),
+    (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="a" * 100_001)])),
+     "--max-prompt-chars"),
+])
+def test_oversized_and_malformed_requests_are_refused_before_any_work(servicer, request_, needle):
+    started = time.monotonic()
+    with pytest.raises(InvalidRequestError, match=needle.replace("-", r"\-")):
+        _admit(servicer, request_)
+    assert time.monotonic() - started < 5  # refused on sizes alone: no tokenising, no copying
+
+
+def test_a_running_id_is_refused_but_an_ending_one_may_be_taken():
+    class _Ending:
+        ending = True
+
+    class _Running:
+        ending = False
+
+    frontend = Frontend(load_tokenizer(None), Limits(49152, 8192))
+    s = GenerationServicer(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
+    s.active["x"] = _Running()
+    with pytest.raises(DuplicateRequestError):
+        asyncio.run(s._admit(pb.GenerateRequest(text="hi", request_id="x"), _Trace(), None))
+    s.active["x"] = _Ending()
+    assert asyncio.run(s._admit(pb.GenerateRequest(text="hi", request_id="x"), _Trace(), None)).request_id == "x"
+    frontend.close()
