@@ -13,6 +13,7 @@ from pdserve.rpc.security import security_from_args
 from pdserve.rpc.server import ServiceBinding, start_server
 from pdserve.transfer import make_transport
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
+from pdserve.worker.leases import Leases
 from pdserve.worker.metrics_feed import MetricsFeed
 from pdserve.worker.observability import start_observability
 from pdserve.worker.runtime import build_runtime
@@ -23,9 +24,10 @@ async def start_decode(args: argparse.Namespace) -> WorkerService:
     security = security_from_args(args)
     obs = start_observability("pdserve-decode", args)
     runtime = build_runtime(args, hold_blocks=False)
-    feed = MetricsFeed(runtime.async_engine, obs.metrics)
+    leases = Leases()
+    feed = MetricsFeed(runtime.async_engine, obs.metrics, leases)
     receiver = make_transport("ucx").receiver(runtime.engine.kv.data) if args.transport == "ucx" else None
-    worker = DecodeWorker(runtime.async_engine, receiver)
+    worker = DecodeWorker(runtime.async_engine, receiver, leases, args.quarantine_timeout_s)
     drainer = Drain()
     servicer = DecodeServicer(worker, args.transport, receiver.address() if receiver else b"", "",
                               runtime.block_size, runtime.block_nbytes, obs.tracing.tracer(), drainer)

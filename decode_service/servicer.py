@@ -46,7 +46,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
                     yield self._event_to_pb(event)
             finally:
                 span.set_attribute("pdserve.decode.tokens", tokens)
-                await self.worker.close(session)
+                self.worker.close(session)
 
     def _event_to_pb(self, event) -> wpb.DecodeEvent:
         if isinstance(event, Tokens):

@@ -7,7 +7,9 @@
            <-- Tokens ... Finished --  on_step()
 
 Every exit (finish, cancel, abort, deadline, failed transfer) frees the request's blocks within
-one step: the transfer is withdrawn first, then the engine aborts the request.
+one step: the transfer is withdrawn first, then the engine aborts the request, unless the
+engine finished it itself. Blocks a withdrawn receive may still write stay out of use as a
+quarantine lease, until the transport says the receive is over or the lease's limit passes.
 """
 
 from __future__ import annotations
@@ -16,28 +18,24 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from decode_service.intake import Intake, Unsafe
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
-from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
-from pdserve.engine.outputs import StepResult
-from pdserve.requests import Priority, SamplingParams
+from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRequestError
+from pdserve.engine.faults import RequestFault
+from pdserve.engine.outputs import RequestOutput, StepResult
+from pdserve.kv import BlockHold
+from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.transfer import KVReceiver
+from pdserve.worker.commands import submit
+from pdserve.worker.errors import RequestFailed
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
+from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from pdserve.worker.session import Session, SessionTable
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Intake:
-    """KV arriving for one reserved request."""
-
-    transfer_id: str
-    block_ids: tuple[int, ...]
-    pieces: dict[int, asyncio.Task] = field(default_factory=dict)
-    deadline: asyncio.TimerHandle | None = None
 
 
 @dataclass(frozen=True)
@@ -51,47 +49,81 @@ class DecodeJob:
     output_token_ids: tuple[int, ...] = ()
 
 
+@dataclass(eq=False)
+class _Live:
+    """A request between open and close. `request` is the engine's, bound when it was added, so
+    step results of an earlier request under the same id never reach this one."""
+
+    job: DecodeJob
+    session: Session
+    request: Request | None = None
+    intake: Intake | None = None
+
+
 class DecodeWorker:
-    def __init__(self, engine: AsyncEngine, receiver: KVReceiver | None):
+    def __init__(self, engine: AsyncEngine, receiver: KVReceiver | None, leases: Leases,
+                 quarantine_timeout_s: float = 60.0):
+        """`quarantine_timeout_s`: the longest blocks stay quarantined when the transport never
+        says the withdrawn receive that may write them is over."""
         self.engine = engine
         self.receiver = receiver
         self.sessions = SessionTable()
-        self.intakes: dict[str, Intake] = {}
-        self._timeouts: dict[str, float] = {}
+        self.leases = leases
+        self.quarantine_timeout_s = quarantine_timeout_s
+        self.intakes: dict[str, Intake] = {}  # transfer id -> its intake
+        self._live: dict[str, _Live] = {}
         self._transfer_ids = itertools.count()  # a transfer id is never reused, even after a failure
         engine.add_listener(self.on_step)
+        engine.add_failure_listener(self.on_engine_failed)
+        engine.add_request_fault_listener(self.on_request_fault)
 
     async def open(self, job: DecodeJob) -> Session:
         if job.request_id in self.sessions:
             raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
         if not job.local_prefill and self.receiver is None:
             raise InvalidRequestError("this worker takes no remote KV (colocated mode)")
-        session = self.sessions.open(job.request_id)
-        self._timeouts[job.request_id] = job.kv_timeout_s
+        live = _Live(job, self.sessions.open(job.request_id))
+        self._live[job.request_id] = live
         try:
-            await self.engine.call(lambda e: _add(e, job))
-        except BaseException:
-            self.sessions.close(job.request_id)
-            self._timeouts.pop(job.request_id, None)
+            await self.engine.call(lambda e: _add(e, live))
+        except BaseException:  # refused, or cancelled after the add may have run: undo it either way
+            self._end(live, abort=True)
             raise
-        return session
+        return live.session
 
-    async def close(self, session: Session) -> None:
-        """The stream ended (finished, cancelled or failed): free whatever is left."""
-        self.sessions.close(session.request_id)
-        self._timeouts.pop(session.request_id, None)
-        safe = await self._drop_intake(session.request_id)
-        if not session.closed:
-            await self.engine.call(lambda e: _abort(e, session.request_id, safe))
+    def close(self, session: Session) -> None:
+        """The stream ended (finished, cancelled or failed): free whatever is left, at once and
+        whatever cancels the caller."""
+        live = self._live.get(session.request_id)
+        if live is not None and live.session is session:
+            self._end(live, abort=not session.finished_by_engine)
 
     async def abort(self, request_id: str) -> bool:
-        session = self.sessions.get(request_id)
-        if session is None:
+        live = self._live.get(request_id)
+        if live is None:
             return False
-        safe = await self._drop_intake(request_id)
-        found = await self.engine.call(lambda e: _abort(e, request_id, safe))
-        session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
-        return bool(found)
+        self._end(live, abort=True)
+        live.session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
+        return True
+
+    def _end(self, live: _Live, abort: bool) -> None:
+        """Give the id back, withdraw the transfer, then (queued now, in order) abort in the engine."""
+        self.sessions.close(live.session)
+        if self._live.get(live.job.request_id) is live:
+            del self._live[live.job.request_id]
+        unsafe = self._drop_intake(live)
+        if abort:
+            request_id = live.job.request_id
+            quarantined = submit(self.engine, lambda e: _abort(e, request_id, unsafe.blocks))
+            quarantined.add_done_callback(lambda f: self._quarantine(request_id, f, unsafe))
+
+    def on_engine_failed(self, exc: BaseException) -> None:
+        self.sessions.fail_all(EngineFailed(f"the engine of this worker failed: {exc}"))
+
+    def on_request_fault(self, fault: RequestFault) -> None:
+        live = self._live.get(fault.request_id)
+        if live is not None:
+            live.session.fail(RequestFailed(str(fault)))
 
     # ---- KV intake ----
 
@@ -103,123 +135,136 @@ class DecodeWorker:
                 f"piece {seq} of {transfer_id}: blocks [{block_index}, {end}) outside the reservation "
                 f"of {len(intake.block_ids)} blocks or repeated")
         pairs = list(zip(src_blocks, intake.block_ids[block_index:end]))
-        self._arm_deadline(intake, self._request_of(transfer_id))
+        intake.lease.renew(intake.kv_timeout_s)
         assert self.receiver is not None
         task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s))
-        task.add_done_callback(lambda t: self._piece_done(transfer_id, t))
+        task.add_done_callback(lambda t: self._piece_done(intake, t))
         intake.pieces[seq] = task
 
     async def complete_kv(self, transfer_id: str, num_pieces: int, first_token: int) -> None:
         intake = self._intake_of(transfer_id)
         missing = [s for s in range(num_pieces) if s not in intake.pieces]
-        if missing or len(intake.pieces) != num_pieces:
+        if missing or num_pieces < 1 or len(intake.pieces) != num_pieces:
             raise InvalidRequestError(f"{transfer_id}: pieces {missing} were never announced")
-        await asyncio.gather(*intake.pieces.values())
-        request_id = self._request_of(transfer_id)
-        self._cancel_deadline(intake)
-        del self.intakes[request_id]
-        await self.engine.call(lambda e: e.mark_received(request_id, first_token))
+        await asyncio.wait(intake.pieces.values())
+        if self.intakes.get(transfer_id) is not intake:
+            raise InvalidRequestError(f"transfer {transfer_id!r} was withdrawn (the request ended here)")
+        if (error := intake.first_failure()) is not None:
+            raise error
+        live = self._live[intake.request_id]
+        self._retire(live, intake)
+        await submit(self.engine, lambda e: e.mark_received(intake.request_id, first_token))
 
     def _intake_of(self, transfer_id: str) -> Intake:
-        intake = self.intakes.get(self._request_of(transfer_id))
-        if intake is None or intake.transfer_id != transfer_id:
+        intake = self.intakes.get(transfer_id)
+        if intake is None:
             raise InvalidRequestError(f"no transfer {transfer_id!r} was set up here")
         return intake
 
-    @staticmethod
-    def _request_of(transfer_id: str) -> str:
-        return transfer_id.rsplit("#", 1)[0]
+    def _retire(self, live: _Live, intake: Intake) -> None:
+        """The KV is in (or withdrawn): the reservation's lease is over."""
+        live.intake = None
+        self.intakes.pop(intake.transfer_id, None)
+        intake.lease.end()
 
-    def _piece_done(self, transfer_id: str, task: asyncio.Task) -> None:
-        if task.cancelled() or task.exception() is None:
+    def _piece_done(self, intake: Intake, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None or self.intakes.get(intake.transfer_id) is not intake:
             return
-        session = self.sessions.get(self._request_of(transfer_id))
-        if session is not None:
-            session.fail(task.exception())
+        self._live[intake.request_id].session.fail(task.exception())
 
-    async def _drop_intake(self, request_id: str) -> bool:
-        """Withdraw the request's transfer; False when a block may still be written (keep it held)."""
-        intake = self.intakes.pop(request_id, None)
+    def _drop_intake(self, live: _Live) -> Unsafe:
+        """Withdraw the request's transfer; what a receive may still write comes back as Unsafe."""
+        intake = live.intake
         if intake is None:
-            return True
-        self._cancel_deadline(intake)
+            return Unsafe()
+        self._retire(live, intake)
         assert self.receiver is not None
-        result = self.receiver.cancel(intake.transfer_id)
+        cancelled = self.receiver.cancel(intake.transfer_id)
         for task in intake.pieces.values():
             task.cancel()
-        if result.unsafe_blocks:
-            log.error("transfer %s: blocks %s may still be written; they stay out of use", intake.transfer_id,
-                      result.unsafe_blocks)
-        return not result.unsafe_blocks
+        return Unsafe.of([cancelled, *intake.failures()])
 
-    def _expire(self, request_id: str) -> None:
-        session = self.sessions.get(request_id)
-        if session is not None and request_id in self.intakes:
-            session.fail(TimeoutError(f"KV for {request_id} did not arrive in time"))
-
-    def _arm_deadline(self, intake: Intake, request_id: str) -> None:
-        """KV must keep arriving: at most kv_timeout between pieces and until CompleteKV. Before
-        the first piece the router guards the request (it cancels this stream if prefill fails)."""
-        self._cancel_deadline(intake)
-        timeout = self._timeouts.get(request_id, 30.0)
-        intake.deadline = asyncio.get_running_loop().call_later(timeout, self._expire, request_id)
-
-    @staticmethod
-    def _cancel_deadline(intake: Intake) -> None:
-        if intake.deadline is not None:
-            intake.deadline.cancel()
+    def _quarantine(self, request_id: str, aborted: asyncio.Future, unsafe: Unsafe) -> None:
+        if aborted.cancelled() or aborted.exception() is not None or aborted.result() is None:
+            return
+        hold: BlockHold = aborted.result()
+        log.error("request %s: blocks %s may still be written by a withdrawn receive; quarantined for at most "
+                  "%.0f s", request_id, hold.blocks, self.quarantine_timeout_s)
+        lease = self.leases.grant(LeaseKind.QUARANTINE, f"withdrawn receives of {request_id}", len(hold.blocks),
+                                  self.quarantine_timeout_s, lambda reason: self.engine.release_nowait(hold))
+        if unsafe.settled is not None:
+            unsafe.settled.add_done_callback(lambda _: lease.end(Reclaim.SETTLED))
 
     # ---- engine steps -> sessions ----
 
     def on_step(self, result: StepResult) -> None:
         for reservation in result.reserved:
-            self._on_reserved(reservation.request.request_id, reservation.block_ids)
+            self._on_reserved(reservation.request, reservation.block_ids)
         for preemption in result.preemptions:
-            self._notify(preemption.request.request_id, Notice(preemption.mode.value, preemption.reason, "preempted"))
+            self._notify(preemption.request, Notice(preemption.mode.value, preemption.reason, "preempted"))
         for request in result.resumed:
-            self._notify(request.request_id, Notice("", "", "resumed"))
+            self._notify(request, Notice("", "", "resumed"))
         for out in result.outputs:
             self._on_output(out)
         for hold in result.holds.values():  # nothing of a decode worker's is sent on
             self.engine.release_nowait(hold)
 
-    def _on_reserved(self, request_id: str, block_ids: tuple[int, ...]) -> None:
-        session = self.sessions.get(request_id)
-        if session is None:
-            return
-        transfer_id = f"{request_id}#{next(self._transfer_ids)}"
-        self.intakes[request_id] = Intake(transfer_id, block_ids)
-        session.push(Reserved(transfer_id, block_ids))
+    def _owner(self, request: Request) -> _Live | None:
+        live = self._live.get(request.request_id)
+        return live if live is not None and live.request is request else None
 
-    def _on_output(self, out) -> None:
-        session = self.sessions.get(out.request_id)
-        if session is None:
+    def _on_reserved(self, request: Request, block_ids: tuple[int, ...]) -> None:
+        live = self._owner(request)
+        if live is None:
+            return
+        transfer_id = f"{request.request_id}#{next(self._transfer_ids)}"
+        lease = self.leases.grant(LeaseKind.RESERVATION, f"Decode stream of {request.request_id}", len(block_ids),
+                                  None, lambda reason: self._reservation_expired(live, reason))
+        intake = Intake(transfer_id, request.request_id, block_ids, live.job.kv_timeout_s, lease)
+        live.intake = intake
+        self.intakes[transfer_id] = intake
+        live.session.push(Reserved(transfer_id, block_ids))
+
+    @staticmethod
+    def _reservation_expired(live: _Live, reason: Reclaim) -> None:
+        """KV must keep arriving: at most kv_timeout between pieces and until CompleteKV. Before
+        the first piece the router guards the request (it cancels this stream if prefill fails)."""
+        if reason is Reclaim.EXPIRED:
+            live.session.fail(TimeoutError(f"KV for {live.job.request_id} did not arrive in time"))
+
+    def _on_output(self, out: RequestOutput) -> None:
+        live = self._owner(out.request)
+        if live is None:
             return
         if out.new_token_ids:
-            session.push(Tokens(out.new_token_ids))
+            live.session.push(Tokens(out.new_token_ids))
         if out.finished:
             r = out.request
             queue_s = max(0.0, (r.first_scheduled_time or r.arrival_time) - r.arrival_time)
-            session.push(Finished(r.finish_reason, r.num_cached_tokens, r.num_preemptions, queue_s))
+            live.session.push(Finished(r.finish_reason, r.num_cached_tokens, r.num_preemptions, queue_s))
 
-    def _notify(self, request_id: str, notice: Notice) -> None:
-        session = self.sessions.get(request_id)
-        if session is not None:
-            session.push(notice)
+    def _notify(self, request: Request, notice: Notice) -> None:
+        live = self._owner(request)
+        if live is not None:
+            live.session.push(notice)
 
 
-def _add(engine: Engine, job: DecodeJob) -> None:
+def _add(engine: Engine, live: _Live) -> None:
+    """On the engine thread: add the request and bind it to its session (before any step of it)."""
+    job = live.job
     if job.local_prefill:
-        engine.add_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
+        live.request = engine.add_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
     else:
-        engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority)
+        live.request = engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority)
 
 
-def _abort(engine: Engine, request_id: str, release: bool) -> bool:
-    """Abort and give back the blocks of a withdrawn transfer at once (unless a late write could
-    still land in them: then they stay held for good)."""
-    result = engine.abort(request_id)
-    if release:
-        for hold in result.holds:
+def _abort(engine: Engine, request_id: str, unsafe: tuple[int, ...]) -> BlockHold | None:
+    """Abort and give back the blocks of a withdrawn transfer at once, except those a late write
+    could still land in: they come back as one quarantine hold."""
+    quarantined = None
+    for hold in engine.abort(request_id).holds:
+        if unsafe and hold.request_id == request_id and quarantined is None:
+            quarantined = engine.scheduler.quarantine(hold, unsafe)
+        else:
             engine.release(hold)
-    return result.found
+    return quarantined

@@ -11,6 +11,7 @@ from pdserve.rpc.security import security_from_args
 from pdserve.rpc.server import ServiceBinding, start_server
 from pdserve.transfer import make_transport
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
+from pdserve.worker.leases import Leases
 from pdserve.worker.metrics_feed import MetricsFeed
 from pdserve.worker.observability import start_observability
 from pdserve.worker.runtime import build_runtime
@@ -23,11 +24,12 @@ async def start_prefill(args: argparse.Namespace) -> WorkerService:
     security = security_from_args(args)
     obs = start_observability("pdserve-prefill", args)
     runtime = build_runtime(args, hold_blocks=True)
-    feed = MetricsFeed(runtime.async_engine, obs.metrics)
+    leases = Leases()
+    feed = MetricsFeed(runtime.async_engine, obs.metrics, leases)
     sender = make_transport("ucx").sender(runtime.engine.kv.data)
     channels = ChannelPool(security)
     worker = PrefillWorker(runtime.async_engine, sender, GrpcDecodePeer(channels), runtime.block_size,
-                           runtime.block_nbytes)
+                           runtime.block_nbytes, leases)
     drainer = Drain()
     name = worker_pb2.DESCRIPTOR.services_by_name["PrefillWorker"].full_name
     servicer = PrefillServicer(worker, obs.tracing.tracer(), obs.metrics, drainer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
@@ -12,6 +13,7 @@ from pdserve.rpc.stats import stats_to_pb
 from pdserve.telemetry import Metrics, extract_context
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
+from pdserve.worker.errors import PeerFault
 from pdserve.worker.events import ChunkDone, PrefillDone
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 
@@ -24,13 +26,23 @@ class GrpcDecodePeer(DecodePeer):
         return worker_pb2_grpc.DecodeWorkerStub(self.channels.get(endpoint))
 
     async def push_kv(self, endpoint: str, piece: Piece) -> None:
-        await self._stub(endpoint).PushKV(wpb.KVPiece(
-            transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
-            src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s), timeout=piece.timeout_s)
+        message = wpb.KVPiece(transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
+                              src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s)
+        try:
+            await self._stub(endpoint).PushKV(message, timeout=piece.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _peer_fault("PushKV", endpoint, exc) from None
 
     async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
-        await self._stub(endpoint).CompleteKV(wpb.KVComplete(
-            transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token), timeout=60.0)
+        message = wpb.KVComplete(transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token)
+        try:
+            await self._stub(endpoint).CompleteKV(message, timeout=60.0)
+        except grpc.aio.AioRpcError as exc:
+            raise _peer_fault("CompleteKV", endpoint, exc) from None
+
+
+def _peer_fault(method: str, endpoint: str, exc: grpc.aio.AioRpcError) -> PeerFault:
+    return PeerFault(f"{method} on decode worker {endpoint}: {exc.code().name}: {exc.details() or ''}")
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
@@ -56,7 +68,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
                     self._observe(span, event)
                     yield _event_to_pb(event)
             finally:
-                await self.worker.close(session)
+                self.worker.close(session)
 
     def _observe(self, span, event) -> None:
         if isinstance(event, ChunkDone):

@@ -1,13 +1,18 @@
 """The prefill worker beneath its servicer: chunked prefill, KV streamed as chunks complete.
 
-    router --Prefill(request, reservation)--> prefill()   engine: add (max_tokens 1, holds on)
+    router --Prefill(request, reservation)--> open()      engine: add (max_tokens 1, holds on)
     every step: on_step() -> new complete blocks of each request -> a piece:
         decode.PushKV(piece descriptors)  then  sender.send(blocks)     (overlaps the next step)
     last chunk samples the first token -> last piece -> decode.CompleteKV(first token)
            <-- ChunkDone ... PrefillDone(first token) --
 
 The engine holds every block of a request that a piece still has to read (BlockHold) until
-the send finished, so preemption or eviction can never recycle blocks under a transfer.
+the send finished, so preemption or eviction can never recycle blocks under a transfer. Each
+hold is a lease owned by its piece's send: it ends when the send ends (or never starts), or
+when the send outlives the piece's kv timeout.
+
+A failure towards the decode worker (its RPCs, the KV send to it, a lease expiry) ends the
+stream with PeerFault: the decode worker, not this one, is charged for it.
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ import time
 from dataclasses import dataclass, field
 
 from pdserve.engine.async_engine import AsyncEngine
-from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
+from pdserve.engine.engine import Engine
+from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRequestError
+from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
 from pdserve.requests import Priority, SamplingParams
 from pdserve.scheduler.output import ScheduledChunk
-from pdserve.transfer import KVSender
+from pdserve.transfer import KVSender, TransferError
+from pdserve.worker.errors import PeerFault, RequestFailed
 from pdserve.worker.events import ChunkDone, PrefillDone
+from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
 from pdserve.worker.session import Session, SessionTable
 
 log = logging.getLogger(__name__)
@@ -53,7 +62,8 @@ class Piece:
 
 
 class DecodePeer(abc.ABC):
-    """The control-plane calls a prefill worker makes on a decode worker (the wire side implements it)."""
+    """The control-plane calls a prefill worker makes on a decode worker (the wire side implements
+    it). Either call raises PeerFault when the decode worker fails or refuses it."""
 
     @abc.abstractmethod
     async def push_kv(self, endpoint: str, piece: Piece) -> None:
@@ -84,7 +94,8 @@ class PrefillJob:
 
 
 class PrefillWorker:
-    def __init__(self, engine: AsyncEngine, sender: KVSender, peer: DecodePeer, block_size: int, block_nbytes: int):
+    def __init__(self, engine: AsyncEngine, sender: KVSender, peer: DecodePeer, block_size: int, block_nbytes: int,
+                 leases: Leases):
         self.engine = engine
         self.sender = sender
         self.peer = peer
@@ -92,7 +103,10 @@ class PrefillWorker:
         self.block_nbytes = block_nbytes
         self.sessions = SessionTable()
         self.jobs: dict[str, PrefillJob] = {}
+        self.leases = leases
         engine.add_listener(self.on_step)
+        engine.add_failure_listener(self.on_engine_failed)
+        engine.add_request_fault_listener(self.on_request_fault)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
                    target: Target, kv_timeout_s: float) -> Session:
@@ -105,8 +119,8 @@ class PrefillWorker:
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": 1, "stop": ()})
         try:
             await self.engine.call(lambda e: e.add_request(request_id, prompt, first_only, priority))
-        except BaseException:
-            self._forget(request_id)
+        except BaseException:  # refused, or cancelled after the add may have run: undo it either way
+            self._end(job, abort=True)
             raise
         return session
 
@@ -119,29 +133,38 @@ class PrefillWorker:
             raise InvalidRequestError(f"reservation of {len(target.block_ids)} blocks is too small for "
                                       f"{prompt_len} prompt tokens")
 
-    async def close(self, session: Session) -> None:
+    def close(self, session: Session) -> None:
+        """The stream ended: stop its sends and, unless the engine finished it, abort it there
+        (queued at once: nothing can cancel it)."""
         job = self.jobs.get(session.request_id)
-        self._forget(session.request_id)
-        if job is None or session.closed:
-            return
-        for task in job.tasks:
-            task.cancel()
-        result = await self.engine.call(lambda e: e.abort(session.request_id))
-        if job.tasks:
-            await asyncio.wait(job.tasks, timeout=job.kv_timeout_s)
-        for hold in result.holds:
-            self.engine.release_nowait(hold)
-
-    def _forget(self, request_id: str) -> None:
-        self.sessions.close(request_id)
-        self.jobs.pop(request_id, None)
+        if job is not None and job.session is session:
+            self._end(job, abort=not session.finished_by_engine)
 
     async def abort(self, request_id: str) -> bool:
-        session = self.sessions.get(request_id)
-        if session is None:
+        job = self.jobs.get(request_id)
+        if job is None:
             return False
-        session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
+        self._end(job, abort=True)
+        job.session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
         return True
+
+    def _end(self, job: PrefillJob, abort: bool) -> None:
+        self.sessions.close(job.session)
+        if self.jobs.get(job.request_id) is job:
+            del self.jobs[job.request_id]
+        job.failed = True
+        for task in job.tasks:
+            task.cancel()
+        if abort:
+            self.engine.call_nowait(lambda e: _abort(e, job.request_id))
+
+    def on_engine_failed(self, exc: BaseException) -> None:
+        self.sessions.fail_all(EngineFailed(f"the engine of this worker failed: {exc}"))
+
+    def on_request_fault(self, fault: RequestFault) -> None:
+        job = self.jobs.get(fault.request_id)
+        if job is not None:
+            job.session.fail(RequestFailed(str(fault)))
 
     # ---- engine steps -> pieces ----
 
@@ -175,27 +198,43 @@ class PrefillWorker:
     def _chain(self, job: PrefillJob, piece: Piece | None, hold: BlockHold | None, first_token: int | None) -> None:
         """Pieces of one request go out in order; other requests' pieces proceed in parallel.
 
-        The hold is given back in `finally` of the task itself: a task cancelled while it still
-        waits for the previous piece (the request closed) never starts its send, and releases too.
+        The hold's lease ends when the send ends, and in the task's done callback too: a task
+        cancelled before it first ran (the request closed in the same loop iteration) never runs
+        its body, but its callbacks always run.
         """
         previous = job.chain
 
         async def run() -> None:
-            try:
-                if previous is not None:
-                    await asyncio.wait([previous])
-                if piece is not None and not job.failed:
-                    await self._send_piece(job, piece)
-            finally:
-                if hold is not None:
-                    self.engine.release_nowait(hold)
+            if previous is not None:
+                await asyncio.wait([previous])
+            if piece is not None and not job.failed:
+                if lease is not None:
+                    lease.renew(piece.timeout_s)
+                await self._send_piece(job, piece)
+            if lease is not None:
+                lease.end()
             if first_token is not None and not job.failed:
                 await self._complete(job, first_token)
 
         task = asyncio.ensure_future(run())
-        task.add_done_callback(lambda t: self._shipped(job, t))
+        lease = self._hold_lease(job, piece, hold, task) if hold is not None else None  # NOTE: before run() starts
+        task.add_done_callback(lambda t: self._shipped(job, t, lease))
         job.chain = task
         job.tasks.append(task)
+
+    def _hold_lease(self, job: PrefillJob, piece: Piece | None, hold: BlockHold, task: asyncio.Task) -> Lease:
+        """Owner: the piece's send; limit: the piece's kv timeout, from when its send starts (a
+        piece waiting behind an earlier one is bounded by that one's lease)."""
+        owner = f"send of piece {piece.seq} of {piece.transfer_id}" if piece else f"chain of {job.target.transfer_id}"
+
+        def reclaim(reason: Reclaim) -> None:
+            self.engine.release_nowait(hold)
+            if reason is Reclaim.EXPIRED:
+                self._fail(job, PeerFault(f"{owner}: not delivered to {job.target.decode_endpoint} "
+                                          f"within {job.kv_timeout_s} s"))
+                task.cancel()
+
+        return self.leases.grant(LeaseKind.HOLD, owner, len(hold.blocks), None, reclaim)
 
     async def _complete(self, job: PrefillJob, first_token: int) -> None:
         await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token)
@@ -206,15 +245,29 @@ class PrefillWorker:
         started = time.perf_counter()
         await self.peer.push_kv(job.target.decode_endpoint, piece)
         pairs = list(zip(piece.src_block_ids, job.target.block_ids[piece.block_index:]))
-        result = await self.sender.send(job.target.kv_address, piece.transfer_id, piece.seq, pairs, piece.timeout_s)
+        try:
+            result = await self.sender.send(job.target.kv_address, piece.transfer_id, piece.seq, pairs,
+                                            piece.timeout_s)
+        except TransferError as exc:
+            raise PeerFault(f"KV send to {job.target.decode_endpoint} failed: {exc}") from exc
         job.kv_bytes += result.nbytes
         job.kv_descriptors += len(result.runs)
         job.kv_seconds += time.perf_counter() - started
 
-    def _shipped(self, job: PrefillJob, task: asyncio.Task) -> None:
-        if task.cancelled():
-            return
-        if task.exception() is not None and not job.failed:
+    def _shipped(self, job: PrefillJob, task: asyncio.Task, lease: Lease | None) -> None:
+        if lease is not None:
+            lease.end()
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(job, task.exception())
+
+    def _fail(self, job: PrefillJob, error: BaseException) -> None:
+        if not job.failed:
             job.failed = True
-            log.warning("KV for %s failed: %s", job.request_id, task.exception())
-            job.session.fail(task.exception())
+            log.warning("KV for %s failed: %s", job.request_id, error)
+            job.session.fail(error)
+
+
+def _abort(engine: Engine, request_id: str) -> None:
+    """Abort and give back the request's blocks: its pieces' sends hold what they still read."""
+    for hold in engine.abort(request_id).holds:
+        engine.release(hold)

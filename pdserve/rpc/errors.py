@@ -1,7 +1,8 @@
 """Exceptions to gRPC status codes, once, as a server interceptor.
 
-Handlers raise core exceptions; this maps them. A handler that already aborted with a status
-passes through untouched. Anything unexpected becomes INTERNAL with its message, logged once,
+Handlers raise core exceptions; this maps them. A PeerFault also names the peer that caused it
+in trailing metadata (`pdserve-fault: decode`), so the caller charges that peer. A handler that
+already aborted with a status passes through untouched. Anything unexpected becomes INTERNAL with its message, logged once,
 and the server keeps serving everyone else.
 """
 
@@ -12,12 +13,14 @@ from collections.abc import Callable
 
 import grpc
 
-from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, OverloadedError
 from pdserve.rpc.convert import WireError
 from pdserve.sampling.validate import InvalidSamplingParams
 from pdserve.tokenizer.base import ChatTemplateError
+from pdserve.worker.errors import PeerFault
 
 log = logging.getLogger(__name__)
+FAULT_METADATA = "pdserve-fault"  # trailing metadata naming the peer that caused a failure
 
 
 class Unavailable(RuntimeError):
@@ -36,6 +39,8 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WireError, grpc.StatusCode.INVALID_ARGUMENT),
     (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (PeerFault, grpc.StatusCode.UNAVAILABLE),
+    (EngineFailed, grpc.StatusCode.UNAVAILABLE),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
@@ -55,6 +60,8 @@ async def _abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> None
     if code == grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    if isinstance(exc, PeerFault):
+        context.set_trailing_metadata(((FAULT_METADATA, exc.peer),))
     await context.abort(code, details or type(exc).__name__)
 
 

@@ -29,7 +29,9 @@ TOKEN_LATENCY_BUCKETS = (
 TRANSFER_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # seconds per KV transfer
-KV_BLOCK_STATES = ("free", "active", "cached", "swapped")
+KV_BLOCK_STATES = ("free", "active", "cached", "swapped", "held", "reserved", "quarantined")
+# held, reserved and quarantined are active blocks under a lease: a KV send reads them, a prefill
+# worker writes them, a withdrawn receive may still write them
 
 Label = enum.Enum | str
 
@@ -111,6 +113,10 @@ class Metrics:
         self.generation_tokens = Counter(
             "pdserve_generation_tokens_total", "Generated tokens.", registry=r,
         )
+        self.lease_ends = Counter(
+            "pdserve_lease_ends_total", "Leases ended, by kind and how (ended, settled, expired).",
+            ["lease", "reason"], registry=r,
+        )
 
     def _gauges(self) -> None:
         r = self.registry
@@ -123,6 +129,9 @@ class Metrics:
         self.waiting = Gauge(
             "pdserve_requests_waiting", "Requests waiting for admission (incl. swapped).",
             registry=r,
+        )
+        self.leases = Gauge(
+            "pdserve_leases", "Leases a worker holds for other processes, by kind.", ["lease"], registry=r,
         )
         for state in KV_BLOCK_STATES:
             self.kv_blocks.labels(state=state).set(0)
@@ -167,9 +176,16 @@ class Metrics:
     def add_prefix_cache_hit_tokens(self, n: int) -> None:
         self.prefix_cache_hit_tokens.inc(n)
 
-    def set_kv_blocks(self, *, free: int, active: int, cached: int, swapped: int) -> None:
-        for state, count in zip(KV_BLOCK_STATES, (free, active, cached, swapped)):
+    def set_kv_blocks(self, *, free: int, active: int, cached: int, swapped: int, held: int = 0,
+                      reserved: int = 0, quarantined: int = 0) -> None:
+        for state, count in zip(KV_BLOCK_STATES, (free, active, cached, swapped, held, reserved, quarantined)):
             self.kv_blocks.labels(state=state).set(count)
+
+    def count_lease_end(self, lease: Label, reason: Label) -> None:
+        self.lease_ends.labels(lease=label(lease), reason=label(reason)).inc()
+
+    def set_leases(self, lease: Label, count: int) -> None:
+        self.leases.labels(lease=label(lease)).set(count)
 
     def set_queue_sizes(self, *, running: int, waiting: int) -> None:
         self.running.set(running)

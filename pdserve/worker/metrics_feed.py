@@ -8,17 +8,21 @@ import logging
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.outputs import StepResult
 from pdserve.telemetry import Metrics
+from pdserve.worker.leases import LeaseKind, Leases
 
 log = logging.getLogger(__name__)
 
 
 class MetricsFeed:
-    def __init__(self, engine: AsyncEngine, metrics: Metrics, period_s: float = 0.5):
+    def __init__(self, engine: AsyncEngine, metrics: Metrics, leases: Leases, period_s: float = 0.5):
+        """Lease ends are counted as they happen (the feed listens to `leases`)."""
         self.engine = engine
         self.metrics = metrics
+        self.leases = leases
         self.period_s = period_s
         self._task: asyncio.Task | None = None
         engine.add_listener(self.on_step)
+        leases.listen(metrics.count_lease_end)
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -37,7 +41,10 @@ class MetricsFeed:
     async def refresh(self) -> None:
         stats = self.engine.stats
         kv = stats.kv
-        self.metrics.set_kv_blocks(free=kv.free, active=kv.active, cached=kv.cached, swapped=kv.swapped)
+        self.metrics.set_kv_blocks(free=kv.free, active=kv.active, cached=kv.cached, swapped=kv.swapped,
+                                   held=kv.held, reserved=stats.blocks_reserved, quarantined=kv.quarantined)
+        for kind in LeaseKind:
+            self.metrics.set_leases(kind, self.leases.live(kind))
         self.metrics.set_queue_sizes(running=stats.running + stats.receiving, waiting=stats.waiting + stats.swapped)
 
     async def _run(self) -> None:

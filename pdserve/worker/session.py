@@ -1,12 +1,25 @@
-"""One request's event stream on a worker: the engine side pushes, the servicer iterates."""
+"""One request's event stream on a worker: the engine side pushes, the servicer iterates.
+
+The session table is the lease on request ids: an id is taken from `open` until `close` (or
+an abort) removes its entry, and only then may a new request reuse it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import AsyncIterator
 
 from pdserve.worker.events import Event, Failed, Finished, PrefillDone
+
+
+class Ending(enum.Enum):
+    """How a session's stream ended, as far as its consumer saw."""
+
+    OPEN = "open"  # still streaming, or cut off from outside (cancel, client deadline)
+    FINISHED = "finished"  # the engine ended the request itself: Finished or PrefillDone was delivered
+    FAILED = "failed"  # a Failed event ended it (transfer, KV deadline, abort, engine failure)
 
 
 class Session:
@@ -14,13 +27,18 @@ class Session:
         self.request_id = request_id
         self.created = time.monotonic()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self.closed = False
+        self.ending = Ending.OPEN
+
+    @property
+    def finished_by_engine(self) -> bool:
+        """True only when the engine ended the request: then nothing of it is left to abort."""
+        return self.ending is Ending.FINISHED
 
     def push(self, event: Event) -> None:
-        if not self.closed:
+        if self.ending is Ending.OPEN:
             self._events.put_nowait(event)
 
-    def fail(self, error: Exception) -> None:
+    def fail(self, error: BaseException) -> None:
         self.push(Failed(error))
 
     async def events(self) -> AsyncIterator[Event]:
@@ -28,11 +46,12 @@ class Session:
         while True:
             event = await self._events.get()
             if isinstance(event, Failed):
-                self.closed = True
+                self.ending = Ending.FAILED
                 raise event.error
-            yield event
             if isinstance(event, (Finished, PrefillDone)):
-                self.closed = True
+                self.ending = Ending.FINISHED
+            yield event
+            if self.ending is Ending.FINISHED:
                 return
 
 
@@ -48,8 +67,17 @@ class SessionTable:
     def get(self, request_id: str) -> Session | None:
         return self._sessions.get(request_id)
 
-    def close(self, request_id: str) -> Session | None:
-        return self._sessions.pop(request_id, None)
+    def close(self, session: Session) -> bool:
+        """Remove this session's entry (not a newer session's under the same id); True if it was there."""
+        if self._sessions.get(session.request_id) is not session:
+            return False
+        del self._sessions[session.request_id]
+        return True
+
+    def fail_all(self, error: BaseException) -> None:
+        """End every open stream with `error` (the engine under them is gone)."""
+        for session in list(self._sessions.values()):
+            session.fail(error)
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -11,6 +11,7 @@ import pytest
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.requests import Priority, SamplingParams
 from pdserve.transfer import InProcessFabric, make_transport
+from pdserve.worker.leases import Leases
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 from tests.engine.driver import make_engine
 
@@ -45,7 +46,7 @@ def test_closing_with_pieces_queued_behind_a_stuck_one_releases_every_hold(tiny_
         async_engine.start(asyncio.get_running_loop())
         peer = StuckPeer()
         sender = make_transport("inprocess", fabric=InProcessFabric()).sender(engine.kv.data)
-        worker = PrefillWorker(async_engine, sender, peer, BLOCK, engine.kv.block_nbytes)
+        worker = PrefillWorker(async_engine, sender, peer, BLOCK, engine.kv.block_nbytes, Leases())
         prompt = tuple(range(5, 45))  # 40 tokens: 5 chunks of 8, so 5 pieces queue behind the first
         target = Target("t-1", b"", tuple(range(100, 110)), BLOCK, engine.kv.block_nbytes, "decode:0")
         try:
@@ -56,7 +57,7 @@ def test_closing_with_pieces_queued_behind_a_stuck_one_releases_every_hold(tiny_
                     break
                 await asyncio.sleep(0.05)
             assert len(worker.jobs["r-1"].tasks) >= 5
-            await worker.close(session)
+            worker.close(session)
             for _ in range(100):
                 if await async_engine.call(_active) == 0:
                     break

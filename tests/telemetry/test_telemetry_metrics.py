@@ -90,7 +90,7 @@ def test_recorded_values_and_labels():
 def test_kv_block_states_are_exported_before_the_first_update():
     samples = _samples(Metrics().exposition().decode())
     states = {labels[0][1] for name, labels in samples if name == "pdserve_kv_blocks"}
-    assert states == {"free", "active", "cached", "swapped"}
+    assert states == {"free", "active", "cached", "swapped", "held", "reserved", "quarantined"}
 
 
 def test_buckets_span_milliseconds_to_minutes():
