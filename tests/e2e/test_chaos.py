@@ -9,11 +9,14 @@ import pytest
 from pdserve.chaos import harness
 from pdserve.chaos.report import format_report
 from pdserve.chaos.scenarios import config
+from pdserve.chaos.schedule import FaultKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-CI = {"streams": 40, "chat_words": (40, 120), "chat_tokens": (8, 16), "faults": 4, "stop_s": (3.0, 8.0),
-      "recovery_s": 25.0, "seed": 0, "progress": False, "duration_limit_s": 400.0, "recovery_timeout_s": 180.0}
+# Seed 3 with faults placed within 2-20 s: SIGSTOP decode-0 and prefill-0, SIGKILL prefill-0, SIGTERM decode-0.
+CI = {"streams": 40, "chat_words": (40, 120), "chat_tokens": (12, 20), "faults": 4, "stop_s": (3.0, 8.0),
+      "recovery_s": 25.0, "span_s": 20.0, "seed": 3, "progress": False, "duration_limit_s": 400.0,
+      "recovery_timeout_s": 180.0}
 
 
 def test_a_ci_sized_chaos_run_loses_nothing_changes_nothing_and_leaks_no_block():
@@ -21,6 +24,7 @@ def test_a_ci_sized_chaos_run_loses_nothing_changes_nothing_and_leaks_no_block()
     report = format_report(result)
     print(report)
     v = result.verdict
+    assert {f.kind for f in result.schedule} == set(FaultKind)
     assert v.faults_injected >= 4, report
     assert (v.lost, v.baseline_lost) == (0, 0), report
     assert (v.greedy_differ, v.seeded_differ) == (0, 0), report
