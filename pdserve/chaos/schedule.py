@@ -67,17 +67,20 @@ def plan(spec: ScheduleSpec, seed: int) -> tuple[Fault, ...]:
     return tuple(sorted(placed, key=lambda f: (f.at_s, f.target)))
 
 
-def _draw(rng: random.Random, spec: ScheduleSpec) -> Fault:
-    kind = rng.choice(spec.kinds)
+def _draw(rng: random.Random, spec: ScheduleSpec, kind: FaultKind) -> Fault:
     stop_s = round(rng.uniform(*spec.stop_s), 1) if kind is FaultKind.STOP else 0.0
     return Fault(round(rng.uniform(*spec.window), 1), kind, rng.choice(spec.targets), stop_s)
 
 
 def _place(rng: random.Random, spec: ScheduleSpec, placed: Sequence[Fault]) -> Fault:
-    for _ in range(spec.attempts):
-        fault = _draw(rng, spec)
-        if not conflicts(fault, placed, spec):
-            return fault
+    """The kind is drawn first, so that short faults (easier to fit) are not favoured; another
+    kind is tried only when that one cannot fit anywhere."""
+    first = rng.choice(spec.kinds)
+    for kind in (first, *(k for k in spec.kinds if k is not first)):
+        for _ in range(spec.attempts):
+            fault = _draw(rng, spec, kind)
+            if not conflicts(fault, placed, spec):
+                return fault
     raise ValueError(f"cannot place {spec.count} faults in {spec.window[0]:.0f}-{spec.window[1]:.0f} s without two "
                      f"on one worker at once or more than {spec.max_down_per_role} per role (a restart counts "
                      f"{spec.recovery_s:.0f} s); fewer faults or a longer span")
