@@ -1,6 +1,6 @@
 """`pdserve up` as a supervisor, as a subprocess: a killed worker, a worker whose engine failed
-and a killed router are restarted on the same port and serve again; SIGTERM drains everything
-and exits 0.
+and a killed router are restarted on the same port and serve again; a fault of one request
+fails only that request; SIGTERM drains everything and exits 0.
 
 The tests share one `pdserve up` and run in order (the last one stops it).
 """
@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -128,10 +129,8 @@ def test_a_killed_decode_worker_is_restarted_on_its_port_and_serves(up):
 def test_an_engine_failure_ends_the_stream_with_a_status_and_the_worker_comes_back(up):
     router = up.status()["router"]
     before = up.child("decode-0")
-    request = pb.GenerateRequest(text="Tell me a long story about a lighthouse.",
-                                 sampling=pb.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
     with grpc.insecure_channel(router) as channel:
-        events = generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120)
+        events = generation_pb2_grpc.GenerationStub(channel).Generate(_story(), timeout=120)
         with pytest.raises(grpc.RpcError) as ended:
             for i, _ in enumerate(events):
                 if i == 2:
@@ -143,6 +142,42 @@ def test_an_engine_failure_ends_the_stream_with_a_status_and_the_worker_comes_ba
     assert after["port"] == before["port"]
     assert up.wait_until(lambda: _serves_again(router), 120, "a request served after the restart")
     assert _all_blocks_free(up)
+
+
+def test_a_request_fault_fails_only_that_request_and_the_worker_stays(up):
+    """Straight to the decode worker (local prefill), where request ids are the caller's."""
+    before = up.child("decode-0")
+    trigger = Path(str(up.faults).replace("{pid}", str(before["pid"])))
+    with grpc.insecure_channel(f"127.0.0.1:{before['port']}") as channel, ThreadPoolExecutor(1) as pool:
+        stub = worker_pb2_grpc.DecodeWorkerStub(channel)
+        bystander = pool.submit(_decoded_tokens, stub, "ok-1", 40)
+        events = stub.Decode(_local_decode("rf-1", 400), timeout=120)
+        with pytest.raises(grpc.RpcError) as ended:
+            for i, _ in enumerate(events):
+                if i == 2:
+                    trigger.write_text("request rf-1")
+                    fired = time.monotonic()
+        assert time.monotonic() - fired < 3 and ended.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+        assert len(bystander.result(120)) == 40
+    assert up.child("decode-0")["pid"] == before["pid"] and not trigger.exists()
+    assert _all_blocks_free(up)
+
+
+def _local_decode(request_id: str, max_tokens: int) -> worker_pb2.DecodeRequest:
+    sampling = pb.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    request = worker_pb2.WorkerRequest(request_id=request_id, prompt_token_ids=list(range(10, 40)),
+                                       sampling=sampling, priority=pb.PRIORITY_NORMAL, kv_timeout_s=10)
+    return worker_pb2.DecodeRequest(request=request, local_prefill=True)
+
+
+def _decoded_tokens(stub, request_id: str, max_tokens: int) -> list[int]:
+    events = stub.Decode(_local_decode(request_id, max_tokens), timeout=120)
+    return [t for event in events if event.WhichOneof("event") == "tokens" for t in event.tokens.token_ids]
+
+
+def _story() -> pb.GenerateRequest:
+    return pb.GenerateRequest(text="Tell me a long story about a lighthouse.",
+                              sampling=pb.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
 
 
 def test_a_killed_router_is_restarted_on_its_port(up):
