@@ -40,7 +40,7 @@ class Watch:
     state: ChildState = ChildState.STARTING
     started: float = 0.0  # the fleet's clock at the latest start
     streak: int = 0  # exits in a row (see RestartPolicy)
-    due: float = 0.0  # when WAITING: time.monotonic() of the restart
+    due: float = 0.0  # when WAITING: the fleet's clock at the restart
 
 
 class Fleet:
