@@ -102,9 +102,13 @@ class DecodeWorker:
         live = self._live.get(request_id)
         if live is None:
             return False
-        self._end(live, abort=True)
-        live.session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
+        self._fail(live, asyncio.CancelledError(f"request {request_id} aborted"))
         return True
+
+    def _fail(self, live: _Live, error: BaseException) -> None:
+        """Free everything now (the stream may be slow to read), then end the stream with `error`."""
+        self._end(live, abort=True)
+        live.session.fail(error)
 
     def _end(self, live: _Live, abort: bool) -> None:
         """Give the id back, withdraw the transfer, then (queued now, in order) abort in the engine."""
@@ -123,7 +127,7 @@ class DecodeWorker:
     def on_request_fault(self, fault: RequestFault) -> None:
         live = self._live.get(fault.request_id)
         if live is not None:
-            live.session.fail(RequestFailed(str(fault)))
+            self._fail(live, RequestFailed(str(fault)))
 
     # ---- KV intake ----
 
@@ -170,7 +174,7 @@ class DecodeWorker:
     def _piece_done(self, intake: Intake, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is None or self.intakes.get(intake.transfer_id) is not intake:
             return
-        self._live[intake.request_id].session.fail(task.exception())
+        self._fail(self._live[intake.request_id], task.exception())
 
     def _drop_intake(self, live: _Live) -> Unsafe:
         """Withdraw the request's transfer; what a receive may still write comes back as Unsafe."""
@@ -219,18 +223,17 @@ class DecodeWorker:
             return
         transfer_id = f"{request.request_id}#{next(self._transfer_ids)}"
         lease = self.leases.grant(LeaseKind.RESERVATION, f"Decode stream of {request.request_id}", len(block_ids),
-                                  None, lambda reason: self._reservation_expired(live, reason))
+                                  None, lambda reason: self._reservation_ended(live, reason))
         intake = Intake(transfer_id, request.request_id, block_ids, live.job.kv_timeout_s, lease)
         live.intake = intake
         self.intakes[transfer_id] = intake
         live.session.push(Reserved(transfer_id, block_ids))
 
-    @staticmethod
-    def _reservation_expired(live: _Live, reason: Reclaim) -> None:
+    def _reservation_ended(self, live: _Live, reason: Reclaim) -> None:
         """KV must keep arriving: at most kv_timeout between pieces and until CompleteKV. Before
         the first piece the router guards the request (it cancels this stream if prefill fails)."""
         if reason is Reclaim.EXPIRED:
-            live.session.fail(TimeoutError(f"KV for {live.job.request_id} did not arrive in time"))
+            self._fail(live, TimeoutError(f"KV for {live.job.request_id} did not arrive in time"))
 
     def _on_output(self, out: RequestOutput) -> None:
         live = self._owner(out.request)

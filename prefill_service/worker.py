@@ -164,7 +164,7 @@ class PrefillWorker:
     def on_request_fault(self, fault: RequestFault) -> None:
         job = self.jobs.get(fault.request_id)
         if job is not None:
-            job.session.fail(RequestFailed(str(fault)))
+            self._fail(job, RequestFailed(str(fault)))
 
     # ---- engine steps -> pieces ----
 
@@ -232,7 +232,6 @@ class PrefillWorker:
             if reason is Reclaim.EXPIRED:
                 self._fail(job, PeerFault(f"{owner}: not delivered to {job.target.decode_endpoint} "
                                           f"within {job.kv_timeout_s} s"))
-                task.cancel()
 
         return self.leases.grant(LeaseKind.HOLD, owner, len(hold.blocks), None, reclaim)
 
@@ -261,10 +260,12 @@ class PrefillWorker:
             self._fail(job, task.exception())
 
     def _fail(self, job: PrefillJob, error: BaseException) -> None:
-        if not job.failed:
-            job.failed = True
-            log.warning("KV for %s failed: %s", job.request_id, error)
-            job.session.fail(error)
+        """Stop and free everything now (the stream may be slow to read), then end the stream."""
+        if job.failed:
+            return
+        log.warning("request %s failed here: %s", job.request_id, error)
+        self._end(job, abort=True)
+        job.session.fail(error)
 
 
 def _abort(engine: Engine, request_id: str) -> None:

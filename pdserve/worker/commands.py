@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
+from pdserve.engine.errors import EngineFailed
 
 T = TypeVar("T")
 
@@ -17,10 +18,15 @@ def submit(engine: AsyncEngine, fn: Callable[[Engine], T]) -> asyncio.Future[T]:
 
     Unlike `AsyncEngine.call`, nothing withdraws the command once queued: a caller cancelled
     while it waits (a stream's cleanup during a cancel) leaves the command to run all the same.
-    The returned future resolves on this loop with fn's result or exception.
+    The returned future resolves on this loop with fn's result or exception (EngineFailed at
+    once when the engine is not running).
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[T] = loop.create_future()
+    if engine.failed:
+        done.set_exception(EngineFailed("the engine of this worker is not running"))
+        done.exception()
+        return done
 
     def run(e: Engine) -> None:
         try:
