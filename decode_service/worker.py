@@ -111,10 +111,12 @@ class DecodeWorker:
         live.session.fail(error)
 
     def _end(self, live: _Live, abort: bool) -> None:
-        """Give the id back, withdraw the transfer, then (queued now, in order) abort in the engine."""
+        """Give the id back, withdraw the transfer, then (queued now, in order) abort in the engine.
+        Once only: a request ended before never touches a newer one under its id."""
+        if self._live.get(live.job.request_id) is not live:
+            return
+        del self._live[live.job.request_id]
         self.sessions.close(live.session)
-        if self._live.get(live.job.request_id) is live:
-            del self._live[live.job.request_id]
         unsafe = self._drop_intake(live)
         if abort:
             request_id = live.job.request_id

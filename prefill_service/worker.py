@@ -29,7 +29,7 @@ from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRe
 from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
-from pdserve.requests import Priority, SamplingParams
+from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
 from pdserve.worker.errors import PeerFault, RequestFailed
@@ -89,6 +89,7 @@ class PrefillJob:
     cached_tokens: int = 0
     queue_seconds: float = 0.0
     failed: bool = False
+    request: Request | None = None  # the engine's, bound by _add: an earlier one's steps never reach this job
     chain: asyncio.Future | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
 
@@ -118,7 +119,7 @@ class PrefillWorker:
         self.jobs[request_id] = job
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": 1, "stop": ()})
         try:
-            await self.engine.call(lambda e: e.add_request(request_id, prompt, first_only, priority))
+            await self.engine.call(lambda e: _add(e, job, prompt, first_only, priority))
         except BaseException:  # refused, or cancelled after the add may have run: undo it either way
             self._end(job, abort=True)
             raise
@@ -149,9 +150,11 @@ class PrefillWorker:
         return True
 
     def _end(self, job: PrefillJob, abort: bool) -> None:
+        """Once only: a request ended before never touches a newer one under its id."""
+        if self.jobs.get(job.request_id) is not job:
+            return
+        del self.jobs[job.request_id]
         self.sessions.close(job.session)
-        if self.jobs.get(job.request_id) is job:
-            del self.jobs[job.request_id]
         job.failed = True
         for task in job.tasks:
             task.cancel()
@@ -172,7 +175,7 @@ class PrefillWorker:
         unclaimed = dict(result.holds)
         for chunk in result.chunks:
             job = self.jobs.get(chunk.request.request_id)
-            if job is not None:
+            if job is not None and job.request is chunk.request:
                 self._on_chunk(job, chunk, unclaimed.pop(chunk.request.request_id, None), result.seconds)
         for hold in unclaimed.values():  # requests that ended without a piece to send
             self.engine.release_nowait(hold)
@@ -266,6 +269,12 @@ class PrefillWorker:
         log.warning("request %s failed here: %s", job.request_id, error)
         self._end(job, abort=True)
         job.session.fail(error)
+
+
+def _add(engine: Engine, job: PrefillJob, prompt: tuple[int, ...], sampling: SamplingParams,
+         priority: Priority) -> None:
+    """On the engine thread: add the request and bind it to its job (before any step of it)."""
+    job.request = engine.add_request(job.request_id, prompt, sampling, priority)
 
 
 def _abort(engine: Engine, request_id: str) -> None:

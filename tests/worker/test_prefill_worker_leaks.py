@@ -7,7 +7,8 @@ import time
 import pytest
 
 from pdserve.requests import Priority
-from pdserve.transfer import KVSender, TransferError
+from pdserve.transfer import KVSender, TransferError, TransferResult
+from pdserve.worker.events import ChunkDone, PrefillDone
 from pdserve.worker.errors import PeerFault
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
@@ -38,11 +39,15 @@ class Peer(DecodePeer):
 
 
 class Sender(KVSender):
+    """Fails every send with `error`, or reports every one delivered."""
+
     def __init__(self, error: Exception | None = None):
         self.error = error
 
     async def send(self, peer_address, transfer_id, seq, pairs, timeout_s):
-        raise self.error
+        if self.error is not None:
+            raise self.error
+        return TransferResult(transfer_id, seq, 0, (), 0.0)
 
     async def close(self) -> None:
         return None
@@ -53,8 +58,9 @@ def _worker(engine, peer=None, sender=None) -> PrefillWorker:
                          engine.engine.kv.block_nbytes, Leases())
 
 
-async def _open(worker, rid, prompt, kv_timeout_s=10.0):
-    target = Target("t", b"", tuple(range(-(-len(prompt) // BLOCK))), BLOCK, worker.block_nbytes, "decode:0")
+async def _open(worker, rid, prompt, kv_timeout_s=10.0, transfer_id="t"):
+    blocks = tuple(range(-(-len(prompt) // BLOCK)))
+    target = Target(transfer_id, b"", blocks, BLOCK, worker.block_nbytes, "decode:0")
     return await worker.open(rid, prompt, GREEDY, Priority.NORMAL, target, kv_timeout_s)
 
 
@@ -176,3 +182,41 @@ def test_abort_stops_the_request_at_once(tiny_llama):
             engine.stop()
 
     assert asyncio.run(main()) == (True, True, 0)
+
+
+def test_steps_of_an_earlier_request_never_reach_a_later_one_with_its_id(tiny_llama):
+    """Step results reach the loop late; meanwhile the first request closed and a second one
+    opened under the same id. Only the second one's own chunks become its pieces."""
+
+    class Recording(Peer):
+        def __init__(self):
+            super().__init__()
+            self.pieces: list[Piece] = []
+
+        async def push_kv(self, endpoint: str, piece: Piece) -> None:
+            self.pieces.append(piece)
+
+    async def main():
+        engine = start_engine(tiny_llama, hold_blocks=True, num_blocks=128)
+        add = engine.add_listener
+        engine.add_listener = lambda listener: add(
+            lambda result: asyncio.get_running_loop().call_later(0.3, listener, result))
+        peer = Recording()
+        worker = _worker(engine, peer, Sender())
+        try:
+            first = await _open(worker, "same", LONG, transfer_id="t-first")
+            await asyncio.sleep(0.1)  # the engine prefills; the loop hears of it later
+            worker.close(first)
+            second = await _open(worker, "same", tuple(range(350, 358)), transfer_id="t-second")
+            events = [e async for e in second.events()]
+            worker.close(second)
+            return events, peer.pieces, await settle(engine)
+        finally:
+            engine.stop()
+
+    events, pieces, left = asyncio.run(main())
+    assert [(e.start, e.num_tokens) for e in events if isinstance(e, ChunkDone)] == [(0, 8)]
+    assert isinstance(events[-1], PrefillDone) and events[-1].kv_blocks == 2
+    assert [(p.transfer_id, p.seq, len(p.src_block_ids)) for p in pieces if p.transfer_id == "t-second"] == \
+        [("t-second", 0, 2)]
+    assert left == 0
