@@ -21,15 +21,23 @@ SAMPLING = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 
 class Switch(FaultInjector):
-    """Raises the armed fault before the next step."""
+    """Raises the armed fault before a step: the next one, or the one `after` steps from now."""
 
     def __init__(self) -> None:
         self.fault: Exception | None = None
+        self.after = 0
+
+    def arm(self, fault: Exception, after: int = 0) -> None:
+        self.fault, self.after = fault, after
 
     def check(self) -> None:
+        if self.fault is None:
+            return
+        if self.after > 0:
+            self.after -= 1
+            return
         fault, self.fault = self.fault, None
-        if fault is not None:
-            raise fault
+        raise fault
 
 
 async def _drain(session):
@@ -42,11 +50,10 @@ def test_every_open_decode_stream_fails_when_the_engine_dies(tiny_llama):
         engine = start_engine(tiny_llama, hold_blocks=False, num_blocks=160, faults=switch)
         decode = DecodeWorker(engine, None, Leases())
         try:
+            switch.arm(InjectedFault("a broken step"), after=6)  # both mid-prefill: 25 steps each
             sessions = [await decode.open(DecodeJob(f"r{i}", LONG, SAMPLING, Priority.NORMAL, 10.0, True))
                         for i in range(2)]
             streams = [asyncio.ensure_future(_drain(s)) for s in sessions]
-            await asyncio.sleep(0.1)
-            switch.fault = InjectedFault("a broken step")
             done, _ = await asyncio.wait(streams, timeout=5)
             return [type(t.exception()) for t in done], str(streams[0].exception())
         finally:
@@ -64,8 +71,8 @@ def test_a_prefill_stream_fails_when_the_engine_dies(tiny_llama):
         try:
             d_session = await pair.decode.open(pair.job("r", LONG))
             reserved = await asyncio.wait_for(anext(d_session.events()), 10)
+            switch.arm(InjectedFault("a broken step"), after=3)
             p_session = await pair.prefill.open("r", LONG, SAMPLING, Priority.NORMAL, pair.target(reserved), 10.0)
-            switch.fault = InjectedFault("a broken step")
             with pytest.raises(EngineFailed):
                 await asyncio.wait_for(_drain(p_session), 5)
             pair.prefill.close(p_session)
@@ -84,7 +91,7 @@ def test_a_request_at_fault_fails_alone(tiny_llama):
         try:
             bad, good = [await decode.open(DecodeJob(rid, LONG[:40], SAMPLING, Priority.NORMAL, 10.0, True))
                          for rid in ("bad", "good")]
-            switch.fault = RequestFault("bad", InjectedFault("poison"))
+            switch.arm(RequestFault("bad", InjectedFault("poison")))
             with pytest.raises(RequestFailed):
                 await asyncio.wait_for(_drain(bad), 10)
             decode.close(bad)
