@@ -61,6 +61,7 @@ class Window:
 class TbtSplit:
     during: Distribution | None
     outside: Distribution | None
+    by_priority: tuple[tuple[str, TbtSplit], ...] = ()  # (vip | normal | batch, its split), those present
 
 
 def complete(record: RequestRecord) -> bool:
@@ -91,15 +92,21 @@ def overlaps(start: float, end: float, windows: Sequence[Window]) -> bool:
     return any(start <= w.end_s and w.start_s <= end for w in windows)
 
 
-def split_tbt(records: Sequence[RequestRecord], windows: Sequence[Window]) -> TbtSplit:
-    """Chat TBT samples during and outside the fault windows."""
+def _split(records: Sequence[RequestRecord], windows: Sequence[Window]) -> TbtSplit:
     during, outside = [], []
     for record in records:
-        if record.kind != "chat":
-            continue
         for start, end in zip(record.token_times, record.token_times[1:]):
             (during if overlaps(start, end, windows) else outside).append(end - start)
     return TbtSplit(distribution(during), distribution(outside))
+
+
+def split_tbt(records: Sequence[RequestRecord], windows: Sequence[Window]) -> TbtSplit:
+    """Chat TBT samples during and outside the fault windows, all chats and per priority class."""
+    chats = [r for r in records if r.kind == "chat"]
+    classes = tuple((p, _split([r for r in chats if r.priority == p], windows))
+                    for p in ("vip", "normal", "batch") if any(r.priority == p for r in chats))
+    whole = _split(chats, windows)
+    return TbtSplit(whole.during, whole.outside, classes)
 
 
 def chat_tbt(records: Sequence[RequestRecord]) -> Distribution | None:

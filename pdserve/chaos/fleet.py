@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 ROLES = ("prefill", "decode")
 
@@ -79,6 +80,10 @@ class Fleet(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """One line: what runs, for the report."""
+
+    @abc.abstractmethod
+    def logs(self) -> Path:
+        """The folder of its processes' logs (kept after `stop()`)."""
 
 
 def chaos_env() -> dict[str, str]:

@@ -69,6 +69,7 @@ def started(config: ChaosConfig) -> Iterator[tuple[Fleet, str]]:
             target = fleet.start()
         except (RuntimeError, TimeoutError) as exc:
             raise FleetStartError(f"the fleet did not start: {exc}") from exc
+        _log(f"   logs in {fleet.logs()}")
         runner.warm_up(target)
         yield fleet, target
     finally:

@@ -35,10 +35,15 @@ def _row(label: str, m: Measured, greedy: str, seeded: str) -> str:
             f"{_ms(tbt, 'p99'):>15} {_ms(tbt, 'max'):>7}")
 
 
-def _tbt_line(label: str, d: Distribution | None) -> str:
+def _tbt(d: Distribution | None) -> str:
     if d is None:
-        return f"  chat TBT {label}: no samples"
-    return f"  chat TBT {label}: p99 {d.p99 * 1e3:.0f} ms, max {d.max * 1e3:.0f} ms ({d.count} gaps)"
+        return "no samples"
+    return f"p99 {d.p99 * 1e3:.0f} ms, max {d.max * 1e3:.0f} ms ({d.count} gaps)"
+
+
+def _tbt_lines(split: analysis.TbtSplit) -> list[str]:
+    lines = [f"  chat TBT during faults: {_tbt(split.during)}; outside faults: {_tbt(split.outside)}"]
+    return lines + [f"    {name:6} during: {_tbt(s.during)}; outside: {_tbt(s.outside)}" for name, s in split.by_priority]
 
 
 def _losses(m: Measured) -> list[str]:
@@ -57,8 +62,7 @@ def format_report(r: ChaosResult) -> str:
     lines += [_fault_line(f, r.faulted.result.started_at) for f in r.faulted.faults]
     lines += ["", HEADER, "-" * len(HEADER), _row("no-fault", r.baseline, "-", "-"),
               _row("faulted", r.faulted, f"{c.greedy_differ}/{c.greedy_compared}",
-                   f"{c.seeded_differ}/{c.seeded_compared}"),
-              _tbt_line("during faults", r.tbt.during), _tbt_line("outside faults", r.tbt.outside)]
+                   f"{c.seeded_differ}/{c.seeded_compared}"), *_tbt_lines(r.tbt)]
     for label, m in (("no-fault", r.baseline), ("faulted", r.faulted)):
         found = _losses(m)
         if found:

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from pdserve.chaos.fleet import Fleet, FleetSpec, WorkerRef, chaos_env, role_of, serving
 from pdserve.cli.supervisor import Child, Supervisor
@@ -90,6 +91,9 @@ class SeparateFleet(Fleet):
         for name in self.children:
             self.signal(name, signal.SIGCONT)
         self.sup.stop()
+
+    def logs(self) -> Path:
+        return self.sup.workdir
 
     def describe(self) -> str:
         return (f"{self.spec.prefill} prefill + {self.spec.decode} decode workers, each its own process, restarted "

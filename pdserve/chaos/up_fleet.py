@@ -102,6 +102,10 @@ class UpFleet(Fleet):
         for pid in self._pids:
             _send(pid, signal.SIGKILL)
 
+    def logs(self) -> Path:
+        """`up.log` here names the folder of the children's logs."""
+        return self.workdir
+
     def describe(self) -> str:
         return f"{self.spec.prefill} prefill + {self.spec.decode} decode workers under `pdserve up` (it restarts them)"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 
 from pdserve.chaos.fleet import Fleet, WorkerRef
 from pdserve.chaos.injector import Injector, Outcome
@@ -48,6 +49,9 @@ class FakeFleet(Fleet):
 
     def describe(self) -> str:
         return "fake"
+
+    def logs(self) -> Path:
+        return Path("/nonexistent")
 
 
 def run(fleet: FakeFleet, faults: tuple[Fault, ...], finish_after_s: float | None = None,
