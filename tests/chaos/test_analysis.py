@@ -74,3 +74,13 @@ def test_a_request_lost_in_the_baseline_is_not_compared():
     base = [record(0, [0.0], status="INTERNAL", tokens=[5]), record(1, [0.0, 1.0], tokens=[1, 2])]
     c = compare(w, base, [record(0, [0.0], tokens=[7]), record(1, [0.0, 1.0], tokens=[1, 2])])
     assert (c.greedy_compared, c.differences) == (1, ())
+
+
+def test_the_split_is_also_given_per_priority_class_present():
+    vip = replace(record(0, [0.0, 1.0, 12.0]), priority="vip")
+    batch = replace(record(1, [0.0, 30.0]), priority="batch")
+    split = split_tbt([vip, batch], (Window(11.0, 12.0),))
+    classes = dict(split.by_priority)
+    assert list(classes) == ["vip", "batch"]
+    assert classes["vip"].during.max == pytest.approx(11.0) and classes["vip"].outside.max == pytest.approx(1.0)
+    assert classes["batch"].during.max == pytest.approx(30.0) and classes["batch"].outside is None
