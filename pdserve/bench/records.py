@@ -29,6 +29,7 @@ class RequestRecord:
     done_s: float | None = None
     status: str = NOT_SENT
     detail: str = ""
+    request_id: str = ""  # as the server named it in its first message
     finish_reason: str = ""
     prompt_tokens: int = 0
     cached_tokens: int = 0

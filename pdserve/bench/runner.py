@@ -77,6 +77,7 @@ class _Run:
 
     async def _stream(self, request: pb.GenerateRequest, record: RequestRecord) -> None:
         async for message in self.stub.Generate(request):
+            record.request_id = record.request_id or message.request_id
             if message.token_ids:
                 record.token_times.append(self.now())
                 record.token_counts.append(len(message.token_ids))

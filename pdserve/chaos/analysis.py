@@ -27,6 +27,7 @@ class Loss:
     detail: str
     tokens: int
     max_tokens: int
+    request_id: str  # the router's, to find the request in its logs
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Difference:
     index: int
     sampled: bool
     first_index: int  # the first token position where the outputs part
+    request_id: str  # the faulted run's, as the router named it
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def complete(record: RequestRecord) -> bool:
 
 
 def losses(records: Sequence[RequestRecord]) -> tuple[Loss, ...]:
-    return tuple(Loss(r.index, r.kind, r.status, r.detail, r.output_tokens, r.max_tokens)
+    return tuple(Loss(r.index, r.kind, r.status, r.detail, r.output_tokens, r.max_tokens, r.request_id)
                  for r in records if not complete(r))
 
 
@@ -82,8 +84,8 @@ def compare(workload: Workload, baseline: Sequence[RequestRecord], faulted: Sequ
     sampled = {r.index: is_sampled(r) for r in workload.requests}
     before = {r.index: r for r in baseline if complete(r)}
     pairs = [(before[r.index], r) for r in faulted if complete(r) and r.index in before]
-    differences = tuple(Difference(b.index, sampled[b.index], _first_difference(b.token_ids, f.token_ids))
-                        for b, f in pairs if b.token_ids != f.token_ids)
+    differences = tuple(Difference(b.index, sampled[b.index], _first_difference(b.token_ids, f.token_ids),
+                                   f.request_id) for b, f in pairs if b.token_ids != f.token_ids)
     seeded = sum(sampled[b.index] for b, _ in pairs)
     return Comparison(len(pairs) - seeded, seeded, differences)
 

@@ -67,6 +67,10 @@ def format_report(r: ChaosResult) -> str:
         found = _losses(m)
         if found:
             lines += [f"  lost in the {label} run:", *found]
+    if c.differences:
+        lines += ["  outputs that differ (request, sampling, first differing token, router's request id):",
+                  *(f"    #{d.index} {'seeded' if d.sampled else 'greedy'} at {d.first_index} {d.request_id}"
+                    for d in c.differences)]
     verdict = "PASS" if v.passed else "FAIL: " + "; ".join(v.failures)
     lines += [f"verdict (blocks bound {v.blocks_bound_s:g} s): {verdict}"]
     return "\n".join(lines)
