@@ -35,8 +35,9 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`. Special-token strings in `text` (e.g. `<|im_start|>`) become their
-        ids; `add_special_tokens` adds what the model's post-processor adds (BOS for some)."""
+        """Token ids of `text`, a prompt its caller formatted. Special-token strings in `text`
+        (e.g. `<|im_start|>`) become their ids; `add_special_tokens` adds what the model's
+        post-processor adds (BOS for some)."""
 
     @abstractmethod
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -49,14 +50,24 @@ class Tokenizer(ABC):
         Raises ChatTemplateError for a malformed message, a template error (including the
         template's own `raise_exception`), or a model without a chat template: there is no
         fallback format, because a guessed one silently degrades answers.
+
+        NOTE: the text does not say which special-token strings the template wrote: `encode` of
+        it would turn strings typed into messages into control tokens. Use `apply_chat_template`.
         """
 
+    @abstractmethod
     def apply_chat_template(
         self, messages: Sequence[MessageLike], add_generation_prompt: bool = True
     ) -> list[int]:
-        """Token ids of `render_chat(...)`. The template writes its own special tokens, so none
-        are added on top."""
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        """Token ids of the conversation through the chat template.
+
+        Special-token strings the template writes (its turn markers, `bos_token`, `eos_token`)
+        are control tokens; the same strings inside a message's role or content are plain text,
+        so a message cannot forge a turn. Joins between the two tokenise as in one text: a
+        conversation without special strings in its messages gets `encode(render_chat(...),
+        add_special_tokens=False)`. Nothing is added on top of what the template writes.
+        Raises ChatTemplateError as `render_chat` does.
+        """
 
     @property
     @abstractmethod

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer as Backend
 
 from pdserve.tokenizer.base import ChatTemplateError, MessageLike, Tokenizer
+from pdserve.tokenizer.chat_specials import SpecialStrings
 from pdserve.tokenizer.chat_template import ChatTemplate
+from pdserve.tokenizer.parts_encoder import PartsEncoder
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class FastTokenizer(Tokenizer):
         self._chat_template = chat_template
         added = backend.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, tok in added.items() if tok.special)
+        self._special_strings = SpecialStrings(added[i].content for i in self._special_ids)
+        self._parts_encoder = PartsEncoder(backend)
 
     @property
     def backend(self) -> Backend:
@@ -52,6 +56,14 @@ class FastTokenizer(Tokenizer):
             bos_token=self._token_text(self.bos_token_id),
             eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
         )
+
+    def apply_chat_template(
+        self, messages: Sequence[MessageLike], add_generation_prompt: bool = True
+    ) -> list[int]:
+        source = self._chat_template.source if self._chat_template else ""
+        chat = self._special_strings.escape(messages, source)
+        rendered = self.render_chat(chat.messages, add_generation_prompt)
+        return self._parts_encoder.encode(self._special_strings.split(rendered, chat))
 
     def _token_text(self, token_id: int | None) -> str:
         if token_id is None:

@@ -15,13 +15,6 @@ from pdserve.tokenizer.hf_tokenizer import HFTokenizer
 
 
 @pytest.fixture(scope="module")
-def smol_dir(smol_reference, tmp_path_factory) -> str:
-    folder = str(tmp_path_factory.mktemp("smol_hf"))
-    smol_reference.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def spm_reference(spm_dir):
     from transformers import AutoTokenizer
 
