@@ -29,8 +29,8 @@ ROLES = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
 
 
 class Fleet:
-    def __init__(self):
-        self.sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+    def __init__(self, sup: Supervisor):
+        self.sup = sup
         self.children = {n: self.sup.spawn(n, [role, "--port", "0", *ENGINE]) for n, role in ROLES.items()}
         self.ports = {n: self.sup.wait_ready(c, 240) for n, c in self.children.items()}
         router = self.sup.spawn("router", ["router", "--port", "0", "--kv-timeout", "10",
@@ -69,11 +69,11 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet():
-    f = Fleet()
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
     try:
-        yield f
+        yield Fleet(sup)
     finally:
-        f.sup.stop()
+        sup.stop()
 
 
 def _greedy(text: str, max_tokens: int, request_id: str = "") -> pb.GenerateRequest:
