@@ -53,6 +53,7 @@ class Job:
     priority: Priority
     metadata: tuple[tuple[str, str], ...] = ()
     deadline: float | None = None  # time.monotonic() at which the client stops waiting
+    tenant: str = "anonymous"
 
     def timeout_s(self) -> float | None:
         """What is left of the client's deadline, for the calls made on its behalf."""

@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from pdserve.engine.validation import Limits
+from pdserve.requests import Priority
 from pdserve.model.metadata import read_model_config
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
@@ -20,6 +21,7 @@ from router.flow import FlowConfig, RequestFlow
 from router.frontend import Frontend
 from router.grpc_clients import GrpcWorkerClients
 from router.limits import limits_from_args
+from router.tenants import open_tenants, read_tenants
 from router.recovery import RecoveryPolicy
 from router.servicer import GenerationServicer
 from router.telemetry import RequestTrace
@@ -60,7 +62,9 @@ class RouterService:
 
 
 async def start_router(args: argparse.Namespace) -> RouterService:
-    security = security_from_args(args)
+    tenants = read_tenants(args.api_token_file) if args.api_token_file else \
+        open_tenants(Priority[args.anonymous_max_priority.upper()])
+    security = security_from_args(args, tenants.tokens)
     config = read_model_config(args.model)
     frontend = Frontend(load_tokenizer(args.model),
                         Limits(config.vocab_size, config.max_position_embeddings, args.kv_capacity_tokens),
@@ -78,7 +82,7 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
     servicer = GenerationServicer(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),
-                                  drainer, args.max_active)
+                                  drainer, args.max_active, tenants)
     bindings = [
         ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
                        generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name),

@@ -13,21 +13,23 @@ from pdserve.engine.text_stream import TextStream
 from pdserve.requests import FinishReason
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
-from pdserve.rpc.errors import status_of
+from pdserve.rpc.errors import Unauthenticated, status_of
 from pdserve.tokenizer import ChatMessage
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from router.flow import Done, Job, NewTokens, RequestFlow
 from router.frontend import Frontend
 from router.telemetry import RequestTrace
+from router.tenants import ANONYMOUS, Tenant, Tenants, open_tenants
 
 TraceFactory = Callable[[object], RequestTrace]
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, drain: Drain,
-                 max_active: int = 1024):
+                 max_active: int = 1024, tenants: Tenants = open_tenants()):
         self.drain = drain
+        self.tenants = tenants
         self.frontend = frontend
         self.flow = flow
         self.traces = traces
@@ -37,14 +39,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context):
         trace = self.traces(context.invocation_metadata())
         try:
-            job = await self._admit(request, trace, context.time_remaining())
+            job = await self._admit(request, trace, context.time_remaining(), context.invocation_metadata())
         except Exception as exc:
             trace.fail(exc, status_of(exc).name)
             raise
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(_pump(self.flow, job, events))
         task.add_done_callback(lambda t: t.cancelled() and events.put_nowait(asyncio.CancelledError()))
-        mine = _Active(task, asyncio.current_task())
+        mine = _Active(task, asyncio.current_task(), job.tenant)
         self.active[job.request_id] = mine
         try:
             async for message in self._responses(job, events, trace):
@@ -57,27 +59,40 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             if self.active.get(job.request_id) is mine:
                 del self.active[job.request_id]
 
-    async def _admit(self, request: pb.GenerateRequest, trace: RequestTrace, remaining_s: float | None) -> Job:
-        """Cheap checks first (sizes straight off the message), then tokenising off the loop."""
+    async def _admit(self, request: pb.GenerateRequest, trace: RequestTrace, remaining_s: float | None,
+                     metadata=()) -> Job:
+        """Cheap checks first (who asks, sizes straight off the message), then tokenising off the loop."""
         self.drain.refuse_if_draining()
+        tenant = self._tenant(metadata)
+        priority = tenant.priority_for(priority_from_pb(request.priority))
         request_id = request.request_id or uuid.uuid4().hex
         self.frontend.inputs.check_request_id(request_id)
-        self._refuse_if_taken(request_id)
+        self._refuse_if_taken(request_id, tenant)
         self.frontend.inputs.check_stops(request.sampling.stop, len(request.sampling.stop_token_ids))
         prompt = await self._prompt(request)
         sampling = sampling_from_pb(request.sampling)
         self.frontend.check(prompt, sampling)
-        self._refuse_if_taken(request_id)  # another request may have taken the id while this one tokenised
+        self._refuse_if_taken(request_id, tenant)  # another request may have taken it while this one tokenised
         deadline = None if remaining_s is None else time.monotonic() + remaining_s
-        job = Job(request_id, tuple(prompt), sampling, priority_from_pb(request.priority), trace.metadata(), deadline)
+        job = Job(request_id, tuple(prompt), sampling, priority, trace.metadata(), deadline, tenant.name)
         trace.bind(job)
         return job
 
-    def _refuse_if_taken(self, request_id: str) -> None:
+    def _tenant(self, metadata) -> Tenant:
+        authorization = next((v for k, v in metadata or () if k == "authorization"), None)
+        tenant = self.tenants.resolve(authorization if isinstance(authorization, str) else None)
+        if tenant is None:
+            raise Unauthenticated("missing or wrong bearer token")
+        return tenant
+
+    def _refuse_if_taken(self, request_id: str, tenant: Tenant) -> None:
         if (running := self.active.get(request_id)) is not None and not running.ending:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
         if len(self.active) >= self.max_active:
             raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
+        cap = tenant.max_concurrent
+        if cap is not None and sum(a.tenant == tenant.name for a in self.active.values()) >= cap:
+            raise OverloadedError(f"tenant {tenant.name!r} has {cap} requests in flight (its max_concurrent)")
 
     async def _responses(self, job: Job, events: asyncio.Queue, trace: RequestTrace):
         text = TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop)
@@ -140,6 +155,7 @@ class _Active:
 
     pump: asyncio.Task
     handler: asyncio.Task | None
+    tenant: str = ANONYMOUS
 
     @property
     def ending(self) -> bool:

@@ -44,7 +44,8 @@ class RequestTrace:
         self.span.set_attributes({
             "gen_ai.request.id": job.request_id, "gen_ai.request.max_tokens": s.max_tokens,
             "gen_ai.request.temperature": s.temperature, "gen_ai.request.top_p": s.top_p,
-            "gen_ai.usage.prompt_tokens": len(job.prompt), "pdserve.priority": job.priority.name.lower()})
+            "gen_ai.usage.prompt_tokens": len(job.prompt), "pdserve.priority": job.priority.name.lower(),
+            "pdserve.tenant": job.tenant})
 
     def fail(self, error: BaseException, code: str) -> None:
         """The request ended with a gRPC error status (before or after it started)."""
@@ -112,5 +113,6 @@ class RequestTrace:
         m.observe_timeline(self.timeline)
         m.observe_queue_time(self.queue_s, self.job.priority)
         m.count_request(self.job.priority, reason)
+        m.count_tenant_request(self.job.tenant, reason)
         m.add_prompt_tokens(len(self.job.prompt))
         m.add_generation_tokens(completion_tokens)

@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: how long the router, then each worker, may finish work in flight")
+    p.add_argument("--api-token-file", default=None, help="the router's tenants file (see `pdserve router --help`)")
+    p.add_argument("--anonymous-max-priority", default=None, choices=["vip", "normal", "batch"],
+                   help="without --api-token-file: the highest class anyone may ask for (default normal; "
+                        "with --demo, vip)")
     p.add_argument("--status-file", type=Path, default=None,
                    help="JSON of the router address and every child (name, role, pid, ports, restarts), "
                         "rewritten atomically whenever a child starts or restarts")
@@ -99,7 +103,9 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
     argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover]
     if args.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
-    return argv
+    if args.api_token_file:
+        argv += ["--api-token-file", args.api_token_file]
+    return argv + ["--anonymous-max-priority", args.anonymous_max_priority or ("vip" if args.demo else "normal")]
 
 
 def run(args: argparse.Namespace) -> int:

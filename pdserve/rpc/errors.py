@@ -31,6 +31,11 @@ class Unauthenticated(RuntimeError):
     """Missing or wrong credentials (maps to UNAUTHENTICATED)."""
 
 
+class PermissionDenied(RuntimeError):
+    """The caller may not do what the request asks, e.g. a priority above its tenant's (maps to
+    PERMISSION_DENIED)."""
+
+
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (DuplicateRequestError, grpc.StatusCode.ALREADY_EXISTS),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -42,6 +47,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PeerFault, grpc.StatusCode.UNAVAILABLE),
     (EngineFailed, grpc.StatusCode.UNAVAILABLE),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
 

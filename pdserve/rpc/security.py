@@ -3,7 +3,8 @@
     server: --tls-cert/--tls-key -> TLS; + --tls-ca -> clients must present a certificate it signed
     client: --tls-ca verifies peers (and with --tls-cert/--tls-key presents ours: mutual TLS)
     tokens: --cluster-token-file guards PrefillWorker/DecodeWorker (and is sent on every internal
-            call); --api-token-file guards Generation and reflection. Health never needs a token.
+            call); the tenants' tokens (router/tenants.py, --api-token-file) guard Generation and
+            reflection. Health never needs a token.
 
 Plaintext only when no certificate is given.
 """
@@ -29,7 +30,7 @@ class Security:
     ca: bytes | None = None
     server_name: str | None = None
     cluster_token: str | None = None
-    api_token: str | None = None
+    api_tokens: tuple[str, ...] = ()  # any of them opens the public API; none: it is open
 
     @property
     def tls(self) -> bool:
@@ -51,8 +52,9 @@ class Security:
         return (("grpc.ssl_target_name_override", self.server_name),) if self.server_name else ()
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        guards = [(INTERNAL_SERVICES, self.cluster_token), (PUBLIC_SERVICES, self.api_token)]
-        return [TokenGuard(prefixes, token) for prefixes, token in guards if token]
+        guards = [(INTERNAL_SERVICES, (self.cluster_token,) if self.cluster_token else ()),
+                  (PUBLIC_SERVICES, self.api_tokens)]
+        return [TokenGuard(prefixes, tokens) for prefixes, tokens in guards if tokens]
 
     def client_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.cluster_token}"),) if self.cluster_token else ()
@@ -66,12 +68,13 @@ def _token(path: str | None) -> str | None:
     return Path(path).read_text().strip() if path else None
 
 
-def security_from_args(args: argparse.Namespace) -> Security:
+def security_from_args(args: argparse.Namespace, api_tokens: tuple[str, ...] = ()) -> Security:
+    """`api_tokens`: the tenants' tokens (the router reads its tenants file itself)."""
     cert, key = _read(getattr(args, "tls_cert", None)), _read(getattr(args, "tls_key", None))
     if (cert is None) != (key is None):
         raise SystemExit("--tls-cert and --tls-key go together")
     return Security(cert, key, _read(getattr(args, "tls_ca", None)), getattr(args, "tls_server_name", None),
-                    _token(getattr(args, "cluster_token_file", None)), _token(getattr(args, "api_token_file", None)))
+                    _token(getattr(args, "cluster_token_file", None)), api_tokens)
 
 
 def add_security_flags(p: argparse.ArgumentParser, api_token: bool) -> None:
@@ -82,15 +85,20 @@ def add_security_flags(p: argparse.ArgumentParser, api_token: bool) -> None:
     g.add_argument("--tls-server-name", default=None, help="name expected in peers' certificates")
     g.add_argument("--cluster-token-file", default=None, help="shared token of internal RPCs")
     if api_token:
-        g.add_argument("--api-token-file", default=None, help="token clients must send on the public API")
+        g.add_argument("--api-token-file", default=None,
+                       help="tenants file: one '<token> [tenant=NAME] [max_priority=vip|normal|batch] "
+                            "[over_priority=refuse|lower] [max_concurrent=N]' per line (a bare token: tenant "
+                            "'default', every class); clients send 'authorization: Bearer <token>'")
+        g.add_argument("--anonymous-max-priority", default="normal", choices=["vip", "normal", "batch"],
+                       help="without --api-token-file: the highest class anyone may ask for")
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):
-    """Refuses calls to the guarded services without `authorization: Bearer <token>`."""
+    """Refuses calls to the guarded services without `authorization: Bearer <token>` of one of `tokens`."""
 
-    def __init__(self, prefixes: Sequence[str], token: str):
+    def __init__(self, prefixes: Sequence[str], tokens: Sequence[str]):
         self.prefixes = tuple(prefixes)
-        self.expected = f"Bearer {token}".encode()
+        self.expected = tuple(f"Bearer {token}".encode() for token in tokens)
 
     async def intercept_service(self, continuation, details):
         if not details.method.startswith(self.prefixes) or self._allowed(details.invocation_metadata):
@@ -99,7 +107,8 @@ class TokenGuard(grpc.aio.ServerInterceptor):
 
     def _allowed(self, metadata) -> bool:
         given = dict(metadata or ()).get("authorization", "")
-        return hmac.compare_digest(given.encode() if isinstance(given, str) else given, self.expected)
+        given = given.encode() if isinstance(given, str) else given
+        return any([hmac.compare_digest(given, expected) for expected in self.expected])
 
 
 def _refuse(handler):

@@ -113,6 +113,10 @@ class Metrics:
         self.generation_tokens = Counter(
             "pdserve_generation_tokens_total", "Generated tokens.", registry=r,
         )
+        self.tenant_requests = Counter(
+            "pdserve_tenant_requests_total", "Finished requests by tenant (names come from the tenants file).",
+            ["tenant", "finish_reason"], registry=r,
+        )
         self.lease_ends = Counter(
             "pdserve_lease_ends_total", "Leases ended, by kind and how (ended, settled, expired).",
             ["lease", "reason"], registry=r,
@@ -163,6 +167,9 @@ class Metrics:
 
     def count_request(self, priority: Label, finish_reason: Label) -> None:
         self.requests.labels(priority=label(priority), finish_reason=label(finish_reason)).inc()
+
+    def count_tenant_request(self, tenant: str, finish_reason: Label) -> None:
+        self.tenant_requests.labels(tenant=tenant, finish_reason=label(finish_reason)).inc()
 
     def count_preemption(self, mode: Label, n: int = 1) -> None:
         self.preemptions.labels(mode=label(mode)).inc(n)

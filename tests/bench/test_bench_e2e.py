@@ -25,7 +25,8 @@ def target():
     try:
         worker = sup.spawn("decode", ["decode", "--port", "0", "--transport", "none", *WORKER_FLAGS])
         port = sup.wait_ready(worker, 240)
-        router = sup.spawn("router", ["router", "--port", "0", "--colocated", "--decode-workers", f"127.0.0.1:{port}"])
+        router = sup.spawn("router", ["router", "--port", "0", "--colocated", "--decode-workers", f"127.0.0.1:{port}",
+                                      "--anonymous-max-priority", "vip"])  # the chat workload has VIP requests
         address = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(address, 60)
         yield address

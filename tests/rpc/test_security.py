@@ -35,7 +35,7 @@ async def _calls(pool: ChannelPool, port: int) -> tuple:
 
 
 async def _run(client: Security) -> tuple:
-    server = grpc.aio.server(interceptors=[TokenGuard(("/grpc.health.v1.Health/",), "sekret")])
+    server = grpc.aio.server(interceptors=[TokenGuard(("/grpc.health.v1.Health/",), ("other", "sekret"))])
     servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
