@@ -45,7 +45,8 @@ class SeparateFleet(Fleet):
     def _router_argv(self) -> list[str]:
         by_role = {role: ",".join(w.address for w in self.workers() if w.role == role) for role in ("prefill", "decode")}
         return ["router", "--port", "0", "--prefill-workers", by_role["prefill"], "--decode-workers", by_role["decode"],
-                "--kv-timeout", str(self.spec.kv_timeout_s), "--decode-failover", "resume"]
+                "--kv-timeout", str(self.spec.kv_timeout_s), "--decode-failover", "resume",
+                "--anonymous-max-priority", "vip"]  # the load has VIP requests
 
     def _watch(self) -> None:
         while not self._stopping.wait(0.2):

@@ -33,7 +33,8 @@ class UpFleet(Fleet):
         argv = [sys.executable, "-m", "pdserve.cli.main", "up", "--port", "0",
                 "--prefill-workers", str(self.spec.prefill), "--decode-workers", str(self.spec.decode),
                 "--kv-timeout", str(self.spec.kv_timeout_s), "--ready-timeout", str(self.spec.ready_timeout_s),
-                "--status-file", str(self.status_file), *self.spec.engine_argv()]
+                "--status-file", str(self.status_file), "--anonymous-max-priority", "vip",  # the load has VIP
+                *self.spec.engine_argv()]
         if "--drain-timeout-s" in _up_options():
             argv += ["--drain-timeout-s", str(self.spec.drain_timeout_s)]
         return argv
