@@ -1,0 +1,52 @@
+"""Oversized requests are refused on their sizes, before any work, while other streams go on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def _gaps_of_a_stream(target: str, out: dict) -> None:
+    """Runs a stream and records the largest gap between its messages."""
+    with grpc.insecure_channel(target) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        request = pb.GenerateRequest(text="Count from one to one hundred:", sampling=pb.SamplingParams(
+            max_tokens=60, temperature=0, ignore_eos=True))
+        last, gaps = None, []
+        for _ in stub.Generate(request, timeout=120):
+            now = time.monotonic()
+            if last is not None:
+                gaps.append(now - last)
+            last = now
+            out.setdefault("first", now)
+        out["max_gap"] = max(gaps)
+
+
+@pytest.mark.parametrize("request_", [
+    pb.GenerateRequest(text="x" * 60_000_000),
+    pb.GenerateRequest(token_ids=pb.TokenIds(ids=[7] * 8_000_000)),
+], ids=["60-MB-text", "8M-token-ids"])
+def test_a_huge_prompt_is_refused_at_once_and_other_streams_do_not_stall(service, request_):
+    stream: dict = {}
+    runner = threading.Thread(target=_gaps_of_a_stream, args=(service["target"], stream))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while "first" not in stream and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with grpc.insecure_channel(service["target"], options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            list(generation_pb2_grpc.GenerationStub(channel).Generate(request_, timeout=60))
+        refused_s = time.monotonic() - started
+    runner.join(120)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-prompt" in err.value.details()
+    assert refused_s < 5  # sent, parsed and refused on its size: no tokenising
+    assert stream["max_gap"] < 2.0  # the concurrent stream never waited on the big one
