@@ -33,10 +33,9 @@ class UpFleet(Fleet):
         argv = [sys.executable, "-m", "pdserve.cli.main", "up", "--port", "0",
                 "--prefill-workers", str(self.spec.prefill), "--decode-workers", str(self.spec.decode),
                 "--kv-timeout", str(self.spec.kv_timeout_s), "--ready-timeout", str(self.spec.ready_timeout_s),
-                "--status-file", str(self.status_file), "--anonymous-max-priority", "vip",  # the load has VIP
+                "--drain-timeout-s", str(self.spec.drain_timeout_s), "--status-file", str(self.status_file),
+                "--anonymous-max-priority", "vip",  # the load has VIP requests
                 *self.spec.engine_argv()]
-        if "--drain-timeout-s" in _up_options():
-            argv += ["--drain-timeout-s", str(self.spec.drain_timeout_s)]
         return argv
 
     def start(self) -> str:
@@ -119,12 +118,3 @@ def _send(pid: int, sig: int) -> None:
     except (FileNotFoundError, ProcessLookupError):
         pass
 
-
-def _up_options() -> set[str]:
-    """The option strings `pdserve up` accepts in this tree."""
-    import argparse
-
-    from pdserve.cli.main import build_parser
-
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return set(sub.choices["up"]._option_string_actions)

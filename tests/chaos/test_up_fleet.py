@@ -28,6 +28,7 @@ def test_the_command_passes_the_fleet_and_the_status_file():
     fleet = UpFleet(FleetSpec(prefill=2, decode=3, kv_blocks=128, kv_timeout_s=12.0))
     argv = fleet.argv()
     for flag, value in (("--prefill-workers", "2"), ("--decode-workers", "3"), ("--kv-blocks", "128"),
-                        ("--kv-timeout", "12.0"), ("--status-file", str(fleet.status_file))):
+                        ("--kv-timeout", "12.0"), ("--drain-timeout-s", "10.0"),
+                        ("--status-file", str(fleet.status_file)), ("--anonymous-max-priority", "vip")):
         assert argv[argv.index(flag) + 1] == value
     assert argv[argv.index("up") - 1] == "pdserve.cli.main"
