@@ -56,6 +56,10 @@ class FleetStartError(Exception):
     """A fleet's process exited or did not serve in time while it started."""
 
 
+class ScheduleError(ValueError):
+    """The faults cannot be placed as asked (known only once the no-fault run's length is)."""
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -99,13 +103,16 @@ def schedule_for(config: ChaosConfig, baseline_s: float) -> tuple[Fault, ...]:
     if p.fixed:
         unknown = sorted({f.target for f in p.fixed} - set(names))
         if unknown:
-            raise ValueError(f"the schedule names workers this fleet lacks: {', '.join(unknown)}")
+            raise ScheduleError(f"the schedule names workers this fleet lacks: {', '.join(unknown)}")
         return p.fixed
     last = p.span_s if p.span_s is not None else 0.8 * baseline_s
     targets = tuple(n for n in names if role_of(n) in p.roles)
     window = (p.first_s, max(p.first_s, last))
-    return plan(ScheduleSpec(p.faults, p.kinds, targets, window, p.stop_s, p.recovery_s, p.max_down_per_role),
-                config.seed)
+    try:
+        return plan(ScheduleSpec(p.faults, p.kinds, targets, window, p.stop_s, p.recovery_s, p.max_down_per_role),
+                    config.seed)
+    except ValueError as exc:
+        raise ScheduleError(str(exc)) from exc
 
 
 def windows_of(records: tuple[FaultRecord, ...], started_at: float, settle_s: float) -> tuple[analysis.Window, ...]:

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = harness.run(config)
-    except harness.FleetStartError as exc:
+    except (harness.FleetStartError, harness.ScheduleError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.format_report(result), flush=True)

@@ -47,3 +47,13 @@ def test_flags_become_overrides():
     assert c.plan.kinds == (FaultKind.KILL, FaultKind.STOP) and c.plan.roles == ("decode",)
     assert c.plan.fixed == (Fault(12.0, FaultKind.KILL, "decode-0"),) and c.progress is False
     assert c.load.documents == 5
+
+
+def test_a_schedule_that_cannot_be_placed_or_names_a_missing_worker_is_a_schedule_error():
+    from pdserve.chaos.harness import ScheduleError, schedule_for
+
+    with pytest.raises(ScheduleError, match="cannot place"):
+        schedule_for(config("default", {"faults": 20, "span_s": 10.0}), 100.0)
+    with pytest.raises(ScheduleError, match="decode-1"):
+        schedule_for(config("decode-kill", {"decode": 1}), 100.0)
+    assert len(schedule_for(config("default", {"faults": 3}), 60.0)) == 3
