@@ -36,6 +36,7 @@ from pdserve.transfer.ucx import UcxConfig  # noqa: E402
 
 SHAPE = KVShape(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16)
 GRPC_METHOD = "/pdserve.bench.KvBytes/Put"
+SECRET = b"kv-transfer bench"  # both ends of every benchmark piece hold it
 Piece = tuple[str, int, list[tuple[int, int]]]
 
 
@@ -102,7 +103,7 @@ async def send_all(sender, address: bytes, pieces: list[Piece], inflight: int) -
 
     async def one(piece: Piece) -> None:
         async with limit:
-            await sender.send(address, piece[0], piece[1], piece[2], 30.0)
+            await sender.send(address, piece[0], piece[1], piece[2], 30.0, secret=SECRET)
 
     started = time.monotonic()
     await asyncio.gather(*(one(p) for p in pieces))
@@ -116,7 +117,7 @@ class InProcessBench:
 
     async def round(self, r: int) -> float:
         pieces = make_pieces(self.setup, f"inproc{r}")
-        expects = [asyncio.ensure_future(self.receiver.expect(t, s, p, 30.0)) for t, s, p in pieces]
+        expects = [asyncio.ensure_future(self.receiver.expect(t, s, p, 30.0, secret=SECRET)) for t, s, p in pieces]
         started = await send_all(self.sender, self.receiver.address(), pieces, self.setup.inflight)
         await asyncio.gather(*expects)
         return time.monotonic() - started
@@ -141,7 +142,7 @@ async def _ucx_child(conn, setup: Setup) -> None:
     conn.send(receiver.address())
     while (command := await loop.run_in_executor(None, conn.recv))[0] == "round":
         pieces = make_pieces(setup, command[1])
-        expects = [asyncio.ensure_future(receiver.expect(t, s, p, 30.0)) for t, s, p in pieces]
+        expects = [asyncio.ensure_future(receiver.expect(t, s, p, 30.0, secret=SECRET)) for t, s, p in pieces]
         conn.send("ready")
         await asyncio.gather(*expects)
         conn.send(time.monotonic())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from pdserve.engine.errors import InvalidRequestError
 from pdserve.transfer import CancelResult, TransferError, settled_all
 from pdserve.worker.leases import Lease
 
@@ -27,14 +28,47 @@ class Unsafe:
 @dataclass(eq=False)
 class Intake:
     """KV arriving for one reserved request. Its reservation lease is owned by the router's
-    Decode stream; its limit is the KV deadline between pieces (armed by the first piece)."""
+    Decode stream; its limit is the KV deadline between pieces (armed by the first piece).
+    `secret` is drawn here for this reservation alone: only its holder may announce pieces,
+    complete the transfer, or have its data land (it keys the transport's tags).
+
+    NOTE: announced pieces never overlap, and the transfer completes only once they cover every
+    reserved block: no request decodes from a block nobody wrote."""
 
     transfer_id: str
     request_id: str
     block_ids: tuple[int, ...]
     kv_timeout_s: float
     lease: Lease
+    secret: bytes
     pieces: dict[int, asyncio.Task] = field(default_factory=dict)
+    announced: set[int] = field(default_factory=set)  # indexes into block_ids of announced pieces
+
+    def announce(self, seq: int, block_index: int, count: int) -> tuple[int, ...]:
+        """The reserved blocks of a new piece [block_index, block_index + count), recorded as
+        announced; InvalidRequestError (nothing recorded) for an empty, repeated, out-of-range
+        or overlapping piece."""
+        end = block_index + count
+        where = f"piece {seq} of {self.transfer_id}: blocks [{block_index}, {end})"
+        if count < 1 or end > len(self.block_ids):
+            raise InvalidRequestError(f"{where} empty or outside the reservation of {len(self.block_ids)} blocks")
+        if seq in self.pieces or seq >= len(self.block_ids):
+            raise InvalidRequestError(f"{where}: seq repeated or beyond one piece per block")
+        span = range(block_index, end)
+        if not self.announced.isdisjoint(span):
+            raise InvalidRequestError(f"{where} overlap an announced piece")
+        self.announced.update(span)
+        return self.block_ids[block_index:end]
+
+    def check_complete(self, num_pieces: int) -> None:
+        """InvalidRequestError unless exactly pieces 0..num_pieces-1 were announced (at least
+        one) and together they cover every reserved block."""
+        if num_pieces < 1 or sorted(self.pieces) != list(range(num_pieces)):
+            raise InvalidRequestError(f"{self.transfer_id}: completed with {num_pieces} pieces, "
+                                      f"announced {sorted(self.pieces)[:8]} ({len(self.pieces)})")
+        if len(self.announced) != len(self.block_ids):
+            raise InvalidRequestError(f"{self.transfer_id}: pieces cover {len(self.announced)} of "
+                                      f"{len(self.block_ids)} reserved blocks")
 
     def failures(self) -> list[TransferError]:
         """Pieces that ended with a transfer error (their own deadline, a bad layout)."""

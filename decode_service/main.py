@@ -30,7 +30,8 @@ async def start_decode(args: argparse.Namespace) -> WorkerService:
     worker = DecodeWorker(runtime.async_engine, receiver, leases, args.quarantine_timeout_s)
     drainer = Drain()
     servicer = DecodeServicer(worker, args.transport, receiver.address() if receiver else b"", "",
-                              runtime.block_size, runtime.block_nbytes, obs.tracing.tracer(), drainer)
+                              runtime.block_size, runtime.block_nbytes, runtime.engine.kv.num_blocks,
+                              obs.tracing.tracer(), drainer)
     name = worker_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].full_name
     server = await start_server([ServiceBinding(worker_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer, name)],
                                 args.host, args.port, security.server_credentials(),

@@ -6,8 +6,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from decode_service.worker import DecodeJob, DecodeWorker
+from pdserve.rpc.bounds import kv_timeout
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
+from pdserve.rpc.errors import PermissionDenied
 from pdserve.rpc.stats import stats_to_pb
 from pdserve.telemetry import extract_context
 from pdserve.v1 import worker_pb2 as wpb
@@ -17,7 +19,7 @@ from pdserve.worker.events import Finished, Notice, Reserved, Tokens
 
 class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
     def __init__(self, worker: DecodeWorker, transport: str, kv_address: bytes, endpoint: str,
-                 block_size: int, block_nbytes: int, tracer: trace.Tracer, draining: Drain):
+                 block_size: int, block_nbytes: int, num_blocks: int, tracer: trace.Tracer, draining: Drain):
         self.worker = worker
         self.tracer = tracer
         self.transport = transport
@@ -25,13 +27,14 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         self.endpoint = endpoint
         self.block_size = block_size
         self.block_nbytes = block_nbytes
+        self.num_blocks = num_blocks
         self.draining = draining
 
     async def Decode(self, request: wpb.DecodeRequest, context):
         self.draining.refuse_if_draining()
         r = request.request
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
-                        priority_from_pb(r.priority), r.kv_timeout_s or 30.0, request.local_prefill,
+                        priority_from_pb(r.priority), kv_timeout(r.kv_timeout_s), request.local_prefill,
                         tuple(r.output_token_ids))
         with self.tracer.start_as_current_span(
                 "pdserve.decode", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
@@ -55,7 +58,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             return wpb.DecodeEvent(reserved=wpb.KVReservation(
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,
                 block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
-                decode_endpoint=self.endpoint))
+                decode_endpoint=self.endpoint, kv_secret=event.secret, num_blocks=self.num_blocks))
         if isinstance(event, Finished):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(
                 finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,
@@ -64,13 +67,20 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         return wpb.DecodeEvent(preempted=wpb.PreemptionNotice(mode=event.mode, reason=event.reason, phase=event.phase))
 
     async def PushKV(self, request: wpb.KVPiece, context) -> wpb.KVPieceAck:
+        self._authorize(request.transfer_id, request.kv_secret)
         self.worker.push_kv(request.transfer_id, request.seq, request.block_index, tuple(request.src_block_ids),
-                            request.timeout_s or 30.0)
+                            request.timeout_s)
         return wpb.KVPieceAck()
 
     async def CompleteKV(self, request: wpb.KVComplete, context) -> wpb.KVCompleteAck:
+        self._authorize(request.transfer_id, request.kv_secret)
         await self.worker.complete_kv(request.transfer_id, request.num_pieces, request.first_token_id)
         return wpb.KVCompleteAck()
+
+    def _authorize(self, transfer_id: str, secret: bytes) -> None:
+        if not self.worker.presented(transfer_id, secret):
+            raise PermissionDenied(f"transfer {transfer_id!r}: wrong kv_secret (only the reservation's holder "
+                                   f"may write it)")
 
     async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
         return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))

@@ -2,8 +2,12 @@
 
     router --Decode--> open()          engine thread: add_remote -> schedule() reserves blocks
            <-- Reserved(block ids) --  on_step()
-    prefill --PushKV--> push_kv()      receiver.expect(piece) into exactly those blocks
+    prefill --PushKV--> push_kv()      receiver.expect(piece, secret) into exactly those blocks
     prefill --CompleteKV--> complete() all pieces in -> mark_received(first token) -> decoding
+
+Each reservation has a secret drawn here (in Reserved, for the prefill worker the router picks):
+the servicer refuses PushKV and CompleteKV that do not present it (`presented`), and the
+transport accepts the piece's data only under it.
            <-- Tokens ... Finished --  on_step()
 
 Every exit (finish, cancel, abort, deadline, failed transfer) frees the request's blocks within
@@ -15,8 +19,10 @@ quarantine lease, until the transport says the receive is over or the lease's li
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import logging
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +34,7 @@ from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.kv import BlockHold
 from pdserve.requests import Priority, Request, SamplingParams
+from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.transfer import KVReceiver
 from pdserve.worker.commands import submit
 from pdserve.worker.errors import RequestFailed
@@ -36,6 +43,7 @@ from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from pdserve.worker.session import Session, SessionTable
 
 log = logging.getLogger(__name__)
+SECRET_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class DecodeWorker:
         engine.add_request_fault_listener(self.on_request_fault)
 
     async def open(self, job: DecodeJob) -> Session:
+        _check_job(job)
         if job.request_id in self.sessions:
             raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
         if not job.local_prefill and self.receiver is None:
@@ -133,25 +142,31 @@ class DecodeWorker:
 
     # ---- KV intake ----
 
+    def presented(self, transfer_id: str, secret: bytes) -> bool:
+        """Whether `secret` is the one drawn for the transfer (InvalidRequestError: no such transfer)."""
+        return hmac.compare_digest(self._intake_of(transfer_id).secret, secret)
+
     def push_kv(self, transfer_id: str, seq: int, block_index: int, src_blocks: Sequence[int], timeout_s: float) -> None:
+        """Post receives for one piece; InvalidRequestError, with nothing changed, for a piece
+        outside the reservation, overlapping another, or a timeout outside (0, 600] s."""
         intake = self._intake_of(transfer_id)
-        end = block_index + len(src_blocks)
-        if not src_blocks or end > len(intake.block_ids) or seq in intake.pieces:
-            raise InvalidRequestError(
-                f"piece {seq} of {transfer_id}: blocks [{block_index}, {end}) outside the reservation "
-                f"of {len(intake.block_ids)} blocks or repeated")
-        pairs = list(zip(src_blocks, intake.block_ids[block_index:end]))
+        check_timeout("timeout_s", timeout_s)
+        pairs = list(zip(src_blocks, intake.announce(seq, block_index, len(src_blocks))))
         intake.lease.renew(intake.kv_timeout_s)
         assert self.receiver is not None
-        task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s))
+        task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s, secret=intake.secret))
         task.add_done_callback(lambda t: self._piece_done(intake, t))
         intake.pieces[seq] = task
 
     async def complete_kv(self, transfer_id: str, num_pieces: int, first_token: int) -> None:
+        """Decode once every piece landed. InvalidRequestError, with nothing changed, unless the
+        announced pieces are exactly 0..num_pieces-1, cover the reservation, and first_token is
+        in the vocabulary."""
         intake = self._intake_of(transfer_id)
-        missing = [s for s in range(num_pieces) if s not in intake.pieces]
-        if missing or num_pieces < 1 or len(intake.pieces) != num_pieces:
-            raise InvalidRequestError(f"{transfer_id}: pieces {missing} were never announced")
+        vocab = self.engine.engine.limits.vocab_size
+        if not 0 <= first_token < vocab:
+            raise InvalidRequestError(f"first_token_id {first_token} is outside the vocabulary (size {vocab})")
+        intake.check_complete(num_pieces)
         await asyncio.wait(intake.pieces.values())
         if self.intakes.get(transfer_id) is not intake:
             raise InvalidRequestError(f"transfer {transfer_id!r} was withdrawn (the request ended here)")
@@ -226,10 +241,11 @@ class DecodeWorker:
         transfer_id = f"{request.request_id}#{next(self._transfer_ids)}"
         lease = self.leases.grant(LeaseKind.RESERVATION, f"Decode stream of {request.request_id}", len(block_ids),
                                   None, lambda reason: self._reservation_ended(live, reason))
-        intake = Intake(transfer_id, request.request_id, block_ids, live.job.kv_timeout_s, lease)
+        intake = Intake(transfer_id, request.request_id, block_ids, live.job.kv_timeout_s, lease,
+                        secrets.token_bytes(SECRET_BYTES))
         live.intake = intake
         self.intakes[transfer_id] = intake
-        live.session.push(Reserved(transfer_id, block_ids))
+        live.session.push(Reserved(transfer_id, block_ids, intake.secret))
 
     def _reservation_ended(self, live: _Live, reason: Reclaim) -> None:
         """KV must keep arriving: at most kv_timeout between pieces and until CompleteKV. Before
@@ -252,6 +268,14 @@ class DecodeWorker:
         live = self._owner(request)
         if live is not None:
             live.session.push(notice)
+
+
+def _check_job(job: DecodeJob) -> None:
+    """What the engine does not check itself (it validates prompt, sampling and resumed tokens)."""
+    check_id("request_id", job.request_id)
+    check_timeout("kv_timeout_s", job.kv_timeout_s)
+    if job.output_token_ids and not job.local_prefill:
+        raise InvalidRequestError("output_token_ids (a resume) need local_prefill")
 
 
 def _add(engine: Engine, live: _Live) -> None:

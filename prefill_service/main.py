@@ -32,7 +32,7 @@ async def start_prefill(args: argparse.Namespace) -> WorkerService:
                            runtime.block_nbytes, leases)
     drainer = Drain()
     name = worker_pb2.DESCRIPTOR.services_by_name["PrefillWorker"].full_name
-    servicer = PrefillServicer(worker, obs.tracing.tracer(), obs.metrics, drainer)
+    servicer = PrefillServicer(worker, obs.tracing.tracer(), obs.metrics, drainer, "ucx")
     server = await start_server([ServiceBinding(worker_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer, name)],
                                 args.host, args.port, security.server_credentials(),
                                 security.server_interceptors(), args.health_port)

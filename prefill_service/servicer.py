@@ -6,6 +6,8 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.rpc.bounds import check_address, check_id, check_kv_address, kv_timeout
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
@@ -27,14 +29,17 @@ class GrpcDecodePeer(DecodePeer):
 
     async def push_kv(self, endpoint: str, piece: Piece) -> None:
         message = wpb.KVPiece(transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
-                              src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s)
+                              src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s,
+                              kv_secret=piece.secret)
         try:
             await self._stub(endpoint).PushKV(message, timeout=piece.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _peer_fault("PushKV", endpoint, exc) from None
 
-    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
-        message = wpb.KVComplete(transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token)
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
+                          secret: bytes) -> None:
+        message = wpb.KVComplete(transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token,
+                                 kv_secret=secret)
         try:
             await self._stub(endpoint).CompleteKV(message, timeout=60.0)
         except grpc.aio.AioRpcError as exc:
@@ -46,29 +51,43 @@ def _peer_fault(method: str, endpoint: str, exc: grpc.aio.AioRpcError) -> PeerFa
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
-    def __init__(self, worker: PrefillWorker, tracer: trace.Tracer, metrics: Metrics, draining: Drain):
+    """`transport`: the only kind of reservation this worker's sender can fill."""
+
+    def __init__(self, worker: PrefillWorker, tracer: trace.Tracer, metrics: Metrics, draining: Drain,
+                 transport: str):
         self.worker = worker
         self.tracer = tracer
         self.metrics = metrics
         self.draining = draining
+        self.transport = transport
 
     async def Prefill(self, request: wpb.PrefillRequest, context):
         self.draining.refuse_if_draining()
         r, t = request.request, request.target
-        target = Target(t.transfer_id, t.kv_address, tuple(t.block_ids), t.block_size, t.block_nbytes,
-                        t.decode_endpoint)
+        if r.output_token_ids:
+            raise InvalidRequestError("a prefill takes no output_token_ids (a resume prefills on its decode worker)")
+        target = self._target_from_pb(t)
         with self.tracer.start_as_current_span(
                 "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),
                             "pdserve.decode_endpoint": t.decode_endpoint}) as span:
             session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
-                                             priority_from_pb(r.priority), target, r.kv_timeout_s or 30.0)
+                                             priority_from_pb(r.priority), target, kv_timeout(r.kv_timeout_s))
             try:
                 async for event in session.events():
                     self._observe(span, event)
                     yield _event_to_pb(event)
             finally:
                 self.worker.close(session)
+
+    def _target_from_pb(self, t: wpb.KVReservation) -> Target:
+        """The reservation's addresses and transport checked here; its layout by the worker."""
+        if t.transport != self.transport:
+            raise InvalidRequestError(f"reservation over transport {t.transport[:32]!r}; this worker sends over "
+                                      f"{self.transport!r}")
+        return Target(check_id("transfer_id", t.transfer_id), check_kv_address(t.kv_address), tuple(t.block_ids),
+                      t.block_size, t.block_nbytes, check_address("decode_endpoint", t.decode_endpoint),
+                      t.kv_secret, t.num_blocks)
 
     def _observe(self, span, event) -> None:
         if isinstance(event, ChunkDone):

@@ -30,8 +30,10 @@ from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
 from pdserve.requests import Priority, Request, SamplingParams
+from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
+from pdserve.transfer.wire import check_secret
 from pdserve.worker.errors import PeerFault, RequestFailed
 from pdserve.worker.events import ChunkDone, PrefillDone
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
@@ -42,7 +44,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Target:
-    """The decode worker's reservation for this request."""
+    """The decode worker's reservation for this request; `secret` is its, presented on every
+    call and keying the KV data; `num_blocks` is the decode pool's size."""
 
     transfer_id: str
     kv_address: bytes
@@ -50,6 +53,8 @@ class Target:
     block_size: int
     block_nbytes: int
     decode_endpoint: str
+    secret: bytes = field(repr=False)
+    num_blocks: int
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Piece:
     block_index: int
     src_block_ids: tuple[int, ...]
     timeout_s: float
+    secret: bytes = field(repr=False)
 
 
 class DecodePeer(abc.ABC):
@@ -70,7 +76,8 @@ class DecodePeer(abc.ABC):
         """Announce a piece: the decode worker posts receives for exactly its blocks."""
 
     @abc.abstractmethod
-    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
+                          secret: bytes) -> None:
         """Every piece was sent; the decode worker starts decoding after the first token."""
 
 
@@ -111,6 +118,10 @@ class PrefillWorker:
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
                    target: Target, kv_timeout_s: float) -> Session:
+        """InvalidRequestError, with nothing started, for a bad id, timeout or reservation (the
+        engine checks prompt and sampling itself)."""
+        check_id("request_id", request_id)
+        check_timeout("kv_timeout_s", kv_timeout_s)
         self._check_target(target, len(prompt))
         if request_id in self.sessions:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
@@ -126,13 +137,15 @@ class PrefillWorker:
         return session
 
     def _check_target(self, target: Target, prompt_len: int) -> None:
+        try:
+            check_secret(target.secret)
+        except ValueError as exc:
+            raise InvalidRequestError(f"kv_secret: {exc}") from None
         if target.block_size != self.block_size or target.block_nbytes != self.block_nbytes:
             raise InvalidRequestError(
                 f"KV layout mismatch: decode blocks are {target.block_size} tokens / {target.block_nbytes} bytes, "
                 f"here {self.block_size} / {self.block_nbytes} (same model and block size needed)")
-        if len(target.block_ids) * self.block_size < prompt_len:
-            raise InvalidRequestError(f"reservation of {len(target.block_ids)} blocks is too small for "
-                                      f"{prompt_len} prompt tokens")
+        _check_blocks(target, -(-prompt_len // self.block_size))
 
     def close(self, session: Session) -> None:
         """The stream ended: stop its sends and, unless the engine finished it, abort it there
@@ -192,7 +205,7 @@ class PrefillWorker:
         piece = None
         if complete > job.sent_blocks:
             piece = Piece(job.target.transfer_id, job.seq, job.sent_blocks, tuple(blocks[job.sent_blocks:complete]),
-                          job.kv_timeout_s)
+                          job.kv_timeout_s, job.target.secret)
             job.seq += 1
             job.sent_blocks = complete
         first = request.output_token_ids[0] if final and request.output_token_ids else None
@@ -239,7 +252,8 @@ class PrefillWorker:
         return self.leases.grant(LeaseKind.HOLD, owner, len(hold.blocks), None, reclaim)
 
     async def _complete(self, job: PrefillJob, first_token: int) -> None:
-        await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token)
+        await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token,
+                                    job.target.secret)
         job.session.push(PrefillDone(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
                                      job.kv_descriptors, job.kv_seconds, job.queue_seconds))
 
@@ -249,7 +263,7 @@ class PrefillWorker:
         pairs = list(zip(piece.src_block_ids, job.target.block_ids[piece.block_index:]))
         try:
             result = await self.sender.send(job.target.kv_address, piece.transfer_id, piece.seq, pairs,
-                                            piece.timeout_s)
+                                            piece.timeout_s, secret=piece.secret)
         except TransferError as exc:
             raise PeerFault(f"KV send to {job.target.decode_endpoint} failed: {exc}") from exc
         job.kv_bytes += result.nbytes
@@ -269,6 +283,16 @@ class PrefillWorker:
         log.warning("request %s failed here: %s", job.request_id, error)
         self._end(job, abort=True)
         job.session.fail(error)
+
+
+def _check_blocks(target: Target, needed: int) -> None:
+    """One distinct decode block per block of the prompt, each inside the pool it states."""
+    ids = target.block_ids
+    if len(ids) != needed:
+        raise InvalidRequestError(f"reservation of {len(ids)} blocks for a prompt of {needed} blocks")
+    if len(set(ids)) != len(ids) or any(b >= target.num_blocks for b in ids):
+        raise InvalidRequestError(f"reservation block ids repeated or outside the decode pool of "
+                                  f"{target.num_blocks} blocks")
 
 
 def _add(engine: Engine, job: PrefillJob, prompt: tuple[int, ...], sampling: SamplingParams,

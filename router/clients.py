@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.requests import FinishReason, Priority, SamplingParams
 
@@ -76,6 +76,8 @@ class Reservation:
     block_size: int
     block_nbytes: int
     decode_endpoint: str
+    secret: bytes = field(repr=False)  # the decode worker's, for this reservation's prefill worker only
+    num_blocks: int  # the decode worker's pool
 
 
 @dataclass(frozen=True)

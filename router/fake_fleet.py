@@ -55,7 +55,7 @@ class FakeDecodeClient(DecodeClient):
             transfer_id = f"{job.request_id}#{next(w._ids)}"
             w.transfers[transfer_id] = session
             yield Reservation(transfer_id, "fake", w.address.encode(), tuple(range(session.blocks)),
-                              w.fleet.config.block_size, 1, w.address)
+                              w.fleet.config.block_size, 1, w.address, b"fake", session.blocks)
             await w.step(session, "reserved")
             await session.received
             await w.step(session, "received")

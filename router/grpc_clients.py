@@ -79,7 +79,7 @@ def _decode_event(event: wpb.DecodeEvent):
     if kind == "reserved":
         r = event.reserved
         return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
-                           r.block_nbytes, r.decode_endpoint)
+                           r.block_nbytes, r.decode_endpoint, r.kv_secret, r.num_blocks)
     if kind == "preempted":
         p = event.preempted
         return Preempted(p.mode, p.reason, p.phase)
@@ -99,7 +99,7 @@ def _prefill_event(event: wpb.PrefillEvent):
 def _target(r: Reservation) -> wpb.KVReservation:
     return wpb.KVReservation(transfer_id=r.transfer_id, transport=r.transport, kv_address=r.kv_address,
                              block_ids=list(r.block_ids), block_size=r.block_size, block_nbytes=r.block_nbytes,
-                             decode_endpoint=r.decode_endpoint)
+                             decode_endpoint=r.decode_endpoint, kv_secret=r.secret, num_blocks=r.num_blocks)
 
 
 class GrpcDecodeClient(DecodeClient):

@@ -2,12 +2,14 @@
 
     prefill worker (KVSender over its pool)              decode worker (KVReceiver over its pool)
                                                           1. allocates dst blocks
-             <------ control plane: receiver.address(), transfer_id, seq, pairs ------
-                                                          2. await expect(id, seq, pairs, timeout)
-    3. await send(address, id, seq, pairs, timeout)  ==== data ===>  dst blocks of exactly `pairs`
+             <------ control plane: receiver.address(), transfer_id, secret, seq, pairs ------
+                                                          2. await expect(id, seq, pairs, timeout, secret)
+    3. await send(address, id, seq, pairs, timeout, secret)  == data ==>  dst blocks of exactly `pairs`
     4. TransferResult                                     5. TransferResult (all bytes landed)
 
 Mechanism only: which blocks, when to send and what to do on failure is decided by the services.
+A transfer's `secret` (16..64 random bytes the decode side drew for its reservation) keys the
+piece on both ends: data sent under another secret matches no posted piece and never lands.
 Both sides derive the same runs from the same pair list (`descriptors.merge_runs`), so a piece
 travels as a few large messages, one per run of consecutive block ids.
 
@@ -102,8 +104,9 @@ class TransferRejected(TransferError):
 class KVReceiver(ABC):
     """Decode side: accepts data only into the blocks of pieces it set up with `expect`.
 
-    Anything sent for a (transfer_id, seq) it did not post is never written into the pool, and a
-    piece completes only when the sender's layout (runs and block size) equals the expected one.
+    Anything sent for a (transfer_id, seq) it did not post, or under another secret, is never
+    written into the pool, and a piece completes only when the sender's layout (runs and block
+    size) equals the expected one.
     """
 
     @abstractmethod
@@ -111,12 +114,14 @@ class KVReceiver(ABC):
         """Opaque bytes a sender needs to reach this receiver (carried by the control plane)."""
 
     @abstractmethod
-    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float) -> TransferResult:
-        """Post receives into exactly the dst blocks of `pairs` and wait until all data arrived.
+    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
+                     secret: bytes) -> TransferResult:
+        """Post receives into exactly the dst blocks of `pairs`, for a sender holding `secret`
+        only, and wait until all data arrived.
 
         Raises TransferTimeout at the deadline and TransferCancelled on `cancel`, after
         withdrawing everything it posted; TransferError when the sender's layout differs;
-        TransferRejected before posting anything when the piece cannot be set up.
+        TransferRejected before posting anything when the piece cannot be set up (a bad secret too).
         """
 
     @abstractmethod
@@ -138,15 +143,17 @@ class KVSender(ABC):
 
     @abstractmethod
     async def send(
-        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes
     ) -> TransferResult:
         """Send src blocks of `pairs` into the peer's dst blocks; returns once the peer has them.
+        `secret` is the one the receiver expects the piece under (ValueError when malformed).
 
         Success means delivered: a receiver whose expected layout differs refuses the piece on
         its side (its `expect` raises), which a one-way transport may not report back here.
 
         The connection to a peer is made once and reused. Raises TransferTimeout at the deadline
-        (peer gone, or the piece was never expected) and TransferError when the peer fails.
+        (peer gone, or the piece was never expected, or not under this secret) and TransferError
+        when the peer fails.
         """
 
     @abstractmethod

@@ -2,14 +2,16 @@
 
 Receivers register with an `InProcessFabric` that the caller passes explicitly to both sides;
 an address is an opaque key into that fabric. The semantics follow the UCX transport: a sender
-waits until its piece is expected (or its deadline passes), copies run by run, and a piece
-withdrawn by the receiver stops before the next run, so nothing is written after `cancel`
-returns. Everything runs on one asyncio loop.
+waits until its piece is expected under the secret it holds (or its deadline passes: a sender
+with another secret never finds the piece, as its UCX tags would match no receive), copies run
+by run, and a piece withdrawn by the receiver stops before the next run, so nothing is written
+after `cancel` returns. Everything runs on one asyncio loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -31,6 +33,9 @@ from pdserve.transfer.base import (
 )
 from pdserve.transfer.descriptors import BlockRun, check_bounds, merge_runs, split_runs, total_blocks
 from pdserve.transfer.ledger import Ledger
+from pdserve.transfer.wire import check_secret
+
+Waiting = tuple[str, int, bytes]  # (transfer_id, seq, secret) a sender waits for
 
 
 class InProcessFabric:
@@ -61,6 +66,7 @@ class _Piece:
     seq: int
     runs: tuple[BlockRun, ...]
     block_nbytes: int
+    secret: bytes = field(repr=False)
     started: float
     done: asyncio.Future = field(repr=False)
 
@@ -70,18 +76,23 @@ class InProcessReceiver(KVReceiver):
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._fabric = fabric
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
-        self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self._waiters: dict[Waiting, list[asyncio.Future]] = {}
         self._address = fabric.register(self)
         self._closed = False
 
     def address(self) -> bytes:
         return self._address
 
-    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float) -> TransferResult:
+    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
+                     secret: bytes) -> TransferResult:
         if self._closed:
             raise TransferRejected("receiver closed")
+        try:
+            check_secret(secret)
+        except ValueError as exc:
+            raise TransferRejected(str(exc)) from exc
         runs = merge_runs(pairs)
-        piece = _Piece(transfer_id, seq, runs, self.bytes.shape[1], time.perf_counter(),
+        piece = _Piece(transfer_id, seq, runs, self.bytes.shape[1], secret, time.perf_counter(),
                        asyncio.get_running_loop().create_future())
         self._ledger.admit(transfer_id, seq, runs, piece)
         self._wake_senders(piece)
@@ -121,25 +132,27 @@ class InProcessReceiver(KVReceiver):
             for waiter in waiters:
                 _resolve(waiter, TransferError("receiver closed"))
 
-    async def posted(self, transfer_id: str, seq: int, timeout_s: float) -> _Piece:
-        """For senders: the live piece, once expected; TransferTimeout if not within timeout_s."""
+    async def posted(self, transfer_id: str, seq: int, secret: bytes, timeout_s: float) -> _Piece:
+        """For senders: the live piece, once expected under `secret`; TransferTimeout if not
+        within timeout_s."""
         piece = self._ledger.lookup(transfer_id, seq)
-        if piece is not None:
+        if piece is not None and hmac.compare_digest(piece.secret, secret):
             return piece
+        key = (transfer_id, seq, secret)
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault((transfer_id, seq), []).append(waiter)
+        self._waiters.setdefault(key, []).append(waiter)
         try:
             return await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
-            raise TransferTimeout(f"piece ({transfer_id!r}, {seq}) was never expected") from None
+            raise TransferTimeout(f"piece ({transfer_id!r}, {seq}) was never expected under this secret") from None
         finally:
-            self._drop_waiter((transfer_id, seq), waiter)
+            self._drop_waiter(key, waiter)
 
     def _wake_senders(self, piece: _Piece) -> None:
-        for waiter in self._waiters.pop((piece.transfer_id, piece.seq), []):
+        for waiter in self._waiters.pop((piece.transfer_id, piece.seq, piece.secret), []):
             _resolve(waiter, piece)
 
-    def _drop_waiter(self, key: tuple[str, int], waiter: asyncio.Future) -> None:
+    def _drop_waiter(self, key: Waiting, waiter: asyncio.Future) -> None:
         waiters = self._waiters.get(key, [])
         if waiter in waiters:
             waiters.remove(waiter)
@@ -166,13 +179,14 @@ class InProcessSender(KVSender):
         self._closed = False
 
     async def send(
-        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes
     ) -> TransferResult:
         started = time.perf_counter()
+        check_secret(secret)
         runs = merge_runs(pairs)
         check_bounds(runs, self.bytes.shape[0], "src")
         receiver = self._fabric.lookup(peer_address)
-        piece = await receiver.posted(transfer_id, seq, timeout_s)
+        piece = await receiver.posted(transfer_id, seq, secret, timeout_s)
         self._check_layout(receiver, piece, runs)
         for run in split_runs(runs, self._max_blocks):
             self._check_live(piece, started, timeout_s)

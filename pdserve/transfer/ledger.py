@@ -1,8 +1,9 @@
 """Receiver bookkeeping shared by every transport: which pieces are live and which ids are retired.
 
 A piece is admitted only when its dst blocks lie inside the pool and overlap no live piece, its
-(transfer_id, seq) is not live, its transfer_id was not retired (withdrawn pieces may leave
-messages behind that would match a reuse) and its tag key collides with no other live id.
+(transfer_id, seq) is not live and its transfer_id was not retired (withdrawn pieces may leave
+messages behind that would match a reuse). Tags are the tag-matched transport's own business
+(`wire.PieceKeys`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Generic, Iterator, TypeVar
 
 from pdserve.transfer.base import TransferRejected
 from pdserve.transfer.descriptors import BlockRun, check_bounds, dst_block_ids
-from pdserve.transfer.wire import TransferKeys
 
 P = TypeVar("P")
 PieceKey = tuple[str, int]
@@ -24,7 +24,6 @@ class Ledger(Generic[P]):
         self._pieces: dict[PieceKey, P] = {}
         self._blocks: dict[PieceKey, tuple[int, ...]] = {}
         self._busy: set[int] = set()
-        self._keys = TransferKeys()
         self._retired: OrderedDict[str, None] = OrderedDict()
         self._retired_capacity = retired_capacity
 
@@ -33,8 +32,6 @@ class Ledger(Generic[P]):
         key = (transfer_id, seq)
         blocks = dst_block_ids(runs)
         self._check(key, runs, blocks)
-        if not self._keys.acquire(transfer_id):
-            raise TransferRejected(f"transfer {transfer_id!r}: tag key collides with a live transfer")
         self._pieces[key] = piece
         self._blocks[key] = blocks
         self._busy.update(blocks)
@@ -56,7 +53,6 @@ class Ledger(Generic[P]):
         if self._pieces.pop(key, None) is None:
             return
         self._busy.difference_update(self._blocks.pop(key))
-        self._keys.release(transfer_id)
 
     def retire(self, transfer_id: str) -> None:
         self._retired[transfer_id] = None

@@ -5,7 +5,8 @@ and a manifest message last (`wire`). The receiver posts one receive per message
 exact byte range of its dst blocks, plus one for the manifest into a small buffer of its own.
 
 How nothing unexpected lands in the pool: the receiver posts receives only in `expect`, each
-with a full-mask tag of that piece. A message whose tag matches no posted receive stays in
+with a full-mask tag of that piece, keyed by the transfer's secret (`wire`): only a sender that
+holds the secret can name it. A message whose tag matches no posted receive stays in
 UCX's unexpected queue (eager: copied into UCX's own buffers; rendezvous: only its header, the
 data stays with the sender) and is never copied into the pool. A message longer than the range
 it matched fails with a truncation error without writing past the range; a shorter one or one
@@ -51,10 +52,11 @@ from pdserve.transfer.ledger import Ledger
 from pdserve.transfer.ucx_worker import Batch, UcxWorker
 from pdserve.transfer.wire import (
     MANIFEST_NBYTES,
+    PieceKeys,
     check_message_count,
     encode_manifest,
-    manifest_tag,
-    message_tag,
+    piece_key,
+    piece_tags,
 )
 
 
@@ -102,6 +104,7 @@ class _Piece:
     messages: tuple[BlockRun, ...]
     expected: bytes
     manifest: np.ndarray  # [MANIFEST_NBYTES] uint8, what arrived
+    key: int  # the tag key of its messages
     started: float = field(default_factory=time.perf_counter)
     batch: Batch | None = None
 
@@ -116,14 +119,16 @@ class UcxReceiver(KVReceiver):
         self._config = config
         self._worker = config.worker()
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
+        self._keys = PieceKeys()
         self._address = self._worker.address()
         self._closed = False
 
     def address(self) -> bytes:
         return self._address
 
-    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float) -> TransferResult:
-        piece = self._post(transfer_id, seq, pairs)
+    async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
+                     secret: bytes) -> TransferResult:
+        piece = self._post(transfer_id, seq, pairs, secret)
         try:
             if not await self._worker.wait(piece.batch, timeout_s):
                 raise self._withdraw(piece, TransferTimeout(f"{piece.name()} timed out after {timeout_s} s"))
@@ -131,28 +136,36 @@ class UcxReceiver(KVReceiver):
         finally:
             if not piece.batch.future.done():
                 self._withdraw(piece, TransferCancelled(f"{piece.name()}: expect was cancelled"))
-            self._ledger.remove(transfer_id, seq)
+            self._forget(piece)
 
-    def _post(self, transfer_id: str, seq: int, pairs: Pairs) -> _Piece:
+    def _post(self, transfer_id: str, seq: int, pairs: Pairs, secret: bytes) -> _Piece:
         if self._closed:
             raise TransferRejected("receiver closed")
         block_nbytes = self.bytes.shape[1]
         try:
             messages = _plan(pairs, block_nbytes, self._config)
-            tags = [message_tag(transfer_id, seq, i) for i in range(len(messages))]
-            tags.append(manifest_tag(transfer_id, seq))
+            key = piece_key(secret, transfer_id, seq)
+            tags = piece_tags(key, len(messages))
         except ValueError as exc:
             raise TransferRejected(str(exc)) from exc
         piece = _Piece(transfer_id, seq, messages, _manifest(messages, block_nbytes),
-                       np.zeros(MANIFEST_NBYTES, np.uint8))
+                       np.zeros(MANIFEST_NBYTES, np.uint8), key)
         self._ledger.admit(transfer_id, seq, messages, piece)
+        if not self._keys.acquire(key, piece):
+            self._ledger.remove(transfer_id, seq)
+            raise TransferRejected(f"{piece.name()}: tag key collides with a live piece")
         buffers = [_buffer(self.bytes[m.dst_start : m.dst_start + m.count]) for m in messages]
         try:
             piece.batch = self._worker.recv(list(zip(buffers + [piece.manifest], tags)))
         except Exception as exc:
-            self._ledger.remove(transfer_id, seq)
+            self._forget(piece)
             raise TransferError(f"{piece.name()}: cannot post receives: {exc}") from exc
         return piece
+
+    def _forget(self, piece: _Piece) -> None:
+        if self._ledger.lookup(piece.transfer_id, piece.seq) is piece:
+            self._ledger.remove(piece.transfer_id, piece.seq)
+        self._keys.release(piece.key, piece)
 
     def _result(self, piece: _Piece) -> TransferResult:
         error = piece.batch.future.exception()
@@ -170,7 +183,7 @@ class UcxReceiver(KVReceiver):
     def _withdraw(self, piece: _Piece, error: TransferError) -> TransferError:
         """Cancel what the piece posted, fail it with `error` (+ unsafe blocks), retire its id."""
         stuck = self._worker.withdraw(piece.batch, self._config.drain_s)
-        self._ledger.remove(piece.transfer_id, piece.seq)
+        self._forget(piece)
         error.unsafe_blocks = tuple(
             b for i in stuck if i < len(piece.messages) for b in piece.messages[i].dst_blocks()
         )
@@ -204,20 +217,20 @@ class UcxSender(KVSender):
         self._closed = False
 
     async def send(
-        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes
     ) -> TransferResult:
         started = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         block_nbytes = self.bytes.shape[1]
         messages = _plan(pairs, block_nbytes, self._config)
         check_bounds(messages, self.bytes.shape[0], "src")
+        tags = piece_tags(piece_key(secret, transfer_id, seq), len(messages))
         name = f"piece ({transfer_id!r}, {seq})"
         endpoint = self._endpoint(peer_address)
-        data = [(_buffer(self.bytes[m.src_start : m.src_start + m.count]), message_tag(transfer_id, seq, i))
-                for i, m in enumerate(messages)]
+        data = [(_buffer(self.bytes[m.src_start : m.src_start + m.count]), tag) for m, tag in zip(messages, tags)]
         await self._finish(peer_address, self._worker.send(endpoint, data), deadline, name)
         manifest = np.frombuffer(_manifest(messages, block_nbytes), np.uint8).copy()
-        batch = self._worker.send(endpoint, [(manifest, manifest_tag(transfer_id, seq))])
+        batch = self._worker.send(endpoint, [(manifest, tags[-1])])
         await self._finish(peer_address, batch, deadline, name)
         nbytes = total_blocks(messages) * block_nbytes
         return TransferResult(transfer_id, seq, nbytes, join_runs(messages), time.perf_counter() - started)

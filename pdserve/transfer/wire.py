@@ -2,15 +2,18 @@
 
 A 64-bit tag names one message of one piece:
 
-     63                               28 27             14 13              0
-    +-----------------------------------+-----------------+-----------------+
-    | key(transfer_id): 36 bits          | seq: 14 bits    | index: 14 bits  |
-    +-----------------------------------+-----------------+-----------------+
+     63                                             14 13              0
+    +-------------------------------------------------+-----------------+
+    | key(secret; transfer_id, seq): 50 bits           | index: 14 bits  |
+    +-------------------------------------------------+-----------------+
 
-key is the top 36 bits of blake2b(transfer_id), the same in every process (unlike `hash`).
-Within one transfer, tags never collide: seq and index are stored, not hashed. Across live
-transfers the receiver refuses a transfer whose key equals a live transfer's key (`TransferKeys`),
-so two pieces it has posted can never share a tag. index MANIFEST_INDEX is the manifest.
+key is the top 50 bits of blake2b keyed with the transfer's secret over (seq, transfer_id): the
+decode worker draws the secret at random for each reservation and gives it only to the prefill
+worker that fills it, so a sender without it cannot name the tag of any posted receive (its
+messages stay unmatched, never copied into the pool). The same in every process (unlike `hash`).
+Within one piece tags never collide: index is stored, not hashed. Across live pieces the
+receiver refuses a piece whose key equals a live piece's key (`PieceKeys`), so two pieces it
+has posted can never share a tag. index MANIFEST_INDEX is the manifest.
 
 The manifest is the last message of a piece, sent only after every data message completed. The
 receiver completes a piece only when the manifest arrived and equals what it expects (magic,
@@ -23,34 +26,51 @@ from __future__ import annotations
 import hashlib
 import struct
 
-KEY_BITS = 36
-SEQ_BITS = 14
+KEY_BITS = 50
 INDEX_BITS = 14
-MAX_SEQ = (1 << SEQ_BITS) - 1
+MAX_SEQ = (1 << 32) - 1
 MANIFEST_INDEX = (1 << INDEX_BITS) - 1
 MAX_MESSAGES = MANIFEST_INDEX
+MIN_SECRET_BYTES = 16
+MAX_SECRET_BYTES = 64  # blake2b's longest key
 
 _MAGIC = b"PDKV0001"
 _MANIFEST = struct.Struct("<8sQ16s")
 MANIFEST_NBYTES = _MANIFEST.size
+_SEQ = struct.Struct("<I")
 
 
-def transfer_key(transfer_id: str) -> int:
-    digest = hashlib.blake2b(transfer_id.encode("utf-8"), digest_size=8).digest()
+def check_secret(secret: bytes) -> None:
+    """ValueError unless `secret` can key a transfer's tags."""
+    if not isinstance(secret, bytes) or not MIN_SECRET_BYTES <= len(secret) <= MAX_SECRET_BYTES:
+        raise ValueError(f"a transfer secret is {MIN_SECRET_BYTES}..{MAX_SECRET_BYTES} bytes")
+
+
+def piece_key(secret: bytes, transfer_id: str, seq: int) -> int:
+    """The tag key of piece `seq` of `transfer_id`; ValueError outside the layout."""
+    check_secret(secret)
+    if not 0 <= seq <= MAX_SEQ:
+        raise ValueError(f"seq {seq} outside 0..{MAX_SEQ}")
+    message = _SEQ.pack(seq) + transfer_id.encode("utf-8")
+    digest = hashlib.blake2b(message, key=secret, digest_size=8).digest()
     return int.from_bytes(digest, "big") >> (64 - KEY_BITS)
 
 
-def message_tag(transfer_id: str, seq: int, index: int) -> int:
-    """Tag of data message `index` (0-based) of piece `seq`; ValueError outside the layout."""
-    if not 0 <= seq <= MAX_SEQ:
-        raise ValueError(f"seq {seq} outside 0..{MAX_SEQ}")
+def message_tag(key: int, index: int) -> int:
+    """Tag of data message `index` (0-based) of the piece with `key`; ValueError outside the layout."""
     if not 0 <= index <= MANIFEST_INDEX:
         raise ValueError(f"a piece holds at most {MAX_MESSAGES} messages")
-    return (transfer_key(transfer_id) << (SEQ_BITS + INDEX_BITS)) | (seq << INDEX_BITS) | index
+    return (key << INDEX_BITS) | index
 
 
-def manifest_tag(transfer_id: str, seq: int) -> int:
-    return message_tag(transfer_id, seq, MANIFEST_INDEX)
+def manifest_tag(key: int) -> int:
+    return message_tag(key, MANIFEST_INDEX)
+
+
+def piece_tags(key: int, count: int) -> list[int]:
+    """The tags of a piece of `count` data messages, its manifest's last."""
+    check_message_count(count)
+    return [message_tag(key, i) for i in range(count)] + [manifest_tag(key)]
 
 
 def check_message_count(count: int) -> None:
@@ -62,24 +82,18 @@ def encode_manifest(nbytes: int, digest: bytes) -> bytes:
     return _MANIFEST.pack(_MAGIC, nbytes, digest)
 
 
-class TransferKeys:
-    """Live transfer ids by key on one receiver: refuses a second id with the same key."""
+class PieceKeys:
+    """Tag keys of the live pieces of one receiver: a key is held by one piece at a time."""
 
     def __init__(self) -> None:
-        self._live: dict[int, str] = {}
-        self._pieces: dict[str, int] = {}
+        self._owners: dict[int, object] = {}
 
-    def acquire(self, transfer_id: str) -> bool:
-        key = transfer_key(transfer_id)
-        if self._live.setdefault(key, transfer_id) != transfer_id:
-            return False
-        self._pieces[transfer_id] = self._pieces.get(transfer_id, 0) + 1
-        return True
+    def acquire(self, key: int, owner: object) -> bool:
+        return self._owners.setdefault(key, owner) is owner
 
-    def release(self, transfer_id: str) -> None:
-        left = self._pieces.get(transfer_id, 0) - 1
-        if left > 0:
-            self._pieces[transfer_id] = left
-            return
-        self._pieces.pop(transfer_id, None)
-        self._live.pop(transfer_key(transfer_id), None)
+    def release(self, key: int, owner: object) -> None:
+        if self._owners.get(key) is owner:
+            del self._owners[key]
+
+    def __len__(self) -> int:
+        return len(self._owners)

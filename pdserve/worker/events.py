@@ -11,6 +11,7 @@ from pdserve.requests import FinishReason
 class Reserved:
     transfer_id: str
     block_ids: tuple[int, ...]
+    secret: bytes  # drawn for this reservation: whoever fills it must present it
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ class StuckPeer(DecodePeer):
         self.pushed.set()
         await asyncio.Event().wait()
 
-    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
+                          secret: bytes) -> None:
         raise AssertionError("no piece was delivered")
 
 
@@ -48,7 +49,8 @@ def test_closing_with_pieces_queued_behind_a_stuck_one_releases_every_hold(tiny_
         sender = make_transport("inprocess", fabric=InProcessFabric()).sender(engine.kv.data)
         worker = PrefillWorker(async_engine, sender, peer, BLOCK, engine.kv.block_nbytes, Leases())
         prompt = tuple(range(5, 45))  # 40 tokens: 5 chunks of 8, so 5 pieces queue behind the first
-        target = Target("t-1", b"", tuple(range(100, 110)), BLOCK, engine.kv.block_nbytes, "decode:0")
+        target = Target("t-1", b"", tuple(range(100, 110)), BLOCK, engine.kv.block_nbytes, "decode:0", b"s" * 16,
+                        110)
         try:
             session = await worker.open("r-1", prompt, SamplingParams(max_tokens=4), Priority.NORMAL, target, 30.0)
             await asyncio.wait_for(peer.pushed.wait(), 30)

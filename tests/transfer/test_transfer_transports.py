@@ -5,7 +5,7 @@ import time
 
 import pytest
 import torch
-from tests.transfer.transfer_helpers import NUM_BLOCKS, make_pool, run
+from tests.transfer.transfer_helpers import NUM_BLOCKS, SECRET, make_pool, run
 
 from pdserve.transfer import (
     InProcessFabric,
@@ -39,9 +39,9 @@ def assert_landed(src, dst, pairs, before):
 
 
 async def both(sender, receiver, tid, seq, pairs, timeout=10.0):
-    expect = asyncio.create_task(receiver.expect(tid, seq, pairs, timeout))
+    expect = asyncio.create_task(receiver.expect(tid, seq, pairs, timeout, secret=SECRET))
     await asyncio.sleep(0)
-    sent = await sender.send(receiver.address(), tid, seq, pairs, timeout)
+    sent = await sender.send(receiver.address(), tid, seq, pairs, timeout, secret=SECRET)
     return sent, await expect
 
 
@@ -72,8 +72,9 @@ def test_pieces_of_one_transfer_and_several_transfers_in_flight(transport_name):
         before = dst.clone()
         plan = {("a", 0): [(0, 0), (1, 1)], ("a", 1): [(2, 2), (3, 3)], ("b", 0): [(4, 10), (5, 11), (6, 12)],
                 ("c", 0): [(7, 20)], ("c", 5): [(8, 25), (9, 26)]}
-        expects = [receiver.expect(t, s, p, 10.0) for (t, s), p in plan.items()]
-        sends = [sender.send(receiver.address(), t, s, p, 10.0) for (t, s), p in reversed(plan.items())]
+        expects = [receiver.expect(t, s, p, 10.0, secret=SECRET) for (t, s), p in plan.items()]
+        sends = [sender.send(receiver.address(), t, s, p, 10.0, secret=SECRET)
+                 for (t, s), p in reversed(plan.items())]
         results = await asyncio.gather(*expects, *sends)
         assert [(r.transfer_id, r.seq) for r in results[: len(plan)]] == list(plan)
         assert_landed(src, dst, [p for pairs in plan.values() for p in pairs], before)
@@ -88,14 +89,14 @@ def test_timeout_when_nothing_is_sent_and_a_late_send_never_lands(transport_name
         before = dst.clone()
         started = time.monotonic()
         with pytest.raises(TransferTimeout) as raised:
-            await receiver.expect("late", 0, [(1, 5), (2, 6)], 0.3)
+            await receiver.expect("late", 0, [(1, 5), (2, 6)], 0.3, secret=SECRET)
         assert 0.3 <= time.monotonic() - started < 2.0 and raised.value.unsafe_blocks == ()
         with pytest.raises(TransferTimeout):
-            await sender.send(receiver.address(), "late", 0, [(1, 5), (2, 6)], 0.3)
+            await sender.send(receiver.address(), "late", 0, [(1, 5), (2, 6)], 0.3, secret=SECRET)
         await asyncio.sleep(0.1)
         assert torch.equal(dst, before)
         with pytest.raises(TransferRejected):
-            await receiver.expect("late", 0, [(1, 5), (2, 6)], 0.3)
+            await receiver.expect("late", 0, [(1, 5), (2, 6)], 0.3, secret=SECRET)
         await close(sender, receiver)
 
     run(main())
@@ -105,7 +106,8 @@ def test_cancel_withdraws_the_transfer_and_frees_its_blocks(transport_name):
     async def main():
         sender, receiver, src, dst = ends(transport_name)
         before = dst.clone()
-        pieces = [asyncio.create_task(receiver.expect("gone", s, [(s, 10 + s)], 10.0)) for s in range(3)]
+        pieces = [asyncio.create_task(receiver.expect("gone", s, [(s, 10 + s)], 10.0, secret=SECRET))
+                  for s in range(3)]
         await asyncio.sleep(0.05)
         result = receiver.cancel("gone")
         assert (result.pieces, result.unsafe_blocks) == (3, ())
@@ -113,7 +115,7 @@ def test_cancel_withdraws_the_transfer_and_frees_its_blocks(transport_name):
             with pytest.raises(TransferCancelled):
                 await piece
         with pytest.raises(TransferTimeout):
-            await sender.send(receiver.address(), "gone", 0, [(0, 10)], 0.3)
+            await sender.send(receiver.address(), "gone", 0, [(0, 10)], 0.3, secret=SECRET)
         assert torch.equal(dst, before)
         sent, _ = await both(sender, receiver, "next", 0, [(5, 10), (6, 11)])
         assert_landed(src, dst, [(5, 10), (6, 11)], before)
@@ -127,10 +129,46 @@ def test_unexpected_transfer_is_never_written(transport_name):
         sender, receiver, src, dst = ends(transport_name)
         before = dst.clone()
         with pytest.raises(TransferTimeout):
-            await sender.send(receiver.address(), "stranger", 0, [(0, 0), (1, 1)], 0.3)
+            await sender.send(receiver.address(), "stranger", 0, [(0, 0), (1, 1)], 0.3, secret=SECRET)
         assert torch.equal(dst, before)
         await both(sender, receiver, "known", 0, [(2, 0), (3, 1)])
         assert_landed(src, dst, [(2, 0), (3, 1)], before)
+        await close(sender, receiver)
+
+    run(main())
+
+
+def test_a_piece_sent_under_another_secret_never_lands(transport_name):
+    """The receiver posted the piece; a sender knowing its id, seq and blocks but not its
+    secret is never matched: its send times out, nothing is written, and the holder of the
+    secret then fills the piece as if nothing had happened."""
+    async def main():
+        sender, receiver, src, dst = ends(transport_name)
+        before = dst.clone()
+        pairs = [(0, 4), (1, 5), (2, 6)]
+        expect = asyncio.create_task(receiver.expect("r", 0, pairs, 5.0, secret=SECRET))
+        await asyncio.sleep(0.05)
+        with pytest.raises(TransferTimeout):
+            await sender.send(receiver.address(), "r", 0, pairs, 0.5, secret=b"wrong secret 16b")
+        await asyncio.sleep(0.1)
+        assert torch.equal(dst, before) and not expect.done()
+        sent = await sender.send(receiver.address(), "r", 0, pairs, 5.0, secret=SECRET)
+        assert (await expect).nbytes == sent.nbytes
+        assert_landed(src, dst, pairs, before)
+        await close(sender, receiver)
+
+    run(main())
+
+
+@pytest.mark.parametrize("secret", [b"", b"too short"])
+def test_a_malformed_secret_is_refused_on_both_ends(transport_name, secret):
+    async def main():
+        sender, receiver, src, dst = ends(transport_name)
+        with pytest.raises(TransferRejected):
+            await receiver.expect("s", 0, [(0, 0)], 1.0, secret=secret)
+        with pytest.raises(ValueError):
+            await sender.send(receiver.address(), "s", 0, [(0, 0)], 1.0, secret=secret)
+        await both(sender, receiver, "s", 0, [(0, 0)])
         await close(sender, receiver)
 
     run(main())
@@ -144,7 +182,7 @@ def test_send_to_a_closed_receiver_fails_within_its_timeout(transport_name):
         await receiver.close()
         started = time.monotonic()
         with pytest.raises(TransferError):
-            await sender.send(address, "after", 0, [(1, 1)], 0.5)
+            await sender.send(address, "after", 0, [(1, 1)], 0.5, secret=SECRET)
         assert time.monotonic() - started < 2.0
         await sender.close()
 
@@ -154,9 +192,9 @@ def test_send_to_a_closed_receiver_fails_within_its_timeout(transport_name):
 def test_layout_mismatch_fails_the_piece(transport_name):
     async def main():
         sender, receiver, src, dst = ends(transport_name)
-        expect = asyncio.create_task(receiver.expect("m", 0, [(0, 4), (1, 5)], 0.5))
+        expect = asyncio.create_task(receiver.expect("m", 0, [(0, 4), (1, 5)], 0.5, secret=SECRET))
         await asyncio.sleep(0)
-        send = asyncio.create_task(sender.send(receiver.address(), "m", 0, [(0, 4), (2, 5)], 0.5))
+        send = asyncio.create_task(sender.send(receiver.address(), "m", 0, [(0, 4), (2, 5)], 0.5, secret=SECRET))
         with pytest.raises(TransferError):
             await expect
         with pytest.raises(TransferError):
@@ -171,16 +209,16 @@ def test_block_size_mismatch_fails_the_piece(transport_name):
         transport = make_transport(transport_name, fabric=InProcessFabric(), ucx=UCX)
         receiver = transport.receiver(make_pool(fill=False))
         sender = transport.sender(make_pool(fill=True)[:, :2].contiguous())
-        expect = asyncio.create_task(receiver.expect("m", 0, [(0, 4), (1, 5)], 1.0))
+        expect = asyncio.create_task(receiver.expect("m", 0, [(0, 4), (1, 5)], 1.0, secret=SECRET))
         await asyncio.sleep(0)
-        send = asyncio.create_task(sender.send(receiver.address(), "m", 0, [(0, 4), (1, 5)], 1.0))
+        send = asyncio.create_task(sender.send(receiver.address(), "m", 0, [(0, 4), (1, 5)], 1.0, secret=SECRET))
         with pytest.raises(TransferError) as raised:
             await expect
         assert not isinstance(raised.value, (TransferCancelled, TransferTimeout))
         sent = await asyncio.gather(send, return_exceptions=True)
         assert isinstance(sent[0], (TransferError, TransferResult))  # UCX: delivered, then refused
         with pytest.raises(TransferRejected):
-            await receiver.expect("m", 1, [(0, 4)], 1.0)
+            await receiver.expect("m", 1, [(0, 4)], 1.0, secret=SECRET)
         await close(sender, receiver)
 
     run(main())
@@ -189,12 +227,12 @@ def test_block_size_mismatch_fails_the_piece(transport_name):
 def test_overlapping_and_out_of_pool_pieces_are_rejected(transport_name):
     async def main():
         sender, receiver, src, dst = ends(transport_name)
-        live = asyncio.create_task(receiver.expect("a", 0, [(0, 3), (1, 4)], 5.0))
+        live = asyncio.create_task(receiver.expect("a", 0, [(0, 3), (1, 4)], 5.0, secret=SECRET))
         await asyncio.sleep(0)
         with pytest.raises(TransferRejected):
-            await receiver.expect("b", 0, [(0, 4)], 1.0)
+            await receiver.expect("b", 0, [(0, 4)], 1.0, secret=SECRET)
         with pytest.raises(TransferRejected):
-            await receiver.expect("b", 0, [(0, NUM_BLOCKS)], 1.0)
+            await receiver.expect("b", 0, [(0, NUM_BLOCKS)], 1.0, secret=SECRET)
         live.cancel()
         with pytest.raises(asyncio.CancelledError):
             await live
@@ -209,10 +247,10 @@ def test_send_before_expect_completes_once_expected(transport_name):
         sender, receiver, src, dst = ends(transport_name)
         before = dst.clone()
         pairs = [(0, 7), (1, 8), (2, 9)]
-        send = asyncio.create_task(sender.send(receiver.address(), "early", 0, pairs, 5.0))
+        send = asyncio.create_task(sender.send(receiver.address(), "early", 0, pairs, 5.0, secret=SECRET))
         await asyncio.sleep(0.2)
         assert not send.done() and torch.equal(dst, before)
-        got = await receiver.expect("early", 0, pairs, 5.0)
+        got = await receiver.expect("early", 0, pairs, 5.0, secret=SECRET)
         assert (await send).nbytes == got.nbytes
         assert_landed(src, dst, pairs, before)
         await close(sender, receiver)
@@ -223,13 +261,13 @@ def test_send_before_expect_completes_once_expected(transport_name):
 def test_closed_receiver_refuses_new_pieces(transport_name):
     async def main():
         sender, receiver, src, dst = ends(transport_name)
-        live = asyncio.create_task(receiver.expect("a", 0, [(0, 0)], 5.0))
+        live = asyncio.create_task(receiver.expect("a", 0, [(0, 0)], 5.0, secret=SECRET))
         await asyncio.sleep(0)
         await receiver.close()
         with pytest.raises(TransferCancelled):
             await live
         with pytest.raises(TransferRejected):
-            await receiver.expect("b", 0, [(0, 1)], 1.0)
+            await receiver.expect("b", 0, [(0, 1)], 1.0, secret=SECRET)
         await sender.close()
 
     run(main())
@@ -243,8 +281,8 @@ def test_inprocess_cancel_mid_copy_stops_before_the_next_block():
         src, dst = make_pool(fill=True), make_pool(fill=False)
         receiver, sender = InProcessReceiver(fabric, dst), InProcessSender(fabric, src, max_copy_bytes=1)
         pairs = [(i, i) for i in range(8)]
-        expect = asyncio.create_task(receiver.expect("t", 0, pairs, 5.0))
-        send = asyncio.create_task(sender.send(receiver.address(), "t", 0, pairs, 5.0))
+        expect = asyncio.create_task(receiver.expect("t", 0, pairs, 5.0, secret=SECRET))
+        send = asyncio.create_task(sender.send(receiver.address(), "t", 0, pairs, 5.0, secret=SECRET))
         while not dst[0].any():
             await asyncio.sleep(0)
         receiver.cancel("t")

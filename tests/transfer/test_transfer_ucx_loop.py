@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pdserve.transfer.ucx import UcxConfig, UcxTransport
-from tests.transfer.transfer_helpers import make_pool, run
+from tests.transfer.transfer_helpers import SECRET, make_pool, run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,8 +21,8 @@ def test_a_32_mib_piece_yields_to_other_tasks_between_messages():
         sender, receiver = transport.sender(src), transport.receiver(dst)
         pairs = [(i, i) for i in range(blocks)]
         ticks = 0
-        transfer = asyncio.gather(receiver.expect("big", 0, pairs, 30.0),
-                                  sender.send(receiver.address(), "big", 0, pairs, 30.0))
+        transfer = asyncio.gather(receiver.expect("big", 0, pairs, 30.0, secret=SECRET),
+                                  sender.send(receiver.address(), "big", 0, pairs, 30.0, secret=SECRET))
         while not transfer.done():
             ticks += 1
             await asyncio.sleep(0)

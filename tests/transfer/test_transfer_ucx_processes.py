@@ -10,7 +10,7 @@ import torch
 from pdserve.transfer import TransferError
 from pdserve.transfer.ucx import UcxTransport
 from tests.transfer import transfer_peer
-from tests.transfer.transfer_helpers import make_pool, run
+from tests.transfer.transfer_helpers import SECRET, make_pool, run
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,7 +53,7 @@ def test_child_receiver_gets_exactly_the_planned_blocks(spawn):
 
     async def main():
         sender = UcxTransport(transfer_peer.CONFIG).sender(src)
-        results = await asyncio.gather(*(sender.send(address, t, s, p, 20.0) for t, s, p in PLAN))
+        results = await asyncio.gather(*(sender.send(address, t, s, p, 20.0, secret=SECRET) for t, s, p in PLAN))
         await sender.close()
         return results
 
@@ -76,7 +76,7 @@ def test_child_sender_fills_this_receiver(spawn):
     async def main():
         dst = make_pool(fill=False)
         receiver = UcxTransport(transfer_peer.CONFIG).receiver(dst)
-        pieces = [asyncio.ensure_future(receiver.expect(t, s, p, 20.0)) for t, s, p in PLAN]
+        pieces = [asyncio.ensure_future(receiver.expect(t, s, p, 20.0, secret=SECRET)) for t, s, p in PLAN]
         conn.send((receiver.address(), 7))
         results = await asyncio.gather(*pieces)
         await receiver.close()
@@ -98,12 +98,12 @@ def test_send_to_a_killed_receiver_fails_within_its_timeout(spawn):
 
     async def main():
         sender = UcxTransport(transfer_peer.CONFIG).sender(make_pool(fill=True))
-        await sender.send(address, "warm", 0, [(0, 0)], 10.0)
+        await sender.send(address, "warm", 0, [(0, 0)], 10.0, secret=SECRET)
         process.kill()
         process.join(10)
         started = time.monotonic()
         with pytest.raises(TransferError):
-            await sender.send(address, "never", 0, [(1, 1), (2, 2)], 1.0)
+            await sender.send(address, "never", 0, [(1, 1), (2, 2)], 1.0, secret=SECRET)
         elapsed = time.monotonic() - started
         await sender.close()
         return elapsed

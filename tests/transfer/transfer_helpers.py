@@ -13,6 +13,7 @@ os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 # eager limit, so data takes the rendezvous path as real KV does.
 SHAPE = KVShape(num_layers=4, num_kv_heads=2, head_dim=64, block_size=16)
 NUM_BLOCKS = 32
+SECRET = bytes(range(16))  # the transfer secret both ends of a test piece hold
 
 
 def make_pool(fill: bool, num_blocks: int = NUM_BLOCKS, shape: KVShape = SHAPE) -> torch.Tensor:

@@ -3,7 +3,7 @@
 import asyncio
 
 from pdserve.transfer.ucx import UcxConfig, UcxTransport
-from tests.transfer.transfer_helpers import make_pool
+from tests.transfer.transfer_helpers import SECRET, make_pool
 
 CONFIG = UcxConfig(max_message_bytes=4 * 65536)
 
@@ -16,7 +16,7 @@ def receiver_main(conn, plan, timeout_s):
 async def _receive(conn, plan, timeout_s):
     pool = make_pool(fill=False)
     receiver = UcxTransport(CONFIG).receiver(pool)
-    pieces = [receiver.expect(tid, seq, pairs, timeout_s) for tid, seq, pairs in plan]
+    pieces = [receiver.expect(tid, seq, pairs, timeout_s, secret=SECRET) for tid, seq, pairs in plan]
     tasks = [asyncio.ensure_future(piece) for piece in pieces]
     conn.send(receiver.address())
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
@@ -35,7 +35,7 @@ async def _send(conn, plan, timeout_s):
     address, seed = conn.recv()
     torch.manual_seed(seed)
     sender = UcxTransport(CONFIG).sender(make_pool(fill=True))
-    sends = [sender.send(address, tid, seq, pairs, timeout_s) for tid, seq, pairs in plan]
+    sends = [sender.send(address, tid, seq, pairs, timeout_s, secret=SECRET) for tid, seq, pairs in plan]
     outcomes = await asyncio.gather(*sends, return_exceptions=True)
     conn.send([type(o).__name__ for o in outcomes])
     await sender.close()

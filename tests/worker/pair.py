@@ -29,12 +29,15 @@ class LocalPeer(DecodePeer):
 
     async def push_kv(self, endpoint: str, piece: Piece) -> None:
         try:
+            assert self.decode.presented(piece.transfer_id, piece.secret)
             self.decode.push_kv(piece.transfer_id, piece.seq, piece.block_index, piece.src_block_ids, piece.timeout_s)
         except Exception as exc:
             raise PeerFault(f"PushKV: {exc}") from exc
 
-    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
+                          secret: bytes) -> None:
         try:
+            assert self.decode.presented(transfer_id, secret)
             await self.decode.complete_kv(transfer_id, num_pieces, first_token)
         except Exception as exc:
             raise PeerFault(f"CompleteKV: {exc}") from exc
@@ -85,7 +88,8 @@ class Pair:
 
     def target(self, reserved: Reserved) -> Target:
         return Target(reserved.transfer_id, self.receiver.address(), reserved.block_ids, BLOCK,
-                      self.decode_engine.engine.kv.block_nbytes, "decode:0")
+                      self.decode_engine.engine.kv.block_nbytes, "decode:0", reserved.secret,
+                      self.decode_engine.engine.kv.num_blocks)
 
     def job(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY,
             kv_timeout_s: float = 10.0) -> DecodeJob:

@@ -76,7 +76,7 @@ def test_a_decode_workers_refusal_is_a_peer_fault_on_the_prefill_side():
         channels = ChannelPool()
         try:
             with pytest.raises(PeerFault, match="INVALID_ARGUMENT: no transfer 't#3' was set up here"):
-                await GrpcDecodePeer(channels).push_kv(address, Piece("t#3", 0, 0, (1, 2), 5.0))
+                await GrpcDecodePeer(channels).push_kv(address, Piece("t#3", 0, 0, (1, 2), 5.0, b"s" * 16))
         finally:
             await channels.close()
             await server.stop(None)

@@ -34,7 +34,8 @@ class Peer(DecodePeer):
         if self.mode == "stuck":
             await asyncio.Event().wait()
 
-    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int) -> None:
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
+                          secret: bytes) -> None:
         return None
 
 
@@ -44,7 +45,7 @@ class Sender(KVSender):
     def __init__(self, error: Exception | None = None):
         self.error = error
 
-    async def send(self, peer_address, transfer_id, seq, pairs, timeout_s):
+    async def send(self, peer_address, transfer_id, seq, pairs, timeout_s, *, secret):
         if self.error is not None:
             raise self.error
         return TransferResult(transfer_id, seq, 0, (), 0.0)
@@ -60,7 +61,7 @@ def _worker(engine, peer=None, sender=None) -> PrefillWorker:
 
 async def _open(worker, rid, prompt, kv_timeout_s=10.0, transfer_id="t"):
     blocks = tuple(range(-(-len(prompt) // BLOCK)))
-    target = Target(transfer_id, b"", blocks, BLOCK, worker.block_nbytes, "decode:0")
+    target = Target(transfer_id, b"", blocks, BLOCK, worker.block_nbytes, "decode:0", b"s" * 16, len(blocks))
     return await worker.open(rid, prompt, GREEDY, Priority.NORMAL, target, kv_timeout_s)
 
 

@@ -31,9 +31,9 @@ class StuckReceives(KVReceiver):
     def address(self) -> bytes:
         return self.inner.address()
 
-    async def expect(self, transfer_id, seq, pairs, timeout_s):
+    async def expect(self, transfer_id, seq, pairs, timeout_s, *, secret):
         self.posted.setdefault(transfer_id, tuple(dst for _, dst in pairs[:2]))
-        return await self.inner.expect(transfer_id, seq, pairs, timeout_s)
+        return await self.inner.expect(transfer_id, seq, pairs, timeout_s, secret=secret)
 
     def cancel(self, transfer_id: str) -> CancelResult:
         result = self.inner.cancel(transfer_id)
