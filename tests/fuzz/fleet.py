@@ -1,0 +1,137 @@
+"""A real fleet for the fuzz tests (1 prefill, 1 decode, router) and the checks that it came
+through: every process up and SERVING, no block active on any worker, the canary unchanged."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pdserve.cli.supervisor import Child, Supervisor
+from pdserve.cli.up import wait_serving
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import worker_pb2 as wpb
+
+WORKER_FLAGS = ["--threads", "1", "--kv-blocks", "128", "--host-kv-blocks", "32", "--token-budget", "256",
+                "--max-chunk-tokens", "64"]
+CLUSTER_TOKEN = "fuzz-cluster-token"
+VIP_TOKEN = "fuzz-vip-token"  # tenant gold: every class
+NORMAL_TOKEN = "fuzz-normal-token"  # tenant basic: NORMAL at most, 4 requests in flight
+TENANTS = f"{VIP_TOKEN} tenant=gold max_priority=vip\n{NORMAL_TOKEN} tenant=basic max_priority=normal max_concurrent=4\n"
+CANARY = pb.GenerateRequest(text="The capital of France is",
+                            sampling=pb.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+
+
+@dataclass
+class FuzzFleet:
+    sup: Supervisor
+    router: str
+    prefill: str
+    decode: str
+    children: list[Child] = field(default_factory=list)
+    canary_tokens: tuple[int, ...] = ()
+
+    @property
+    def internal_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {CLUSTER_TOKEN}"),)
+
+    @property
+    def public_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {VIP_TOKEN}"),)
+
+    def dead(self) -> list[str]:
+        """Names of the children that exited, with their exit codes."""
+        return [f"{c.name} (exit {c.process.returncode}, log {self.sup.log_of(c)})" for c in self.children
+                if c.exited()]
+
+
+def supervisor() -> Supervisor:
+    return Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+
+
+def start_fleet(sup: Supervisor) -> FuzzFleet:
+    """The fleet with a cluster token on every internal call and a tenants file on the router;
+    the caller stops `sup` in `finally`."""
+    cluster, tenants = sup.workdir / "cluster.token", sup.workdir / "tenants"
+    cluster.write_text(CLUSTER_TOKEN)
+    tenants.write_text(TENANTS)
+    secured = ["--cluster-token-file", str(cluster)]
+    fleet = FuzzFleet(sup, "", "", "")
+    decode = sup.spawn("decode", ["decode", "--port", "0", *WORKER_FLAGS, *secured])
+    prefill = sup.spawn("prefill", ["prefill", "--port", "0", *WORKER_FLAGS, *secured])
+    fleet.children += [decode, prefill]
+    fleet.decode = f"127.0.0.1:{sup.wait_ready(decode, 240)}"
+    fleet.prefill = f"127.0.0.1:{sup.wait_ready(prefill, 240)}"
+    router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", fleet.prefill,
+                                  "--decode-workers", fleet.decode, "--kv-timeout", "5", "--wait-for-worker-s", "5",
+                                  "--api-token-file", str(tenants), *secured])
+    fleet.children.append(router)
+    fleet.router = f"127.0.0.1:{sup.wait_ready(router, 240)}"
+    wait_serving(fleet.router, 60)
+    fleet.canary_tokens = canary(fleet)
+    return fleet
+
+
+def canary(fleet: FuzzFleet) -> tuple[int, ...]:
+    """The canary's greedy tokens through the router."""
+    from pdserve.v1 import generation_pb2_grpc
+
+    with grpc.insecure_channel(fleet.router) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        responses = stub.Generate(CANARY, metadata=fleet.public_metadata, timeout=60)
+        return tuple(t for r in responses for t in r.token_ids)
+
+
+def serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        except grpc.RpcError:
+            return False
+    return status == health_pb2.HealthCheckResponse.SERVING
+
+
+def active_blocks(fleet: FuzzFleet) -> dict[str, int]:
+    """blocks_active of each worker, from its Stats."""
+    from pdserve.v1 import worker_pb2_grpc
+
+    found = {}
+    for name, address, stub_type in (("prefill", fleet.prefill, worker_pb2_grpc.PrefillWorkerStub),
+                                     ("decode", fleet.decode, worker_pb2_grpc.DecodeWorkerStub)):
+        with grpc.insecure_channel(address) as channel:
+            stats = stub_type(channel).Stats(wpb.StatsRequest(), metadata=fleet.internal_metadata, timeout=5)
+            found[name] = stats.blocks_active
+    return found
+
+
+def assert_came_through(fleet: FuzzFleet, settle_s: float = 15.0) -> None:
+    """Every process up and SERVING, the canary's output as before, and no block left active."""
+    assert not fleet.dead(), f"processes exited: {fleet.dead()}"
+    for address in (fleet.router, fleet.prefill, fleet.decode):
+        assert _eventually(lambda: serving(address), settle_s), f"{address} is not SERVING"
+    assert canary(fleet) == fleet.canary_tokens, "the canary's greedy output changed"
+    assert _eventually(lambda: not any(active_blocks(fleet).values()), settle_s), \
+        f"blocks still active: {active_blocks(fleet)}"
+
+
+def _eventually(check, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def wait_back(fleet: FuzzFleet) -> None:
+    """Restart every child that exited (on its port) and wait until the router serves again."""
+    dead = [c for c in fleet.children if c.exited()]
+    for child in dead:
+        fleet.sup.respawn(child)
+    for child in dead:
+        fleet.sup.wait_ready(child, 240)
+    if dead:
+        wait_serving(fleet.router, 60)

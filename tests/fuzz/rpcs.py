@@ -1,0 +1,116 @@
+"""Every RPC the fuzz tests send, with a valid message of each to mutate.
+
+Messages that name a KV transfer (Prefill, PushKV, CompleteKV) are valid only against a live
+reservation: `reservation()` opens a Decode stream for it and cancels the stream afterwards, so
+the decode worker frees its blocks whatever the fuzzed call did.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.message import Message
+
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import worker_pb2 as wpb
+from tests.fuzz.calls import GENEROUS_DEADLINE_S
+
+PROMPT = (504, 2988, 314, 4649, 314, 260, 1345, 2003, 30, 198, 7042, 30, 198, 504, 2988, 314, 42, 216, 33, 34)
+GREEDY = pb.SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
+
+
+@dataclass
+class Ids:
+    """Fresh request ids, so that no example meets an earlier one's request."""
+
+    counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def next(self, kind: str) -> str:
+        return f"fuzz-{kind}-{next(self.counter):06d}"
+
+
+@dataclass(frozen=True)
+class Rpc:
+    role: str  # the process that serves it: router, prefill or decode
+    method: str
+    request: type[Message]
+    valid: Callable[[Ids, wpb.KVReservation | None], Message]
+    stream: bool = False
+    may_wait: bool = False  # may rightly outlast the caller's deadline
+    needs_reservation: bool = False
+    max_responses: int = 4
+    deadline_s: float = GENEROUS_DEADLINE_S
+
+    def __repr__(self) -> str:
+        return self.method
+
+
+def _worker_request(ids: Ids, kind: str, kv_timeout_s: float = 5.0) -> wpb.WorkerRequest:
+    return wpb.WorkerRequest(request_id=ids.next(kind), prompt_token_ids=PROMPT, sampling=GREEDY,
+                             priority=pb.PRIORITY_NORMAL, kv_timeout_s=kv_timeout_s)
+
+
+def _generate(ids: Ids, _) -> pb.GenerateRequest:
+    return pb.GenerateRequest(request_id=ids.next("generate"), token_ids=pb.TokenIds(ids=PROMPT), sampling=GREEDY,
+                              priority=pb.PRIORITY_NORMAL)
+
+
+def _prefill(ids: Ids, target: wpb.KVReservation | None) -> wpb.PrefillRequest:
+    return wpb.PrefillRequest(request=_worker_request(ids, "prefill"), target=target)
+
+
+def _decode(ids: Ids, _) -> wpb.DecodeRequest:
+    return wpb.DecodeRequest(request=_worker_request(ids, "decode", kv_timeout_s=2.0))
+
+
+def _push(ids: Ids, target: wpb.KVReservation | None) -> wpb.KVPiece:
+    return wpb.KVPiece(transfer_id=target.transfer_id, seq=0, block_index=0, src_block_ids=[0], timeout_s=2.0,
+                       kv_secret=target.kv_secret)
+
+
+def _complete(ids: Ids, target: wpb.KVReservation | None) -> wpb.KVComplete:
+    return wpb.KVComplete(transfer_id=target.transfer_id, num_pieces=1, first_token_id=42, kv_secret=target.kv_secret)
+
+
+def _abort(ids: Ids, _) -> wpb.WorkerAbortRequest:
+    return wpb.WorkerAbortRequest(request_id=ids.next("abort"))
+
+
+RPCS = (
+    Rpc("router", "/pdserve.v1.Generation/Generate", pb.GenerateRequest, _generate, stream=True),
+    Rpc("router", "/pdserve.v1.Generation/Abort", pb.AbortRequest,
+        lambda ids, _: pb.AbortRequest(request_id=ids.next("generate"))),
+    Rpc("router", "/pdserve.v1.Registry/Register", wpb.RegisterRequest,
+        lambda ids, _: wpb.RegisterRequest(address="127.0.0.1:9", role="decode")),
+    Rpc("prefill", "/pdserve.v1.PrefillWorker/Prefill", wpb.PrefillRequest, _prefill, stream=True,
+        needs_reservation=True, max_responses=64),
+    Rpc("prefill", "/pdserve.v1.PrefillWorker/MatchPrefix", wpb.MatchPrefixRequest,
+        lambda ids, _: wpb.MatchPrefixRequest(token_ids=PROMPT)),
+    Rpc("prefill", "/pdserve.v1.PrefillWorker/Abort", wpb.WorkerAbortRequest, _abort),
+    Rpc("prefill", "/pdserve.v1.PrefillWorker/Stats", wpb.StatsRequest, lambda ids, _: wpb.StatsRequest()),
+    Rpc("decode", "/pdserve.v1.DecodeWorker/Decode", wpb.DecodeRequest, _decode, stream=True, may_wait=True,
+        max_responses=1, deadline_s=3.0),
+    Rpc("decode", "/pdserve.v1.DecodeWorker/PushKV", wpb.KVPiece, _push, needs_reservation=True),
+    Rpc("decode", "/pdserve.v1.DecodeWorker/CompleteKV", wpb.KVComplete, _complete, needs_reservation=True),
+    Rpc("decode", "/pdserve.v1.DecodeWorker/Abort", wpb.WorkerAbortRequest, _abort),
+    Rpc("decode", "/pdserve.v1.DecodeWorker/Stats", wpb.StatsRequest, lambda ids, _: wpb.StatsRequest()),
+)
+
+
+@contextmanager
+def reservation(channel: grpc.Channel, metadata, ids: Ids) -> Iterator[wpb.KVReservation]:
+    """Blocks reserved on the decode worker for PROMPT, held until the block ends."""
+    decode = channel.unary_stream("/pdserve.v1.DecodeWorker/Decode", request_serializer=wpb.DecodeRequest.SerializeToString,
+                                  response_deserializer=wpb.DecodeEvent.FromString)
+    events = decode(wpb.DecodeRequest(request=_worker_request(ids, "reserve", kv_timeout_s=10.0)), metadata=metadata,
+                    timeout=60)
+    try:
+        event = next(events)
+        assert event.WhichOneof("event") == "reserved", f"the decode worker sent {event} before any reservation"
+        yield event.reserved
+    finally:
+        events.cancel()
