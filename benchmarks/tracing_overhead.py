@@ -26,13 +26,14 @@ from pdserve.cli.supervisor import Supervisor  # noqa: E402
 from pdserve.cli.up import wait_serving  # noqa: E402
 from pdserve.v1 import generation_pb2 as pb  # noqa: E402
 from pdserve.v1 import generation_pb2_grpc  # noqa: E402
+from tests.helpers.cluster import cluster_flags  # noqa: E402
 from tests.helpers.otlp_receivers import GrpcReceiver  # noqa: E402
 
 ENGINE = ["--threads", "1", "--kv-blocks", "256", "--host-kv-blocks", "16"]
 
 
 def start(sup: Supervisor, tag: str, otlp: str | None) -> str:
-    extra = ["--otlp-traces-endpoint", otlp] if otlp else []
+    extra = [*(["--otlp-traces-endpoint", otlp] if otlp else []), *cluster_flags(sup.workdir)]
     workers = [sup.spawn(f"{role}-{tag}", [role, "--port", "0", *ENGINE, *extra]) for role in ("prefill", "decode")]
     p, d = (sup.wait_ready(w, 600) for w in workers)
     router = sup.spawn(f"router-{tag}", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{p}",

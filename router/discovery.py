@@ -1,5 +1,11 @@
 """How the router learns its workers: a static list, DNS names (a headless Service), or workers
-registering themselves. Every source only adds and removes entries of the WorkerPool."""
+registering themselves. Every source only adds and removes entries of the WorkerPool.
+
+Registration is served on the router's internal port only (`--internal-port`, never the public
+one) and needs the cluster token there. It is capped (`--max-registered-workers`) and keyed by
+address: a second Register of an address is its heartbeat. A registered worker that stops
+answering its Stats polls leaves the pool, which closes the router's channel to it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import asyncio
 import logging
 import socket
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.engine.errors import InvalidRequestError, OverloadedError
+from pdserve.rpc.bounds import check_address
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from router.workers import WorkerPool
@@ -52,14 +59,32 @@ def _address(host: str, port: int) -> str:
 
 
 class RegistryServicer(worker_pb2_grpc.RegistryServicer):
-    """Workers started with --register-with call Register as a heartbeat."""
+    """Workers started with --register-with call Register as a heartbeat. At most `max_workers`
+    come from here; an address keeps the role it joined with."""
 
-    def __init__(self, pool: WorkerPool, heartbeat_s: float = 2.0):
+    def __init__(self, pool: WorkerPool, max_workers: int = 256, heartbeat_s: float = 2.0):
         self.pool = pool
+        self.max_workers = max_workers
         self.heartbeat_s = heartbeat_s
 
     async def Register(self, request: wpb.RegisterRequest, context) -> wpb.RegisterResponse:
-        if request.role not in ROLES or not request.address:
-            raise InvalidRequestError(f"register needs an address and a role in {ROLES}")
-        self.pool.add(request.address, request.role, source="registry")
+        self.admit(request.address, request.role)
         return wpb.RegisterResponse(heartbeat_s=self.heartbeat_s)
+
+    def admit(self, address: str, role: str) -> None:
+        """Add a worker, or take a heartbeat of one known; InvalidRequestError or OverloadedError
+        (the cap) with the pool unchanged."""
+        if role not in ROLES:
+            raise InvalidRequestError(f"register needs a role in {ROLES}")
+        check_address("address", address)
+        known = self.pool.workers.get(address)
+        if known is not None:
+            if known.role != role:
+                raise InvalidRequestError(f"{address} is a {known.role} worker here, not {role}")
+            return
+        if self.registered() >= self.max_workers:
+            raise OverloadedError(f"{self.max_workers} workers are registered already (--max-registered-workers)")
+        self.pool.add(address, role, source="registry")
+
+    def registered(self) -> int:
+        return sum(1 for w in self.pool.workers.values() if w.source == "registry")

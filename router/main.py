@@ -1,4 +1,5 @@
-"""Starts the router: tokenizer and limits of the model, worker discovery, public gRPC server."""
+"""Starts the router: tokenizer and limits of the model, worker discovery, the public gRPC server
+(Generation) and, with --internal-port, the internal one (Registry)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pdserve.requests import Priority
 from pdserve.model.metadata import read_model_config
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
-from pdserve.rpc.security import security_from_args
+from pdserve.rpc.security import Security, security_from_args
 from pdserve.rpc.server import RunningServer, ServiceBinding, start_server
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -37,10 +38,15 @@ class RouterService:
     servicer: GenerationServicer
     drainer: Drain
     discoveries: list[DnsDiscovery] = field(default_factory=list)
+    internal: RunningServer | None = None  # Registry and health, on --internal-port
 
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def internal_port(self) -> int | None:
+        return self.internal.port if self.internal is not None else None
 
     @property
     def metrics_port(self) -> int | None:
@@ -55,6 +61,8 @@ class RouterService:
         for discovery in self.discoveries:
             discovery.stop()
         await self.pool.stop()
+        if self.internal is not None:
+            await self.internal.stop(1.0)
         await self.server.stop(1.0)
         await self.channels.close()
         self.servicer.frontend.close()
@@ -83,19 +91,29 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     tracer = obs.tracing.tracer()
     servicer = GenerationServicer(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),
                                   drainer, args.max_active, tenants)
-    bindings = [
-        ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
-                       generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name),
-        ServiceBinding(worker_pb2_grpc.add_RegistryServicer_to_server, RegistryServicer(pool),
-                       worker_pb2.DESCRIPTOR.services_by_name["Registry"].full_name),
-    ]
+    bindings = [ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
+                               generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)]
     server = await start_server(bindings, args.host, args.port, security.server_credentials(),
                                 security.server_interceptors(), args.health_port)
+    internal = await _start_registry(pool, security, args)
     ready = (lambda: bool(pool.of_role("decode"))) if args.colocated else (lambda: pool.ready)
     sync.append(lambda: asyncio.ensure_future(server.set_serving(ready() and not drainer.draining)))
     discoveries = _dns(pool, args)
     pool.start()
-    return RouterService(server, pool, channels, obs, servicer, drainer, discoveries)
+    return RouterService(server, pool, channels, obs, servicer, drainer, discoveries, internal)
+
+
+async def _start_registry(pool: WorkerPool, security: Security, args: argparse.Namespace) -> RunningServer | None:
+    """The internal server: Registry and health only, behind the cluster token."""
+    if args.internal_port is None:
+        return None
+    registry = RegistryServicer(pool, args.max_registered_workers)
+    binding = ServiceBinding(worker_pb2_grpc.add_RegistryServicer_to_server, registry,
+                             worker_pb2.DESCRIPTOR.services_by_name["Registry"].full_name)
+    internal = await start_server([binding], args.host, args.internal_port, security.server_credentials(),
+                                  security.server_interceptors())
+    await internal.set_serving(True)
+    return internal
 
 
 def _dns(pool: WorkerPool, args: argparse.Namespace) -> list[DnsDiscovery]:

@@ -40,13 +40,13 @@ class SeparateFleet(Fleet):
 
     def _worker_argv(self, name: str) -> list[str]:
         return [role_of(name), "--port", "0", "--threads", str(self.spec.threads),
-                "--drain-timeout-s", str(self.spec.drain_timeout_s), *self.spec.engine_argv()]
+                "--drain-timeout-s", str(self.spec.drain_timeout_s), *self.spec.engine_argv(), "--insecure"]
 
     def _router_argv(self) -> list[str]:
         by_role = {role: ",".join(w.address for w in self.workers() if w.role == role) for role in ("prefill", "decode")}
         return ["router", "--port", "0", "--prefill-workers", by_role["prefill"], "--decode-workers", by_role["decode"],
                 "--kv-timeout", str(self.spec.kv_timeout_s), "--decode-failover", "resume",
-                "--anonymous-max-priority", "vip"]  # the load has VIP requests
+                "--anonymous-max-priority", "vip", "--insecure"]  # the load has VIP requests
 
     def _watch(self) -> None:
         while not self._stopping.wait(0.2):

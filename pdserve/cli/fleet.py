@@ -48,8 +48,11 @@ class Fleet:
 
     def __init__(self, sup: Supervisor, policy: RestartPolicy = RestartPolicy(), status_file: Path | None = None,
                  say: Callable[[str], None] = lambda line: print(line, flush=True),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, cluster_token_file: Path | None = None):
+        """`cluster_token_file`: the children's token, named in the status for tools that call
+        the workers' internal RPCs."""
         self.sup = sup
+        self.cluster_token_file = cluster_token_file
         self.clock = clock
         self.policy = policy
         self.status_file = status_file
@@ -125,6 +128,7 @@ class Fleet:
         router = next((w.child for w in self.watches if w.child.role == "router" and w.child.port), None)
         return {
             "router": f"127.0.0.1:{router.port}" if router else None,
+            "cluster_token_file": str(self.cluster_token_file) if self.cluster_token_file else None,
             "children": [{"name": w.child.name, "role": w.child.role, "pid": w.child.pid, "port": w.child.port,
                           "metrics_port": w.child.metrics_port, "restarts": w.child.restarts,
                           "state": w.state.value} for w in self.watches],

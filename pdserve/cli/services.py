@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         add_engine_flags(p)
         p.add_argument("--transport", default="ucx", choices=["ucx", "none"])
         p.add_argument("--advertise-host", default=None, help="host other services dial (default: --host)")
-        p.add_argument("--register-with", default="", help="router host:port,... to register with (heartbeat)")
+        p.add_argument("--register-with", default="",
+                       help="router internal host:port,... (its --internal-port) to register with (heartbeat)")
         p.add_argument("--quarantine-timeout-s", type=float, default=60.0,
                        help="decode: longest that KV blocks a withdrawn receive may write stay out of use")
     p.set_defaults(run=run, role=name)
@@ -51,6 +52,11 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-dns", default=None, help="NAME:PORT; every address NAME resolves to is a prefill worker")
     p.add_argument("--decode-dns", default=None, help="NAME:PORT; every address NAME resolves to is a decode worker")
     p.add_argument("--dns-refresh-s", type=float, default=5.0)
+    p.add_argument("--internal-port", type=int, default=None,
+                   help="serve pdserve.v1.Registry (workers' --register-with) and health here, never on --port; "
+                        "guarded by the cluster token (0: any free port; default: no registry)")
+    p.add_argument("--max-registered-workers", type=int, default=256,
+                   help="registered workers at most; a new address beyond it is refused with RESOURCE_EXHAUSTED")
     p.add_argument("--colocated", action="store_true", help="decode workers prefill themselves")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
     p.add_argument("--kv-timeout", type=float, default=30.0, help="seconds for a request's KV to arrive")
@@ -87,11 +93,14 @@ class Stop(enum.Enum):
 
 async def _serve(args: argparse.Namespace) -> int:
     service = await _start(args)
+    internal_port = getattr(service, "internal_port", None)
     if args.ready_file:
-        _write_ready(args.ready_file, service.port, service.metrics_port)
+        _write_ready(args.ready_file, {"port": service.port, "metrics_port": service.metrics_port,
+                                       "internal_port": internal_port})
     stops = _stop_queue(service)
     metrics = f", metrics on :{service.metrics_port}/metrics" if service.metrics_port else ""
-    print(f"pdserve {args.role} serving on {args.host}:{service.port}{metrics}", flush=True)
+    registry = f", registry on :{internal_port}" if internal_port else ""
+    print(f"pdserve {args.role} serving on {args.host}:{service.port}{metrics}{registry}", flush=True)
     stop = await stops.get()
     if stop is Stop.DRAIN:
         left = await service.drain(args.drain_timeout_s)
@@ -118,9 +127,9 @@ def _stop_queue(service) -> asyncio.Queue[Stop]:
     return stops
 
 
-def _write_ready(path: str, port: int, metrics_port: int | None) -> None:
+def _write_ready(path: str, ports: dict[str, int | None]) -> None:
     """Atomically: the supervisor polls this file."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"port": port, "metrics_port": metrics_port}, f)
+        json.dump(ports, f)
     os.replace(tmp, path)

@@ -2,11 +2,17 @@
 
 A child that exits is restarted with backoff on the same port (pdserve/cli/fleet.py); the
 service stays up meanwhile. SIGTERM or Ctrl-C drains the router, then the workers, then exits 0.
+
+The internal plane is closed: every child gets `--cluster-token-file`, a random token written
+0600 into the supervisor's workdir (or the file given with --cluster-token-file). The router
+serves its Registry on an internal port of its own, so workers started by hand with that token
+and `--register-with` can join.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import threading
@@ -16,6 +22,7 @@ from pathlib import Path
 from pdserve.cli.fleet import Fleet
 from pdserve.cli.options import add_engine_flags
 from pdserve.cli.supervisor import Supervisor
+from pdserve.rpc.security import write_cluster_token
 
 TICK_S = 0.2
 
@@ -41,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--anonymous-max-priority", default=None, choices=["vip", "normal", "batch"],
                    help="without --api-token-file: the highest class anyone may ask for (default normal; "
                         "with --demo, vip)")
+    p.add_argument("--cluster-token-file", type=Path, default=None,
+                   help="the token of the internal plane, given to every child (default: a random one written "
+                        "0600 into the supervisor's workdir)")
     p.add_argument("--status-file", type=Path, default=None,
                    help="JSON of the router address and every child (name, role, pid, ports, restarts), "
                         "rewritten atomically whenever a child starts or restarts")
@@ -49,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
-    argv = [role, "--port", "0", "--metrics-port", "0", "--drain-timeout-s", str(args.drain_timeout_s)]
+    argv = [role, "--port", "0", "--metrics-port", "0", "--drain-timeout-s", str(args.drain_timeout_s),
+            "--cluster-token-file", str(args.cluster_token_file)]
     for flag in ENGINE_FLAGS:
         value = getattr(args, flag)
         if value is not None:
@@ -71,7 +82,15 @@ def plan_cpus(count: int) -> list[set[int] | None]:
     return [set(cores[i * share:(i + 1) * share]) for i in range(count)]
 
 
+def cluster_token(args: argparse.Namespace, sup: Supervisor) -> Path:
+    """The children's token file: the one given, else a fresh one in the workdir."""
+    if args.cluster_token_file is None:
+        args.cluster_token_file = write_cluster_token(sup.workdir / "cluster-token")
+    return args.cluster_token_file
+
+
 def start(args: argparse.Namespace, sup: Supervisor) -> int:
+    cluster_token(args, sup)
     roles = ["decode"] * args.decode_workers
     if args.mode == "disaggregated":
         roles = ["prefill"] * args.prefill_workers + roles
@@ -89,13 +108,20 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
     for _, child in [*workers, ("router", router)]:
         print(f"{child.name}: grpc 127.0.0.1:{child.port}, metrics http://127.0.0.1:{child.metrics_port}/metrics "
               f"(pid {child.pid})", flush=True)
+    print(f"registry (workers' --register-with): 127.0.0.1:{_internal_port(router)}; cluster token in "
+          f"{args.cluster_token_file}", flush=True)
     print(f"logs in {sup.workdir}", flush=True)
     return port
 
 
+def _internal_port(router) -> int | None:
+    return json.loads(router.ready_file.read_text()).get("internal_port")
+
+
 def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> list[str]:
     argv = ["router", "--port", str(args.port), "--metrics-port", "0", "--prefill-workers", ",".join(addresses["prefill"]),
-            "--decode-workers", ",".join(addresses["decode"]), "--drain-timeout-s", str(args.drain_timeout_s)]
+            "--decode-workers", ",".join(addresses["decode"]), "--drain-timeout-s", str(args.drain_timeout_s),
+            "--cluster-token-file", str(args.cluster_token_file), "--internal-port", "0"]
     if args.model:
         argv += ["--model", args.model]
     if args.mode == "colocated":
@@ -110,7 +136,7 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
 
 def run(args: argparse.Namespace) -> int:
     sup = Supervisor(die_with_parent=True)
-    fleet = Fleet(sup, status_file=args.status_file)
+    fleet = Fleet(sup, status_file=args.status_file, cluster_token_file=cluster_token(args, sup))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         port = start(args, sup)

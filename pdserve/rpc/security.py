@@ -2,17 +2,22 @@
 
     server: --tls-cert/--tls-key -> TLS; + --tls-ca -> clients must present a certificate it signed
     client: --tls-ca verifies peers (and with --tls-cert/--tls-key presents ours: mutual TLS)
-    tokens: --cluster-token-file guards PrefillWorker/DecodeWorker (and is sent on every internal
-            call); the tenants' tokens (router/tenants.py, --api-token-file) guard Generation and
-            reflection. Health never needs a token.
+    tokens: --cluster-token-file guards PrefillWorker/DecodeWorker and the router's Registry (and
+            is sent on every internal call); the tenants' tokens (router/tenants.py, --api-token-file)
+            guard Generation and reflection. Health and the workers' Stats (load counters, as on
+            /metrics) never need a token.
 
-Plaintext only when no certificate is given.
+Plaintext only when no certificate is given. The internal plane is closed by default: a service
+with neither a cluster token nor mutual TLS refuses to start unless given --insecure
+(development only).
 """
 
 from __future__ import annotations
 
 import argparse
 import hmac
+import os
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,8 @@ import grpc
 
 INTERNAL_SERVICES = ("/pdserve.v1.PrefillWorker/", "/pdserve.v1.DecodeWorker/", "/pdserve.v1.Registry/")
 PUBLIC_SERVICES = ("/pdserve.v1.Generation/", "/grpc.reflection.")
+OPEN_METHODS = ("/pdserve.v1.PrefillWorker/Stats", "/pdserve.v1.DecodeWorker/Stats")
+MIN_TOKEN_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,12 @@ class Security:
     @property
     def tls(self) -> bool:
         return self.cert is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether internal calls need a credential: the cluster token, or a client certificate
+        the CA signed (mutual TLS)."""
+        return self.cluster_token is not None or (self.tls and self.ca is not None)
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
         if not self.tls:
@@ -54,7 +67,7 @@ class Security:
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         guards = [(INTERNAL_SERVICES, (self.cluster_token,) if self.cluster_token else ()),
                   (PUBLIC_SERVICES, self.api_tokens)]
-        return [TokenGuard(prefixes, tokens) for prefixes, tokens in guards if tokens]
+        return [TokenGuard(prefixes, tokens, OPEN_METHODS) for prefixes, tokens in guards if tokens]
 
     def client_metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.cluster_token}"),) if self.cluster_token else ()
@@ -64,17 +77,38 @@ def _read(path: str | None) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
 
-def _token(path: str | None) -> str | None:
-    return Path(path).read_text().strip() if path else None
+def _cluster_token(path: str | None) -> str | None:
+    if not path:
+        return None
+    token = Path(path).read_text().strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise SystemExit(f"--cluster-token-file {path}: the token has fewer than {MIN_TOKEN_CHARS} characters")
+    return token
 
 
 def security_from_args(args: argparse.Namespace, api_tokens: tuple[str, ...] = ()) -> Security:
-    """`api_tokens`: the tenants' tokens (the router reads its tenants file itself)."""
+    """`api_tokens`: the tenants' tokens (the router reads its tenants file itself). SystemExit
+    with the reason when the flags do not go together, or leave the internal plane open without
+    --insecure."""
     cert, key = _read(getattr(args, "tls_cert", None)), _read(getattr(args, "tls_key", None))
     if (cert is None) != (key is None):
         raise SystemExit("--tls-cert and --tls-key go together")
-    return Security(cert, key, _read(getattr(args, "tls_ca", None)), getattr(args, "tls_server_name", None),
-                    _token(getattr(args, "cluster_token_file", None)), api_tokens)
+    security = Security(cert, key, _read(getattr(args, "tls_ca", None)), getattr(args, "tls_server_name", None),
+                        _cluster_token(getattr(args, "cluster_token_file", None)), api_tokens)
+    if not security.closed and not getattr(args, "insecure", False):
+        raise SystemExit(f"pdserve {getattr(args, 'role', 'service')}: refusing to start with the internal plane "
+                         "open: give --cluster-token-file (or mutual TLS: --tls-cert, --tls-key and --tls-ca); "
+                         "--insecure runs without either, for development only")
+    return security
+
+
+def write_cluster_token(path: Path) -> Path:
+    """A fresh random cluster token in `path`, readable by its owner only (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.chmod(path, 0o600)
+    return path
 
 
 def add_security_flags(p: argparse.ArgumentParser, api_token: bool) -> None:
@@ -83,7 +117,12 @@ def add_security_flags(p: argparse.ArgumentParser, api_token: bool) -> None:
     g.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     g.add_argument("--tls-ca", default=None, help="PEM CA bundle: mutual TLS, and verifies peers")
     g.add_argument("--tls-server-name", default=None, help="name expected in peers' certificates")
-    g.add_argument("--cluster-token-file", default=None, help="shared token of internal RPCs")
+    g.add_argument("--cluster-token-file", default=None,
+                   help=f"shared token (at least {MIN_TOKEN_CHARS} characters) of internal RPCs: required on "
+                        "them, sent on every internal call")
+    g.add_argument("--insecure", action="store_true",
+                   help="development only: start without a cluster token or mutual TLS, the internal plane "
+                        "open to anyone who can reach its ports")
     if api_token:
         g.add_argument("--api-token-file", default=None,
                        help="tenants file: one '<token> [tenant=NAME] [max_priority=vip|normal|batch] "
@@ -94,14 +133,17 @@ def add_security_flags(p: argparse.ArgumentParser, api_token: bool) -> None:
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):
-    """Refuses calls to the guarded services without `authorization: Bearer <token>` of one of `tokens`."""
+    """Refuses calls to the guarded services without `authorization: Bearer <token>` of one of
+    `tokens`; the methods named in `exempt` stay open."""
 
-    def __init__(self, prefixes: Sequence[str], tokens: Sequence[str]):
+    def __init__(self, prefixes: Sequence[str], tokens: Sequence[str], exempt: Sequence[str] = ()):
         self.prefixes = tuple(prefixes)
+        self.exempt = frozenset(exempt)
         self.expected = tuple(f"Bearer {token}".encode() for token in tokens)
 
     async def intercept_service(self, continuation, details):
-        if not details.method.startswith(self.prefixes) or self._allowed(details.invocation_metadata):
+        guarded = details.method.startswith(self.prefixes) and details.method not in self.exempt
+        if not guarded or self._allowed(details.invocation_metadata):
             return await continuation(details)
         return _refuse(await continuation(details))
 

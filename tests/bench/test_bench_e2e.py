@@ -20,13 +20,15 @@ WORKER_FLAGS = ["--kv-blocks", "128", "--host-kv-blocks", "64", "--threads", "1"
 def target():
     from pdserve.cli.supervisor import Supervisor
     from pdserve.cli.up import wait_serving
+    from tests.helpers.cluster import cluster_flags
 
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    secured = cluster_flags(sup.workdir)
     try:
-        worker = sup.spawn("decode", ["decode", "--port", "0", "--transport", "none", *WORKER_FLAGS])
+        worker = sup.spawn("decode", ["decode", "--port", "0", "--transport", "none", *WORKER_FLAGS, *secured])
         port = sup.wait_ready(worker, 240)
         router = sup.spawn("router", ["router", "--port", "0", "--colocated", "--decode-workers", f"127.0.0.1:{port}",
-                                      "--anonymous-max-priority", "vip"])  # the chat workload has VIP requests
+                                      "--anonymous-max-priority", "vip", *secured])  # the chat workload has VIP
         address = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(address, 60)
         yield address

@@ -9,6 +9,7 @@ import pytest
 
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
+from tests.helpers.cluster import cluster_flags
 
 WORKER_FLAGS = ["--kv-blocks", "192", "--host-kv-blocks", "128", "--threads", "1", "--token-budget", "256",
                 "--max-chunk-tokens", "64"]
@@ -17,12 +18,13 @@ WORKER_FLAGS = ["--kv-blocks", "192", "--host-kv-blocks", "128", "--threads", "1
 @pytest.fixture(scope="session")
 def service():
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    secured = cluster_flags(sup.workdir)
     try:
-        decode = sup.spawn("decode", ["decode", "--port", "0", *WORKER_FLAGS])
-        prefill = sup.spawn("prefill", ["prefill", "--port", "0", *WORKER_FLAGS])
+        decode = sup.spawn("decode", ["decode", "--port", "0", *WORKER_FLAGS, *secured])
+        prefill = sup.spawn("prefill", ["prefill", "--port", "0", *WORKER_FLAGS, *secured])
         d_port, p_port = sup.wait_ready(decode, 240), sup.wait_ready(prefill, 240)
         router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{p_port}",
-                                      "--decode-workers", f"127.0.0.1:{d_port}", "--kv-timeout", "10"])
+                                      "--decode-workers", f"127.0.0.1:{d_port}", "--kv-timeout", "10", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
         yield {"target": target, "decode": f"127.0.0.1:{d_port}", "prefill": f"127.0.0.1:{p_port}", "sup": sup}

@@ -15,6 +15,7 @@ from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
+from tests.helpers.cluster import cluster_flags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -26,11 +27,13 @@ MAX_TOKENS = 40
 
 def _start(failover: str):
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
-    children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE]) for n in ("prefill-0", "decode-0", "decode-1")]
+    secured = cluster_flags(sup.workdir)
+    children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, *secured])
+                for n in ("prefill-0", "decode-0", "decode-1")]
     ports = [sup.wait_ready(c, 240) for c in children]
     router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{ports[0]}",
                                   "--decode-workers", f"127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}",
-                                  "--decode-failover", failover])
+                                  "--decode-failover", failover, *secured])
     target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
     wait_serving(target, 60)
     return sup, target, children
@@ -125,12 +128,13 @@ def test_killed_prefill_worker_is_retried_on_another():
                                                                           ignore_eos=True))[0].token_ids
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
     try:
-        children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--max-chunk-tokens", "16"])
+        secured = cluster_flags(sup.workdir)
+        children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--max-chunk-tokens", "16", *secured])
                     for n in ("prefill-0", "prefill-1", "decode-0")]
         ports = [sup.wait_ready(c, 240) for c in children]
         router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers",
                                       f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
-                                      "--decode-workers", f"127.0.0.1:{ports[2]}"])
+                                      "--decode-workers", f"127.0.0.1:{ports[2]}", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
         with grpc.insecure_channel(target) as channel:

@@ -20,6 +20,7 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
+from tests.helpers.cluster import cluster_flags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -31,18 +32,22 @@ ROLES = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
 class Fleet:
     def __init__(self, sup: Supervisor):
         self.sup = sup
-        self.children = {n: self.sup.spawn(n, [role, "--port", "0", *ENGINE]) for n, role in ROLES.items()}
+        self.secured = cluster_flags(sup.workdir)
+        self.children = {n: self.sup.spawn(n, [role, "--port", "0", *ENGINE, *self.secured])
+                         for n, role in ROLES.items()}
         self.ports = {n: self.sup.wait_ready(c, 240) for n, c in self.children.items()}
         router = self.sup.spawn("router", ["router", "--port", "0", "--kv-timeout", "10",
                                            "--prefill-workers", f"127.0.0.1:{self.ports['prefill-0']}",
                                            "--decode-workers", ",".join(f"127.0.0.1:{self.ports[n]}"
-                                                                        for n in ("decode-0", "decode-1"))])
+                                                                        for n in ("decode-0", "decode-1")),
+                                           *self.secured])
         self.target = f"127.0.0.1:{self.sup.wait_ready(router, 240)}"
         wait_serving(self.target, 60)
 
     def restart(self, name: str) -> None:
         """Start a worker again on the port it had (a platform rescheduling it)."""
-        child = self.sup.spawn(f"{name}-again", [ROLES[name], "--port", str(self.ports[name]), *ENGINE])
+        child = self.sup.spawn(f"{name}-again", [ROLES[name], "--port", str(self.ports[name]), *ENGINE,
+                                                 *self.secured])
         self.sup.wait_ready(child, 240)
         self.children[name] = child
 

@@ -20,6 +20,7 @@ from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
+from tests.helpers.cluster import cluster_flags
 from tests.helpers.otlp_receivers import GrpcReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -65,7 +66,7 @@ def traced(collector):
     endpoint, receiver = collector
     env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "100", "UCX_WARN_UNUSED_ENV_VARS": "n"}
     sup = Supervisor(env=env)
-    common = ["--port", "0", "--metrics-port", "0", "--otlp-traces-endpoint", endpoint]
+    common = ["--port", "0", "--metrics-port", "0", "--otlp-traces-endpoint", endpoint, *cluster_flags(sup.workdir)]
     engine = ["--threads", "1", "--token-budget", "256", "--max-chunk-tokens", "64", "--host-kv-blocks", "64"]
     try:
         decode = sup.spawn("decode", ["decode", *common, *engine, "--kv-blocks", "40"])

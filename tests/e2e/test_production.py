@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
+from tests.helpers.cluster import cluster_flags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -79,7 +81,7 @@ def test_mutual_tls_and_tokens(pki):
             assert sum(len(m.token_ids) for m in messages) == 12
         with grpc.secure_channel(f"localhost:{d}", creds) as channel:
             with pytest.raises(grpc.RpcError) as err:
-                worker_pb2_grpc.DecodeWorkerStub(channel).Stats(wpb.StatsRequest(), timeout=30)
+                worker_pb2_grpc.DecodeWorkerStub(channel).Abort(wpb.WorkerAbortRequest(request_id="x"), timeout=30)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with grpc.insecure_channel(f"localhost:{port}") as plain:
             with pytest.raises(grpc.RpcError) as err:
@@ -91,10 +93,12 @@ def test_mutual_tls_and_tokens(pki):
 
 def test_workers_join_by_registering_and_leave_by_draining_without_failures():
     sup = Supervisor(env=ENV)
+    secured = cluster_flags(sup.workdir)
     try:
-        router = sup.spawn("router", ["router", "--port", "0"])
+        router = sup.spawn("router", ["router", "--port", "0", "--internal-port", "0", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 300)}"
-        join = ["--register-with", target, "--drain-timeout-s", "120", *ENGINE]
+        registry = f"127.0.0.1:{json.loads(router.ready_file.read_text())['internal_port']}"
+        join = ["--register-with", registry, "--drain-timeout-s", "120", *ENGINE, *secured]
         first = [sup.spawn(n, [n.split("-")[0], "--port", "0", *join]) for n in ("prefill-0", "decode-0")]
         for child in first:
             sup.wait_ready(child, 300)

@@ -18,6 +18,7 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
+from tests.helpers.cluster import cluster_flags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -33,13 +34,14 @@ MAX_TOKENS = 100
 @pytest.fixture(scope="module")
 def cluster():
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+    secured = cluster_flags(sup.workdir)
     try:
-        prefill = [sup.spawn(f"prefill-{i}", ["prefill", *COMMON, "--kv-blocks", "256"]) for i in range(2)]
-        decode = [sup.spawn(name, ["decode", *COMMON, *flags]) for name, flags in DECODE.items()]
+        prefill = [sup.spawn(f"prefill-{i}", ["prefill", *COMMON, "--kv-blocks", "256", *secured]) for i in range(2)]
+        decode = [sup.spawn(name, ["decode", *COMMON, *flags, *secured]) for name, flags in DECODE.items()]
         p = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in prefill]
         d = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in decode]
         router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", ",".join(p),
-                                      "--decode-workers", ",".join(d), "--kv-timeout", "10"])
+                                      "--decode-workers", ",".join(d), "--kv-timeout", "10", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(target, 60)
         yield {"target": target, "prefill": p, "decode": d}

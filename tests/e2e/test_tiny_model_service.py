@@ -15,6 +15,7 @@ from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
+from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -34,12 +35,13 @@ def tiny(tmp_path_factory):
 def target(tiny):
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
     flags = ["--port", "0", "--model", str(tiny), "--threads", "1", "--kv-blocks", "64", "--host-kv-blocks", "16",
-             "--token-budget", "256", "--max-chunk-tokens", "16"]
+             "--token-budget", "256", "--max-chunk-tokens", "16", *cluster_flags(sup.workdir)]
     try:
         workers = [sup.spawn(role, [role, *flags]) for role in ("prefill", "decode")]
         p, d = (sup.wait_ready(w, 300) for w in workers)
         router = sup.spawn("router", ["router", "--port", "0", "--model", str(tiny), "--prefill-workers",
-                                      f"127.0.0.1:{p}", "--decode-workers", f"127.0.0.1:{d}"])
+                                      f"127.0.0.1:{p}", "--decode-workers", f"127.0.0.1:{d}",
+                                      *cluster_flags(sup.workdir)])
         address = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(address, 60)
         yield address

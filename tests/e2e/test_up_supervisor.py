@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -45,6 +46,11 @@ class Up:
 
     def child(self, name: str) -> dict:
         return next(c for c in self.status()["children"] if c["name"] == name)
+
+    def internal_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The cluster token `pdserve up` gave its children, for calls straight to a worker."""
+        token = Path(self.status()["cluster_token_file"]).read_text().strip()
+        return (("authorization", f"Bearer {token}"),)
 
     def wait_until(self, check, timeout_s: float, what: str):
         deadline = time.monotonic() + timeout_s
@@ -114,6 +120,17 @@ def _restarted(up: Up, name: str, before: dict) -> dict:
                          and c["state"] == "serving" and c, 180, f"restart of {name}")
 
 
+def test_the_internal_plane_is_closed_by_a_token_of_its_own(up):
+    token_file = Path(up.status()["cluster_token_file"])
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    with grpc.insecure_channel(f"127.0.0.1:{up.child('decode-0')['port']}") as channel:
+        stub = worker_pb2_grpc.DecodeWorkerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Decode(_local_decode("no-token", 2), timeout=30))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert len(_decoded_tokens(stub, "with-token", 2, up.internal_metadata())) == 2
+
+
 def test_a_killed_decode_worker_is_restarted_on_its_port_and_serves(up):
     router = up.status()["router"]
     assert len(_generate(router)) == 8
@@ -150,8 +167,8 @@ def test_a_request_fault_fails_only_that_request_and_the_worker_stays(up):
     trigger = Path(str(up.faults).replace("{pid}", str(before["pid"])))
     with grpc.insecure_channel(f"127.0.0.1:{before['port']}") as channel, ThreadPoolExecutor(1) as pool:
         stub = worker_pb2_grpc.DecodeWorkerStub(channel)
-        bystander = pool.submit(_decoded_tokens, stub, "ok-1", 40)
-        events = stub.Decode(_local_decode("rf-1", 400), timeout=120)
+        bystander = pool.submit(_decoded_tokens, stub, "ok-1", 40, up.internal_metadata())
+        events = stub.Decode(_local_decode("rf-1", 400), metadata=up.internal_metadata(), timeout=120)
         with pytest.raises(grpc.RpcError) as ended:
             for i, _ in enumerate(events):
                 if i == 2:
@@ -170,8 +187,8 @@ def _local_decode(request_id: str, max_tokens: int) -> worker_pb2.DecodeRequest:
     return worker_pb2.DecodeRequest(request=request, local_prefill=True)
 
 
-def _decoded_tokens(stub, request_id: str, max_tokens: int) -> list[int]:
-    events = stub.Decode(_local_decode(request_id, max_tokens), timeout=120)
+def _decoded_tokens(stub, request_id: str, max_tokens: int, metadata) -> list[int]:
+    events = stub.Decode(_local_decode(request_id, max_tokens), metadata=metadata, timeout=120)
     return [t for event in events if event.WhichOneof("event") == "tokens" for t in event.tokens.token_ids]
 
 
