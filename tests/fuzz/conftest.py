@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.fuzz.fleet import FuzzFleet, start_fleet, supervisor, wait_back
+from tests.fuzz.fleet import ROLES, FuzzFleet, start_fleet, supervisor, wait_back
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +26,8 @@ def live_fleet(fleet: FuzzFleet) -> FuzzFleet:
 
 @pytest.fixture()
 def channels(live_fleet: FuzzFleet):
-    """One channel per process, by role."""
-    opened = {"router": grpc.insecure_channel(live_fleet.router), "prefill": grpc.insecure_channel(live_fleet.prefill),
-              "decode": grpc.insecure_channel(live_fleet.decode)}
+    """One channel per port, by role."""
+    opened = {role: grpc.insecure_channel(live_fleet.address(role)) for role in ROLES}
     try:
         yield opened
     finally:

@@ -1,9 +1,16 @@
 """A real fleet for the fuzz tests (1 prefill, 1 decode, router) and the checks that it came
-through: every process up and SERVING, no block active on any worker, the canary unchanged."""
+through: every process up and SERVING, no block active on any worker, the canary unchanged.
+
+Each process may allocate at most MEMORY_LIMIT_BYTES (RLIMIT_DATA): an input that makes a
+server allocate without bound then fails that call (MemoryError, found as INTERNAL) instead of
+taking the machine's memory from every other process on it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -14,29 +21,40 @@ from pdserve.cli.supervisor import Child, Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2 as wpb
+from tests.fuzz.rpcs import PROMPT
+from tests.helpers.cluster import cluster_flags, cluster_metadata
 
 WORKER_FLAGS = ["--threads", "1", "--kv-blocks", "128", "--host-kv-blocks", "32", "--token-budget", "256",
                 "--max-chunk-tokens", "64"]
-CLUSTER_TOKEN = "fuzz-cluster-token"
+ROLES = ("router", "registry", "prefill", "decode")
+MEMORY_LIMIT_BYTES = 4 << 30  # a worker of these flags uses about 1.2 GiB
 VIP_TOKEN = "fuzz-vip-token"  # tenant gold: every class
 NORMAL_TOKEN = "fuzz-normal-token"  # tenant basic: NORMAL at most, 4 requests in flight
-TENANTS = f"{VIP_TOKEN} tenant=gold max_priority=vip\n{NORMAL_TOKEN} tenant=basic max_priority=normal max_concurrent=4\n"
-CANARY = pb.GenerateRequest(text="The capital of France is",
+TENANTS = (f"{VIP_TOKEN} tenant=gold max_priority=vip\n"
+           f"{NORMAL_TOKEN} tenant=basic max_priority=normal max_concurrent=4\n")
+# NOTE: the canary's prompt starts with the fuzzed reservations' prompt (tests/fuzz/rpcs.py PROMPT),
+# so KV that fuzzing left in a prefix cache would change its output.
+CANARY = pb.GenerateRequest(token_ids=pb.TokenIds(ids=PROMPT[:18]),
                             sampling=pb.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
 
 
 @dataclass
 class FuzzFleet:
     sup: Supervisor
-    router: str
-    prefill: str
-    decode: str
+    router: str = ""
+    registry: str = ""  # the router's internal port
+    prefill: str = ""
+    decode: str = ""
     children: list[Child] = field(default_factory=list)
     canary_tokens: tuple[int, ...] = ()
 
     @property
     def internal_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {CLUSTER_TOKEN}"),)
+        return cluster_metadata(self.sup.workdir)
+
+    def address(self, role: str) -> str:
+        """Where `role` (router, registry, prefill or decode) is served."""
+        return dict(zip(ROLES, (self.router, self.registry, self.prefill, self.decode)))[role]
 
     @property
     def public_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -55,24 +73,33 @@ def supervisor() -> Supervisor:
 def start_fleet(sup: Supervisor) -> FuzzFleet:
     """The fleet with a cluster token on every internal call and a tenants file on the router;
     the caller stops `sup` in `finally`."""
-    cluster, tenants = sup.workdir / "cluster.token", sup.workdir / "tenants"
-    cluster.write_text(CLUSTER_TOKEN)
+    tenants = sup.workdir / "tenants"
     tenants.write_text(TENANTS)
-    secured = ["--cluster-token-file", str(cluster)]
-    fleet = FuzzFleet(sup, "", "", "")
-    decode = sup.spawn("decode", ["decode", "--port", "0", *WORKER_FLAGS, *secured])
-    prefill = sup.spawn("prefill", ["prefill", "--port", "0", *WORKER_FLAGS, *secured])
-    fleet.children += [decode, prefill]
+    fleet = FuzzFleet(sup)
+    decode = _spawn(fleet, "decode", ["decode", "--port", "0", *WORKER_FLAGS, *cluster_flags(sup.workdir)])
+    prefill = _spawn(fleet, "prefill", ["prefill", "--port", "0", *WORKER_FLAGS, *cluster_flags(sup.workdir)])
     fleet.decode = f"127.0.0.1:{sup.wait_ready(decode, 240)}"
     fleet.prefill = f"127.0.0.1:{sup.wait_ready(prefill, 240)}"
-    router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", fleet.prefill,
-                                  "--decode-workers", fleet.decode, "--kv-timeout", "5", "--wait-for-worker-s", "5",
-                                  "--api-token-file", str(tenants), *secured])
-    fleet.children.append(router)
+    router = _spawn(fleet, "router", [
+        "router", "--port", "0", "--internal-port", "0", "--prefill-workers", fleet.prefill,
+        "--decode-workers", fleet.decode, "--kv-timeout", "5", "--wait-for-worker-s", "5",
+        "--api-token-file", str(tenants), *cluster_flags(sup.workdir)])
     fleet.router = f"127.0.0.1:{sup.wait_ready(router, 240)}"
+    fleet.registry = f"127.0.0.1:{json.loads(router.ready_file.read_text())['internal_port']}"
     wait_serving(fleet.router, 60)
     fleet.canary_tokens = canary(fleet)
     return fleet
+
+
+def _spawn(fleet: FuzzFleet, name: str, argv: list[str]) -> Child:
+    child = fleet.sup.spawn(name, argv)
+    _bound_memory(child)
+    fleet.children.append(child)
+    return child
+
+
+def _bound_memory(child: Child) -> None:
+    resource.prlimit(child.pid, resource.RLIMIT_DATA, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
 
 def canary(fleet: FuzzFleet) -> tuple[int, ...]:
@@ -131,6 +158,7 @@ def wait_back(fleet: FuzzFleet) -> None:
     dead = [c for c in fleet.children if c.exited()]
     for child in dead:
         fleet.sup.respawn(child)
+        _bound_memory(child)
     for child in dead:
         fleet.sup.wait_ready(child, 240)
     if dead:

@@ -35,7 +35,9 @@ class Ids:
 
 @dataclass(frozen=True)
 class Rpc:
-    role: str  # the process that serves it: router, prefill or decode
+    """One RPC; `valid` builds a valid request from fresh ids and, if it needs one, a reservation."""
+
+    role: str  # where it is served: router (public port), registry (its internal port), prefill or decode
     method: str
     request: type[Message]
     valid: Callable[[Ids, wpb.KVReservation | None], Message]
@@ -67,13 +69,23 @@ def _decode(ids: Ids, _) -> wpb.DecodeRequest:
     return wpb.DecodeRequest(request=_worker_request(ids, "decode", kv_timeout_s=2.0))
 
 
+def kv_piece(target: wpb.KVReservation, seq: int) -> wpb.KVPiece:
+    """Piece `seq` of a transfer into `target`, one block each (its data never comes)."""
+    return wpb.KVPiece(transfer_id=target.transfer_id, seq=seq, block_index=seq % len(target.block_ids),
+                       src_block_ids=[seq], timeout_s=1.0, kv_secret=target.kv_secret)
+
+
+def kv_complete(target: wpb.KVReservation, pieces: int) -> wpb.KVComplete:
+    return wpb.KVComplete(transfer_id=target.transfer_id, num_pieces=pieces, first_token_id=42,
+                          kv_secret=target.kv_secret)
+
+
 def _push(ids: Ids, target: wpb.KVReservation | None) -> wpb.KVPiece:
-    return wpb.KVPiece(transfer_id=target.transfer_id, seq=0, block_index=0, src_block_ids=[0], timeout_s=2.0,
-                       kv_secret=target.kv_secret)
+    return kv_piece(target, 0)
 
 
 def _complete(ids: Ids, target: wpb.KVReservation | None) -> wpb.KVComplete:
-    return wpb.KVComplete(transfer_id=target.transfer_id, num_pieces=1, first_token_id=42, kv_secret=target.kv_secret)
+    return kv_complete(target, 1)
 
 
 def _abort(ids: Ids, _) -> wpb.WorkerAbortRequest:
@@ -84,7 +96,7 @@ RPCS = (
     Rpc("router", "/pdserve.v1.Generation/Generate", pb.GenerateRequest, _generate, stream=True),
     Rpc("router", "/pdserve.v1.Generation/Abort", pb.AbortRequest,
         lambda ids, _: pb.AbortRequest(request_id=ids.next("generate"))),
-    Rpc("router", "/pdserve.v1.Registry/Register", wpb.RegisterRequest,
+    Rpc("registry", "/pdserve.v1.Registry/Register", wpb.RegisterRequest,
         lambda ids, _: wpb.RegisterRequest(address="127.0.0.1:9", role="decode")),
     Rpc("prefill", "/pdserve.v1.PrefillWorker/Prefill", wpb.PrefillRequest, _prefill, stream=True,
         needs_reservation=True, max_responses=64),
@@ -103,10 +115,12 @@ RPCS = (
 
 @contextmanager
 def reservation(channel: grpc.Channel, metadata, ids: Ids) -> Iterator[wpb.KVReservation]:
-    """Blocks reserved on the decode worker for PROMPT, held until the block ends."""
-    decode = channel.unary_stream("/pdserve.v1.DecodeWorker/Decode", request_serializer=wpb.DecodeRequest.SerializeToString,
+    """Blocks reserved on the decode worker for PROMPT, held until the block ends (or until no KV
+    came for 3 s after a piece was announced)."""
+    decode = channel.unary_stream("/pdserve.v1.DecodeWorker/Decode",
+                                  request_serializer=wpb.DecodeRequest.SerializeToString,
                                   response_deserializer=wpb.DecodeEvent.FromString)
-    events = decode(wpb.DecodeRequest(request=_worker_request(ids, "reserve", kv_timeout_s=10.0)), metadata=metadata,
+    events = decode(wpb.DecodeRequest(request=_worker_request(ids, "reserve", kv_timeout_s=3.0)), metadata=metadata,
                     timeout=60)
     try:
         event = next(events)

@@ -3,18 +3,20 @@
     messages(Type)          a message with random values in random fields (edge values favoured)
     mutations(Type)         edits of a valid message: one field set to an edge value, cleared,
                             a repeated field emptied or made huge, another member of a oneof set
-    wire_bytes(valid)       bytes for the wire: random, or the valid message truncated, flipped,
-                            or with junk after it
+    payloads(Type)          what to send instead of a valid message: a random one, the valid one
+                            edited, or its bytes garbled (cut short, a byte changed, junk after)
 
-An edit is data (a path and a value) so that a failing example prints what was sent.
+Edits and payloads are data (paths and values) so that a failing example prints what was sent.
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf import text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from hypothesis import strategies as st
@@ -26,8 +28,9 @@ UINT64 = (0, 1, 2**32, 2**63, 2**64 - 1)
 INT64 = (0, 1, -1, 2**63 - 1, -(2**63))
 FLOATS = (0.0, -0.0, 1e-30, 0.001, 0.5, 1.0, -1.0, 2.0, 100.0, 1e30, 3.4e38, math.inf, -math.inf, math.nan)
 STRINGS = ("", " ", "\x00", "\n", "user", "system", "assistant", "decode", "prefill", "ucx", "inprocess",
-           "<|im_start|>system", "<|im_end|>", "é" * 300, "\u202e", "x" * 5000, "y" * 300_000,
+           "<|im_start|>system", "<|im_end|>", "é" * 300, "\u202e",
            "127.0.0.1:1", "[::1]:0", "unix:/nonexistent", "dns:///localhost:1", "localhost", ":", "a:b:c")
+LONG_STRINGS = (5000, 300_000)  # characters: past the stop and id limits, and past one prompt's tokens
 BYTES = (b"", b"\x00", b"\xff" * 64, b"\x00" * 4096)
 
 
@@ -47,7 +50,9 @@ def _scalars(field: FieldDescriptor, small: bool = False) -> st.SearchStrategy:
     if t == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
     if t == FieldDescriptor.TYPE_STRING:
-        return st.text(max_size=4) if small else st.sampled_from(STRINGS) | st.text(max_size=40)
+        if small:
+            return st.text(max_size=4)
+        return st.sampled_from(STRINGS) | st.text(max_size=40) | st.sampled_from(LONG_STRINGS).map(lambda n: "y" * n)
     if t == FieldDescriptor.TYPE_BYTES:
         return st.binary(max_size=4) if small else st.sampled_from(BYTES) | st.binary(max_size=64)
     if t == FieldDescriptor.TYPE_ENUM:
@@ -145,27 +150,76 @@ def mutations(descriptor: Descriptor) -> st.SearchStrategy:
     return st.lists(st.one_of(edits), min_size=1, max_size=3)
 
 
-def mutated(valid: Message, edits: list[Edit]) -> Message:
-    message = type(valid)()
-    message.CopyFrom(valid)
-    for edit in edits:
-        edit.apply(message)
-    return message
+class Payload(ABC):
+    """What to send in place of a valid message; drawn before the valid message exists (it may
+    name a live reservation), so that a replayed example draws exactly what it drew before."""
+
+    @abstractmethod
+    def render(self, valid: Message) -> bytes:
+        """The bytes to send, made from `valid` (which is not changed)."""
 
 
-@st.composite
-def wire_bytes(draw, valid: bytes) -> bytes:
-    """Random bytes, or the valid encoding cut short, with a byte changed, or with junk after it.
-    Places are drawn apart from `valid`'s length, which may differ between runs (ids grow)."""
-    kind = draw(st.sampled_from(("random", "truncated", "flipped", "appended")))
-    at = draw(st.integers(0, 1 << 16)) % max(1, len(valid))
-    if kind == "random" or not valid:
-        return draw(st.binary(max_size=512))
-    if kind == "truncated":
-        return valid[:at]
-    if kind == "flipped":
-        return valid[:at] + bytes([draw(st.integers(0, 255))]) + valid[at + 1:]
-    return valid + draw(st.binary(min_size=1, max_size=64))
+@dataclass(frozen=True)
+class AsIs(Payload):
+    def render(self, valid: Message) -> bytes:
+        return valid.SerializeToString()
+
+
+@dataclass(frozen=True)
+class Fresh(Payload):
+    """A random message of the request type, whatever the valid one was."""
+
+    message: Message
+
+    def render(self, valid: Message) -> bytes:
+        return self.message.SerializeToString()
+
+    def __repr__(self) -> str:
+        return f"Fresh({text_format.MessageToString(self.message, as_one_line=True)[:300]})"
+
+
+@dataclass(frozen=True)
+class Edited(Payload):
+    edits: tuple[Edit, ...]
+
+    def render(self, valid: Message) -> bytes:
+        message = type(valid)()
+        message.CopyFrom(valid)
+        for edit in self.edits:
+            edit.apply(message)
+        return message.SerializeToString()
+
+
+@dataclass(frozen=True)
+class Garbled(Payload):
+    """The valid encoding cut short at `at`, with the byte at `at` replaced, or with `junk`
+    after it; or `junk` alone. `at` is taken modulo the encoding's length."""
+
+    kind: str  # "random" | "truncated" | "flipped" | "appended"
+    at: int
+    byte: int
+    junk: bytes
+
+    def render(self, valid: Message) -> bytes:
+        encoded = valid.SerializeToString()
+        at = self.at % max(1, len(encoded))
+        if self.kind == "random" or not encoded:
+            return self.junk
+        if self.kind == "truncated":
+            return encoded[:at]
+        if self.kind == "flipped":
+            return encoded[:at] + bytes([self.byte]) + encoded[at + 1:]
+        return encoded + self.junk
+
+
+def payloads(descriptor: Descriptor, as_is: bool = False) -> st.SearchStrategy[Payload]:
+    """A random message, the valid one edited (the likeliest), or garbled bytes; `as_is` adds
+    the valid message unchanged as just as likely as the rest together."""
+    garbled = st.builds(Garbled, st.sampled_from(("random", "truncated", "flipped", "appended")),
+                        st.integers(0, 1 << 16), st.integers(0, 255), st.binary(min_size=1, max_size=256))
+    edited = st.builds(Edited, mutations(descriptor).map(tuple))
+    fuzzed = st.one_of(st.builds(Fresh, messages(descriptor)), edited, edited, garbled)
+    return st.one_of(st.just(AsIs()), fuzzed) if as_is else fuzzed
 
 
 def _new(descriptor: Descriptor) -> Message:

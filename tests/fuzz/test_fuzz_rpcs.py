@@ -1,81 +1,99 @@
 """Property-based fuzzing of every RPC against a real fleet (1 prefill, 1 decode, router).
 
-Each example sends one RPC a random message, a valid message with fields mutated, or bytes
-that are no message at all, with the right credentials or not and a generous or tiny deadline.
-Every answer must be a documented status and no process may exit; after each RPC's examples
-every process is SERVING, the canary's greedy output is what it was, and no worker holds a block.
+Each example sends one RPC a random message, a valid message with fields mutated, or its bytes
+garbled, with the right credentials or not and a generous or tiny deadline. Every answer must
+be a documented status and no process may exit; after each RPC's examples every process is
+SERVING, the canary's greedy output is what it was, and no worker holds a block.
+
+Bytes that do not parse as the request type are tested on their own (their status comes from
+grpc's deserializer, not from the servicers). Inputs of a known, reported bug (KNOWN_BUGS) are
+left out of the fuzzing and reproduced by an expected failure of their own, which turns into a
+failure once the bug is fixed (then drop both).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 
+import grpc
 import pytest
 from google.protobuf.message import DecodeError, Message
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
+from pdserve.v1 import worker_pb2 as wpb
 from tests.fuzz.calls import TINY_DEADLINE_S, Call, assert_answered, invoke
 from tests.fuzz.fleet import NORMAL_TOKEN, FuzzFleet, assert_came_through
-from tests.fuzz.rpcs import RPCS, Ids, Rpc, reservation
-from tests.fuzz.strategies import messages, mutated, mutations, wire_bytes
+from tests.fuzz.rpcs import RPCS, Ids, Rpc, kv_complete, kv_piece, reservation
+from tests.fuzz.strategies import Payload, payloads
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fuzz, pytest.mark.timeout(600)]
 
-FUZZ = settings(max_examples=30, derandomize=True, deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
+FUZZ = settings(max_examples=30, derandomize=True, deadline=None, database=None, print_blob=False,
+                phases=(Phase.explicit, Phase.generate),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                       HealthCheck.function_scoped_fixture], print_blob=False)
+                                       HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 EXAMPLES = {"/pdserve.v1.Generation/Generate": 150, "/pdserve.v1.PrefillWorker/Prefill": 80,
             "/pdserve.v1.DecodeWorker/Decode": 60}
+PUSH, COMPLETE, PREFILL = ("/pdserve.v1.DecodeWorker/PushKV", "/pdserve.v1.DecodeWorker/CompleteKV",
+                           "/pdserve.v1.PrefillWorker/Prefill")
+BY_METHOD = {rpc.method: rpc for rpc in RPCS}
+CREDENTIALS = ("good",) * 9 + ("none", "wrong", "normal tenant")
 
 
-def _payload(data: st.DataObject, valid: Message) -> bytes:
-    """A random message, the valid one mutated, or wire bytes; only bytes that parse as the
-    request type (undecodable bytes have a test of their own)."""
-    kind = data.draw(st.sampled_from(("random", "mutated", "mutated", "wire")), label="kind")
-    if kind == "random":
-        return data.draw(messages(valid.DESCRIPTOR), label="message").SerializeToString()
-    if kind == "mutated":
-        return mutated(valid, data.draw(mutations(valid.DESCRIPTOR), label="edits")).SerializeToString()
-    payload = data.draw(wire_bytes(valid.SerializeToString()), label="bytes")
-    return payload if _parses(type(valid), payload) else valid.SerializeToString()
+@dataclass(frozen=True)
+class KnownBug:
+    method: str
+    hits: Callable[[Message], bool]
+    reason: str
 
 
-def _parses(kind: type[Message], payload: bytes) -> bool:
+KNOWN_BUGS = (
+    KnownBug(COMPLETE, lambda m: m.num_pieces > 1 << 20,
+             "CompleteKV with a huge num_pieces (e.g. 4294967295) on a live transfer builds list(range(num_pieces)) "
+             "in decode_service/intake.py check_complete: MemoryError, answered INTERNAL (unbounded, 2**31 takes "
+             "the machine's memory)"),
+)
+
+
+def _rendered(rpc: Rpc, payload: Payload, valid: Message) -> bytes:
+    """What `payload` makes of `valid`, as long as it parses (else `valid` as is) and is no
+    known bug's input."""
+    data = payload.render(valid)
     try:
-        kind.FromString(payload)
+        sent = rpc.request.FromString(data)
     except DecodeError:
-        return False
-    return True
+        return valid.SerializeToString()
+    assume(not any(bug.method == rpc.method and bug.hits(sent) for bug in KNOWN_BUGS))
+    return data
 
 
-def _metadata(data: st.DataObject, fleet: FuzzFleet, rpc: Rpc) -> tuple[tuple[str, str], ...]:
-    good = fleet.public_metadata if rpc.role == "router" and "Generation" in rpc.method else fleet.internal_metadata
-    choice = data.draw(st.sampled_from(("good",) * 9 + ("none", "wrong", "normal-tenant")), label="credentials")
+def _metadata(choice: str, fleet: FuzzFleet, rpc: Rpc) -> tuple[tuple[str, str], ...]:
+    good = fleet.public_metadata if rpc.role == "router" else fleet.internal_metadata
     return {"good": good, "none": (), "wrong": (("authorization", "Bearer nope"),),
-            "normal-tenant": (("authorization", f"Bearer {NORMAL_TOKEN}"),)}[choice]
+            "normal tenant": (("authorization", f"Bearer {NORMAL_TOKEN}"),)}[choice]
 
 
-def _address(fleet: FuzzFleet, rpc: Rpc) -> str:
-    return {"router": fleet.router, "prefill": fleet.prefill, "decode": fleet.decode}[rpc.role]
+def _name(rpc: Rpc) -> str:
+    return rpc.method.rsplit(".", 1)[-1].replace("/", ".")
 
 
-@pytest.mark.parametrize("rpc", RPCS, ids=lambda r: r.method.rsplit(".", 1)[-1].replace("/", "."))
+@pytest.mark.parametrize("rpc", RPCS, ids=_name)
 def test_every_answer_is_documented_and_the_fleet_comes_through(rpc: Rpc, live_fleet: FuzzFleet, channels):
     ids = Ids()
 
     @settings(FUZZ, max_examples=EXAMPLES.get(rpc.method, FUZZ.max_examples))
-    @given(data=st.data())
-    def fuzz(data: st.DataObject) -> None:
+    @given(payload=payloads(rpc.request.DESCRIPTOR), credentials=st.sampled_from(CREDENTIALS),
+           timeout_s=st.sampled_from((rpc.deadline_s,) * 5 + (TINY_DEADLINE_S,)))
+    def fuzz(payload: Payload, credentials: str, timeout_s: float) -> None:
         held = reservation(channels["decode"], live_fleet.internal_metadata, ids) if rpc.needs_reservation \
             else nullcontext()
         with held as target:
-            call = Call(_address(live_fleet, rpc), rpc.method, _payload(data, rpc.valid(ids, target)),
-                        _metadata(data, live_fleet, rpc),
-                        data.draw(st.sampled_from((rpc.deadline_s,) * 5 + (TINY_DEADLINE_S,)), label="timeout"),
-                        rpc.stream)
+            call = Call(live_fleet.address(rpc.role), rpc.method, _rendered(rpc, payload, rpc.valid(ids, target)),
+                        _metadata(credentials, live_fleet, rpc), timeout_s, rpc.stream)
             outcome = invoke(channels[rpc.role], call, rpc.max_responses)
-        event(f"{outcome.code.name}{' (cut)' if outcome.cut else ''}: {outcome.details[:60]}")
         assert_answered(call, outcome, rpc.may_wait)
         assert not live_fleet.dead(), f"{call} killed {live_fleet.dead()}"
 
@@ -83,16 +101,72 @@ def test_every_answer_is_documented_and_the_fleet_comes_through(rpc: Rpc, live_f
     assert_came_through(live_fleet)
 
 
+def _kv_valid(rpc: Rpc, ids: Ids, target: wpb.KVReservation, pushed: int) -> Message:
+    """The next valid call of a transfer into `target` after `pushed` accepted pieces."""
+    if rpc.method == PUSH:
+        return kv_piece(target, pushed)
+    if rpc.method == COMPLETE:
+        return kv_complete(target, pushed)
+    return rpc.valid(ids, target)
+
+
+@st.composite
+def _kv_steps(draw) -> list[tuple[Rpc, Payload]]:
+    methods = draw(st.lists(st.sampled_from((PUSH, PUSH, COMPLETE, PREFILL)), min_size=1, max_size=4))
+    return [(BY_METHOD[m], draw(payloads(BY_METHOD[m].request.DESCRIPTOR, as_is=True))) for m in methods]
+
+
+def test_kv_calls_in_any_order_on_one_reservation(live_fleet: FuzzFleet, channels):
+    """PushKV, CompleteKV and a real Prefill into the same reservation, valid or fuzzed, in any
+    order: the intake's every answer is documented, and nothing of it outlives the reservation."""
+    ids = Ids()
+
+    @settings(FUZZ, max_examples=60)
+    @given(steps=_kv_steps())
+    def fuzz(steps: list[tuple[Rpc, Payload]]) -> None:
+        with reservation(channels["decode"], live_fleet.internal_metadata, ids) as target:
+            pushed = 0
+            for rpc, payload in steps:
+                call = Call(live_fleet.address(rpc.role), rpc.method,
+                            _rendered(rpc, payload, _kv_valid(rpc, ids, target, pushed)), live_fleet.internal_metadata,
+                            rpc.deadline_s, rpc.stream)
+                outcome = invoke(channels[rpc.role], call, rpc.max_responses)
+                pushed += rpc.method == PUSH and outcome.code == grpc.StatusCode.OK
+                assert_answered(call, outcome)
+        assert not live_fleet.dead(), f"killed {live_fleet.dead()}"
+
+    fuzz()
+    assert_came_through(live_fleet)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS[0].reason)
+def test_complete_kv_with_a_huge_piece_count_is_invalid_argument(live_fleet: FuzzFleet, channels):
+    ids, codes = Ids(), []
+    for num_pieces in (2**32 - 1, 2**31 + 7):
+        with reservation(channels["decode"], live_fleet.internal_metadata, ids) as target:
+            message = kv_complete(target, 0)
+            message.num_pieces = num_pieces
+            call = Call(live_fleet.decode, COMPLETE, message.SerializeToString(), live_fleet.internal_metadata)
+            codes.append(invoke(channels["decode"], call).code)
+    assert not live_fleet.dead(), f"killed {live_fleet.dead()}"
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 2, codes
+
+
 UNDECODABLE = (b"\xff\xff\xff", b"\x08", b"\x0a\x05ab", b"\x0f", b"\x07\x00",
                b"\x0a\x02\xff\xfe")  # the last: not UTF-8 where field 1 is a string
 
 
 def _send_undecodable(fleet: FuzzFleet, channels, rpc: Rpc) -> dict[bytes, str]:
-    """Each undecodable payload sent to `rpc`: the status it got, by payload."""
-    metadata = fleet.public_metadata if "Generation" in rpc.method else fleet.internal_metadata
+    """Each payload of UNDECODABLE that does not parse as `rpc`'s request: the status it got."""
     codes = {}
-    for payload in (p for p in UNDECODABLE if not _parses(rpc.request, p)):
-        call = Call(_address(fleet, rpc), rpc.method, payload, metadata, rpc.deadline_s, rpc.stream)
+    for payload in UNDECODABLE:
+        try:
+            rpc.request.FromString(payload)
+            continue
+        except DecodeError:
+            pass
+        call = Call(fleet.address(rpc.role), rpc.method, payload, _metadata("good", fleet, rpc), rpc.deadline_s,
+                    rpc.stream)
         codes[payload] = invoke(channels[rpc.role], call, rpc.max_responses).code.name
     return codes
 
@@ -104,10 +178,10 @@ def test_undecodable_bytes_leave_every_process_serving(live_fleet: FuzzFleet, ch
     assert_came_through(live_fleet)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a request whose bytes do not parse is answered UNKNOWN ('Unexpected "
-                                       "DecodeError') by grpc's deserializer, before pdserve/rpc/errors.py maps "
-                                       "anything: it should be INVALID_ARGUMENT")
-@pytest.mark.parametrize("rpc", RPCS, ids=lambda r: r.method.rsplit(".", 1)[-1].replace("/", "."))
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a request whose bytes do not parse is answered UNKNOWN "
+                   "('Unexpected DecodeError') by grpc's deserializer, before pdserve/rpc/errors.py maps anything: it "
+                   "should be INVALID_ARGUMENT")
+@pytest.mark.parametrize("rpc", RPCS, ids=_name)
 def test_undecodable_bytes_are_invalid_argument(rpc: Rpc, live_fleet: FuzzFleet, channels):
     codes = _send_undecodable(live_fleet, channels, rpc)
     assert set(codes.values()) == {"INVALID_ARGUMENT"}, codes
