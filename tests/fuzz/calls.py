@@ -3,6 +3,8 @@
 Every answer must be one of the documented statuses; INTERNAL and UNKNOWN mean a handler (or
 the wire layer) failed on the input. DEADLINE_EXCEEDED is an answer only to a caller that gave
 a tiny deadline, or on a stream that may rightly wait (a Decode stream waiting for its KV).
+A server's trailers too big for the client to take (an error message echoing an input without
+bound) are no answer either: the client sees RESOURCE_EXHAUSTED instead of what was meant.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ ANSWERS = frozenset({
     grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
 })
+OVERSIZED_TRAILERS = "Stream removed (received metadata size exceeds"  # the client's words for them
 TINY_DEADLINE_S = 0.05
 GENEROUS_DEADLINE_S = 30.0
 
@@ -75,3 +78,4 @@ def assert_answered(call: Call, outcome: Outcome, may_wait: bool = False) -> Non
     if call.timeout_s <= TINY_DEADLINE_S or may_wait:
         allowed.add(grpc.StatusCode.DEADLINE_EXCEEDED)
     assert outcome.code in allowed, f"{call} answered {outcome.code.name}: {outcome.details}"
+    assert OVERSIZED_TRAILERS not in outcome.details, f"{call} answered with trailers too big: {outcome.details}"

@@ -40,7 +40,7 @@ class Rpc:
     role: str  # where it is served: router (public port), registry (its internal port), prefill or decode
     method: str
     request: type[Message]
-    valid: Callable[[Ids, wpb.KVReservation | None], Message]
+    valid: Callable[[Ids, Reserved | None], Message]
     stream: bool = False
     may_wait: bool = False  # may rightly outlast the caller's deadline
     needs_reservation: bool = False
@@ -61,8 +61,8 @@ def _generate(ids: Ids, _) -> pb.GenerateRequest:
                               priority=pb.PRIORITY_NORMAL)
 
 
-def _prefill(ids: Ids, target: wpb.KVReservation | None) -> wpb.PrefillRequest:
-    return wpb.PrefillRequest(request=_worker_request(ids, "prefill"), target=target)
+def _prefill(ids: Ids, reserved: Reserved | None) -> wpb.PrefillRequest:
+    return wpb.PrefillRequest(request=_worker_request(ids, "prefill"), target=reserved.target)
 
 
 def _decode(ids: Ids, _) -> wpb.DecodeRequest:
@@ -80,12 +80,12 @@ def kv_complete(target: wpb.KVReservation, pieces: int) -> wpb.KVComplete:
                           kv_secret=target.kv_secret)
 
 
-def _push(ids: Ids, target: wpb.KVReservation | None) -> wpb.KVPiece:
-    return kv_piece(target, 0)
+def _push(ids: Ids, reserved: Reserved | None) -> wpb.KVPiece:
+    return kv_piece(reserved.target, 0)
 
 
-def _complete(ids: Ids, target: wpb.KVReservation | None) -> wpb.KVComplete:
-    return kv_complete(target, 1)
+def _complete(ids: Ids, reserved: Reserved | None) -> wpb.KVComplete:
+    return kv_complete(reserved.target, 1)
 
 
 def _abort(ids: Ids, _) -> wpb.WorkerAbortRequest:
@@ -113,18 +113,26 @@ RPCS = (
 )
 
 
+@dataclass(frozen=True)
+class Reserved:
+    """A Decode stream's request on the decode worker and the blocks it reserved."""
+
+    request_id: str
+    target: wpb.KVReservation
+
+
 @contextmanager
-def reservation(channel: grpc.Channel, metadata, ids: Ids) -> Iterator[wpb.KVReservation]:
+def reservation(channel: grpc.Channel, metadata, ids: Ids) -> Iterator[Reserved]:
     """Blocks reserved on the decode worker for PROMPT, held until the block ends (or until no KV
     came for 3 s after a piece was announced)."""
     decode = channel.unary_stream("/pdserve.v1.DecodeWorker/Decode",
                                   request_serializer=wpb.DecodeRequest.SerializeToString,
                                   response_deserializer=wpb.DecodeEvent.FromString)
-    events = decode(wpb.DecodeRequest(request=_worker_request(ids, "reserve", kv_timeout_s=3.0)), metadata=metadata,
-                    timeout=60)
+    request = _worker_request(ids, "reserve", kv_timeout_s=3.0)
+    events = decode(wpb.DecodeRequest(request=request), metadata=metadata, timeout=60)
     try:
         event = next(events)
         assert event.WhichOneof("event") == "reserved", f"the decode worker sent {event} before any reservation"
-        yield event.reserved
+        yield Reserved(request.request_id, event.reserved)
     finally:
         events.cancel()
