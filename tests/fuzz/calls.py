@@ -53,19 +53,22 @@ def invoke(channel: grpc.Channel, call: Call, max_responses: int = 4) -> Outcome
         if not call.stream:
             reply = channel.unary_unary(call.method)(call.payload, metadata=call.metadata, timeout=call.timeout_s)
             return Outcome(grpc.StatusCode.OK, responses=(reply,))
-        return _read(channel.unary_stream(call.method)(call.payload, metadata=call.metadata,
-                                                       timeout=call.timeout_s), max_responses)
+        return read(channel.unary_stream(call.method)(call.payload, metadata=call.metadata,
+                                                      timeout=call.timeout_s), max_responses)
     except grpc.RpcError as exc:
         return Outcome(exc.code(), exc.details() or "")
 
 
-def _read(responses, max_responses: int) -> Outcome:
+def read(responses, max_responses: int, cancel: bool = True) -> Outcome:
+    """Read an open stream to its end, or stop after `max_responses` (at least 1) messages and
+    cancel it unless told not to."""
     got: list[bytes] = []
     try:
         for response in responses:
             got.append(response)
             if len(got) >= max_responses:
-                responses.cancel()
+                if cancel:
+                    responses.cancel()
                 return Outcome(grpc.StatusCode.OK, responses=tuple(got), cut=True)
     except grpc.RpcError as exc:
         return Outcome(exc.code(), exc.details() or "", tuple(got))

@@ -1,4 +1,4 @@
-"""One real fleet per fuzz module; a process that died in one test is started again for the next."""
+"""One real fleet for all the fuzz tests; a process that died in one test is started again for the next."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from tests.fuzz.fleet import ROLES, FuzzFleet, start_fleet, supervisor, wait_back
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def fleet():
     sup = supervisor()
     try:

@@ -19,6 +19,7 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2 as wpb
 from tests.fuzz.calls import GENEROUS_DEADLINE_S
 
+PUSH, COMPLETE = "/pdserve.v1.DecodeWorker/PushKV", "/pdserve.v1.DecodeWorker/CompleteKV"
 PROMPT = (504, 2988, 314, 4649, 314, 260, 1345, 2003, 30, 198, 7042, 30, 198, 504, 2988, 314, 42, 216, 33, 34)
 GREEDY = pb.SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
 
@@ -106,11 +107,13 @@ RPCS = (
     Rpc("prefill", "/pdserve.v1.PrefillWorker/Stats", wpb.StatsRequest, lambda ids, _: wpb.StatsRequest()),
     Rpc("decode", "/pdserve.v1.DecodeWorker/Decode", wpb.DecodeRequest, _decode, stream=True, may_wait=True,
         max_responses=1, deadline_s=3.0),
-    Rpc("decode", "/pdserve.v1.DecodeWorker/PushKV", wpb.KVPiece, _push, needs_reservation=True),
-    Rpc("decode", "/pdserve.v1.DecodeWorker/CompleteKV", wpb.KVComplete, _complete, needs_reservation=True),
+    Rpc("decode", PUSH, wpb.KVPiece, _push, needs_reservation=True),
+    Rpc("decode", COMPLETE, wpb.KVComplete, _complete, needs_reservation=True),
     Rpc("decode", "/pdserve.v1.DecodeWorker/Abort", wpb.WorkerAbortRequest, _abort),
     Rpc("decode", "/pdserve.v1.DecodeWorker/Stats", wpb.StatsRequest, lambda ids, _: wpb.StatsRequest()),
 )
+
+BY_METHOD = {rpc.method: rpc for rpc in RPCS}
 
 
 @dataclass(frozen=True)

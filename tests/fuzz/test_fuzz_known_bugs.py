@@ -1,0 +1,75 @@
+"""Expected failures the fuzzing found, each with the smallest input that shows it (their
+inputs are left out of the fuzzing: tests/fuzz/inputs.py KNOWN_BUGS), and bytes that do not
+parse as the request type, which every RPC must survive. An expected failure that passes
+fails the run (strict): the bug is fixed, so drop it here and in KNOWN_BUGS."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from tests.fuzz.calls import Call, assert_answered, invoke
+from tests.fuzz.fleet import FuzzFleet, assert_came_through
+from tests.fuzz.inputs import HUGE_PIECE_COUNT, QUOTED_TRANSFER_ID, metadata, parses
+from tests.fuzz.rpcs import BY_METHOD, COMPLETE, PUSH, RPCS, Ids, Rpc, kv_complete, reservation
+
+pytestmark = [pytest.mark.e2e, pytest.mark.fuzz, pytest.mark.timeout(600)]
+
+UNDECODABLE = (b"\xff\xff\xff", b"\x08", b"\x0a\x05ab", b"\x0f", b"\x07\x00",
+               b"\x0a\x02\xff\xfe")  # the last: not UTF-8 where field 1 is a string
+
+
+def _name(rpc: Rpc) -> str:
+    return rpc.method.rsplit(".", 1)[-1].replace("/", ".")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=HUGE_PIECE_COUNT.reason)
+def test_complete_kv_with_a_huge_piece_count_is_invalid_argument(live_fleet: FuzzFleet, channels):
+    ids, codes = Ids(), []
+    for num_pieces in (2**32 - 1, 2**31 + 7):
+        with reservation(channels["decode"], live_fleet.internal_metadata, ids) as reserved:
+            message = kv_complete(reserved.target, 0)
+            message.num_pieces = num_pieces
+            call = Call(live_fleet.decode, COMPLETE, message.SerializeToString(), live_fleet.internal_metadata)
+            codes.append(invoke(channels["decode"], call).code)
+    assert not live_fleet.dead(), f"killed {live_fleet.dead()}"
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 2, codes
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=QUOTED_TRANSFER_ID.reason)
+@pytest.mark.parametrize("method", (PUSH, COMPLETE), ids=lambda m: m.rsplit("/", 1)[-1])
+def test_a_huge_unknown_transfer_id_is_refused_in_a_few_words(method: str, live_fleet: FuzzFleet, channels):
+    ids, rpc = Ids(), BY_METHOD[method]
+    with reservation(channels["decode"], live_fleet.internal_metadata, ids) as reserved:
+        message = rpc.valid(ids, reserved)
+        message.transfer_id = "y" * 300_000
+        call = Call(live_fleet.decode, method, message.SerializeToString(), live_fleet.internal_metadata)
+        outcome = invoke(channels["decode"], call)
+    assert not live_fleet.dead(), f"killed {live_fleet.dead()}"
+    assert_answered(call, outcome)
+
+
+def _send_undecodable(fleet: FuzzFleet, channels, rpc: Rpc) -> dict[bytes, str]:
+    """Each payload of UNDECODABLE that does not parse as `rpc`'s request: the status it got."""
+    codes = {}
+    for payload in (p for p in UNDECODABLE if not parses(rpc, p)):
+        call = Call(fleet.address(rpc.role), rpc.method, payload, metadata("good", fleet, rpc), rpc.deadline_s,
+                    rpc.stream)
+        codes[payload] = invoke(channels[rpc.role], call, rpc.max_responses).code.name
+    return codes
+
+
+def test_undecodable_bytes_leave_every_process_serving(live_fleet: FuzzFleet, channels):
+    for rpc in RPCS:
+        _send_undecodable(live_fleet, channels, rpc)
+        assert not live_fleet.dead(), f"undecodable bytes to {rpc.method} killed {live_fleet.dead()}"
+    assert_came_through(live_fleet)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a request whose bytes do not parse is answered UNKNOWN "
+                   "('Unexpected DecodeError') by grpc's deserializer, before pdserve/rpc/errors.py maps anything: it "
+                   "should be INVALID_ARGUMENT")
+@pytest.mark.parametrize("rpc", RPCS, ids=_name)
+def test_undecodable_bytes_are_invalid_argument(rpc: Rpc, live_fleet: FuzzFleet, channels):
+    codes = _send_undecodable(live_fleet, channels, rpc)
+    assert set(codes.values()) == {"INVALID_ARGUMENT"}, codes
