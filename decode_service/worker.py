@@ -4,11 +4,11 @@
            <-- Reserved(block ids) --  on_step()
     prefill --PushKV--> push_kv()      receiver.expect(piece, secret) into exactly those blocks
     prefill --CompleteKV--> complete() all pieces in -> mark_received(first token) -> decoding
+           <-- Tokens ... Finished --  on_step()
 
 Each reservation has a secret drawn here (in Reserved, for the prefill worker the router picks):
 the servicer refuses PushKV and CompleteKV that do not present it (`presented`), and the
 transport accepts the piece's data only under it.
-           <-- Tokens ... Finished --  on_step()
 
 Every exit (finish, cancel, abort, deadline, failed transfer) frees the request's blocks within
 one step: the transfer is withdrawn first, then the engine aborts the request, unless the

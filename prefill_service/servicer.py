@@ -100,6 +100,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         self.metrics.observe_kv_transfer(event.kv_seconds, event.kv_bytes)
 
     async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
+        longest = self.worker.engine.engine.limits.max_model_len
+        if len(request.token_ids) > longest:
+            raise InvalidRequestError(f"{len(request.token_ids)} token ids; a prompt holds at most {longest}")
         ids = list(request.token_ids)
         cached = await self.worker.engine.call(lambda e: e.scheduler.kv.probe(ids))
         return wpb.MatchPrefixResponse(cached_tokens=cached)

@@ -1,4 +1,5 @@
-"""A worker's heartbeat to the routers it registers with (--register-with)."""
+"""A worker's heartbeat to the routers it registers with (--register-with: each router's
+internal port, where Registry is served behind the cluster token this worker sends)."""
 
 from __future__ import annotations
 
@@ -38,5 +39,6 @@ class Registration:
                     stub = worker_pb2_grpc.RegistryStub(self.channels.get(router))
                     await stub.Register(self.request, timeout=2.0)
                 except grpc.aio.AioRpcError as exc:
-                    log.warning("cannot register with %s: %s", router, exc.code().name)
+                    hint = " (not a router's --internal-port?)" if exc.code() == grpc.StatusCode.UNIMPLEMENTED else ""
+                    log.warning("cannot register with %s: %s%s", router, exc.code().name, hint)
             await asyncio.sleep(self.period_s)

@@ -187,9 +187,19 @@ def test_kv_rpcs_need_the_reservations_secret_and_valid_fields(fleet):
             assert _code(lambda: prefill.Prefill(request, metadata=token, timeout=30)) == REFUSED, bad
 
         request = wpb.PrefillRequest(request=_worker_request("kv-1"), target=reserved)
-        done = [e.done for e in prefill.Prefill(request, metadata=token, timeout=120) if e.WhichOneof("event") == "done"]
+        events = prefill.Prefill(request, metadata=token, timeout=120)
+        done = [e.done for e in events if e.WhichOneof("event") == "done"]
         decoded = [t for e in stream if e.WhichOneof("event") == "tokens" for t in e.tokens.token_ids]
         assert [done[0].first_token_id, *decoded] == fleet["canary"]
+    _still_serving(fleet)
+
+
+def test_a_prefix_probe_longer_than_any_prompt_is_refused(fleet):
+    with grpc.insecure_channel(fleet["prefill"]) as channel:
+        stub = worker_pb2_grpc.PrefillWorkerStub(channel)
+        probe = wpb.MatchPrefixRequest(token_ids=[7] * 300_000)
+        assert _code(lambda: stub.MatchPrefix(probe, metadata=fleet["token"], timeout=30)) == REFUSED
+        assert stub.MatchPrefix(wpb.MatchPrefixRequest(token_ids=PROMPT), metadata=fleet["token"], timeout=30)
     _still_serving(fleet)
 
 

@@ -66,7 +66,8 @@ def test_plaintext_without_certificates_and_tls_with_them():
 
 
 async def _health_calls_with_check_exempt() -> tuple:
-    guard = TokenGuard(("/grpc.health.v1.Health/",), ("sekret-sekret-sekret",), exempt=("/grpc.health.v1.Health/Check",))
+    guard = TokenGuard(("/grpc.health.v1.Health/",), ("sekret-sekret-sekret",),
+                       exempt=("/grpc.health.v1.Health/Check",))
     server = grpc.aio.server(interceptors=[guard])
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
