@@ -40,7 +40,7 @@ class Intake:
     block_ids: tuple[int, ...]
     kv_timeout_s: float
     lease: Lease
-    secret: bytes
+    secret: bytes = field(repr=False)
     pieces: dict[int, asyncio.Task] = field(default_factory=dict)
     announced: set[int] = field(default_factory=set)  # indexes into block_ids of announced pieces
 
