@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pdserve.cli.supervisor import Child, Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc, worker_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
 from tests.fuzz.rpcs import PROMPT
 from tests.helpers.cluster import cluster_flags, cluster_metadata
@@ -28,6 +29,8 @@ WORKER_FLAGS = ["--threads", "1", "--kv-blocks", "128", "--host-kv-blocks", "32"
                 "--max-chunk-tokens", "64"]
 ROLES = ("router", "registry", "prefill", "decode")
 MEMORY_LIMIT_BYTES = 4 << 30  # a worker of these flags uses about 1.2 GiB
+HELD = ("blocks_active", "blocks_held", "blocks_reserved", "blocks_quarantined", "requests_running",
+        "requests_waiting")  # WorkerStats counters that are zero on an idle worker
 VIP_TOKEN = "fuzz-vip-token"  # tenant gold: every class
 NORMAL_TOKEN = "fuzz-normal-token"  # tenant basic: NORMAL at most, 4 requests in flight
 TENANTS = (f"{VIP_TOKEN} tenant=gold max_priority=vip\n"
@@ -104,8 +107,6 @@ def _bound_memory(child: Child) -> None:
 
 def canary(fleet: FuzzFleet) -> tuple[int, ...]:
     """The canary's greedy tokens through the router."""
-    from pdserve.v1 import generation_pb2_grpc
-
     with grpc.insecure_channel(fleet.router) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         responses = stub.Generate(CANARY, metadata=fleet.public_metadata, timeout=60)
@@ -121,27 +122,25 @@ def serving(address: str) -> bool:
     return status == health_pb2.HealthCheckResponse.SERVING
 
 
-def active_blocks(fleet: FuzzFleet) -> dict[str, int]:
-    """blocks_active of each worker, from its Stats."""
-    from pdserve.v1 import worker_pb2_grpc
-
+def leftovers(fleet: FuzzFleet) -> dict[str, dict[str, int]]:
+    """What each worker's Stats say it still holds (only counters that are not zero)."""
     found = {}
     for name, address, stub_type in (("prefill", fleet.prefill, worker_pb2_grpc.PrefillWorkerStub),
                                      ("decode", fleet.decode, worker_pb2_grpc.DecodeWorkerStub)):
         with grpc.insecure_channel(address) as channel:
             stats = stub_type(channel).Stats(wpb.StatsRequest(), metadata=fleet.internal_metadata, timeout=5)
-            found[name] = stats.blocks_active
+        held = {counter: getattr(stats, counter) for counter in HELD}
+        found[name] = {counter: n for counter, n in held.items() if n}
     return found
 
 
 def assert_came_through(fleet: FuzzFleet, settle_s: float = 15.0) -> None:
-    """Every process up and SERVING, the canary's output as before, and no block left active."""
+    """Every process up and SERVING, the canary's output as before, and nothing left held."""
     assert not fleet.dead(), f"processes exited: {fleet.dead()}"
-    for address in (fleet.router, fleet.prefill, fleet.decode):
+    for address in (fleet.router, fleet.registry, fleet.prefill, fleet.decode):
         assert _eventually(lambda: serving(address), settle_s), f"{address} is not SERVING"
     assert canary(fleet) == fleet.canary_tokens, "the canary's greedy output changed"
-    assert _eventually(lambda: not any(active_blocks(fleet).values()), settle_s), \
-        f"blocks still active: {active_blocks(fleet)}"
+    assert _eventually(lambda: not any(leftovers(fleet).values()), settle_s), f"still held: {leftovers(fleet)}"
 
 
 def _eventually(check, timeout_s: float) -> bool:
