@@ -19,6 +19,7 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2 as wpb
 from tests.fuzz.calls import GENEROUS_DEADLINE_S
 
+GENERATE = "/pdserve.v1.Generation/Generate"
 PUSH, COMPLETE = "/pdserve.v1.DecodeWorker/PushKV", "/pdserve.v1.DecodeWorker/CompleteKV"
 PROMPT = (504, 2988, 314, 4649, 314, 260, 1345, 2003, 30, 198, 7042, 30, 198, 504, 2988, 314, 42, 216, 33, 34)
 GREEDY = pb.SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0)
@@ -47,9 +48,15 @@ class Rpc:
     needs_reservation: bool = False
     max_responses: int = 4
     deadline_s: float = GENEROUS_DEADLINE_S
+    variant: str = ""  # which of several valid messages of one method
+
+    @property
+    def name(self) -> str:
+        service_method = self.method.rsplit(".", 1)[-1].replace("/", ".")
+        return f"{service_method}.{self.variant}" if self.variant else service_method
 
     def __repr__(self) -> str:
-        return self.method
+        return self.name
 
 
 def _worker_request(ids: Ids, kind: str, kv_timeout_s: float = 5.0) -> wpb.WorkerRequest:
@@ -60,6 +67,19 @@ def _worker_request(ids: Ids, kind: str, kv_timeout_s: float = 5.0) -> wpb.Worke
 def _generate(ids: Ids, _) -> pb.GenerateRequest:
     return pb.GenerateRequest(request_id=ids.next("generate"), token_ids=pb.TokenIds(ids=PROMPT), sampling=GREEDY,
                               priority=pb.PRIORITY_NORMAL)
+
+
+def _generate_text(ids: Ids, _) -> pb.GenerateRequest:
+    return pb.GenerateRequest(request_id=ids.next("generate"), text="<|im_start|>user\nHi<|im_end|>\n",
+                              sampling=pb.SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, top_k=20, seed=7,
+                                                         stop=["\n\n"], stop_token_ids=[2]))
+
+
+def _generate_chat(ids: Ids, _) -> pb.GenerateRequest:
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="system", content="Be brief."),
+                                     pb.ChatMessage(role="user", content="Name a colour.")])
+    return pb.GenerateRequest(request_id=ids.next("generate"), messages=chat, sampling=GREEDY,
+                              priority=pb.PRIORITY_BATCH)
 
 
 def _prefill(ids: Ids, reserved: Reserved | None) -> wpb.PrefillRequest:
@@ -94,7 +114,9 @@ def _abort(ids: Ids, _) -> wpb.WorkerAbortRequest:
 
 
 RPCS = (
-    Rpc("router", "/pdserve.v1.Generation/Generate", pb.GenerateRequest, _generate, stream=True),
+    Rpc("router", GENERATE, pb.GenerateRequest, _generate, stream=True, variant="token_ids"),
+    Rpc("router", GENERATE, pb.GenerateRequest, _generate_text, stream=True, variant="text"),
+    Rpc("router", GENERATE, pb.GenerateRequest, _generate_chat, stream=True, variant="messages"),
     Rpc("router", "/pdserve.v1.Generation/Abort", pb.AbortRequest,
         lambda ids, _: pb.AbortRequest(request_id=ids.next("generate"))),
     Rpc("registry", "/pdserve.v1.Registry/Register", wpb.RegisterRequest,
@@ -113,7 +135,8 @@ RPCS = (
     Rpc("decode", "/pdserve.v1.DecodeWorker/Stats", wpb.StatsRequest, lambda ids, _: wpb.StatsRequest()),
 )
 
-BY_METHOD = {rpc.method: rpc for rpc in RPCS}
+BY_METHOD = {rpc.method: rpc for rpc in RPCS if not rpc.variant}
+METHODS = tuple({rpc.method: rpc for rpc in RPCS}.values())  # one Rpc (any variant) per method
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,12 @@ import pytest
 from tests.fuzz.calls import Call, assert_answered, invoke
 from tests.fuzz.fleet import FuzzFleet, assert_came_through
 from tests.fuzz.inputs import HUGE_PIECE_COUNT, QUOTED_TRANSFER_ID, metadata, parses
-from tests.fuzz.rpcs import BY_METHOD, COMPLETE, PUSH, RPCS, Ids, Rpc, kv_complete, reservation
+from tests.fuzz.rpcs import BY_METHOD, COMPLETE, METHODS, PUSH, Ids, Rpc, kv_complete, reservation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fuzz, pytest.mark.timeout(600)]
 
 UNDECODABLE = (b"\xff\xff\xff", b"\x08", b"\x0a\x05ab", b"\x0f", b"\x07\x00",
                b"\x0a\x02\xff\xfe")  # the last: not UTF-8 where field 1 is a string
-
-
-def _name(rpc: Rpc) -> str:
-    return rpc.method.rsplit(".", 1)[-1].replace("/", ".")
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=HUGE_PIECE_COUNT.reason)
@@ -60,7 +56,7 @@ def _send_undecodable(fleet: FuzzFleet, channels, rpc: Rpc) -> dict[bytes, str]:
 
 
 def test_undecodable_bytes_leave_every_process_serving(live_fleet: FuzzFleet, channels):
-    for rpc in RPCS:
+    for rpc in METHODS:
         _send_undecodable(live_fleet, channels, rpc)
         assert not live_fleet.dead(), f"undecodable bytes to {rpc.method} killed {live_fleet.dead()}"
     assert_came_through(live_fleet)
@@ -69,7 +65,7 @@ def test_undecodable_bytes_leave_every_process_serving(live_fleet: FuzzFleet, ch
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="a request whose bytes do not parse is answered UNKNOWN "
                    "('Unexpected DecodeError') by grpc's deserializer, before pdserve/rpc/errors.py maps anything: it "
                    "should be INVALID_ARGUMENT")
-@pytest.mark.parametrize("rpc", RPCS, ids=_name)
+@pytest.mark.parametrize("rpc", METHODS, ids=lambda rpc: rpc.method.rsplit(".", 1)[-1].replace("/", "."))
 def test_undecodable_bytes_are_invalid_argument(rpc: Rpc, live_fleet: FuzzFleet, channels):
     codes = _send_undecodable(live_fleet, channels, rpc)
     assert set(codes.values()) == {"INVALID_ARGUMENT"}, codes

@@ -22,8 +22,8 @@ from pdserve.v1 import worker_pb2 as wpb
 from tests.fuzz.calls import TINY_DEADLINE_S, Call, Outcome, assert_answered, invoke, read
 from tests.fuzz.fleet import FuzzFleet, assert_came_through
 from tests.fuzz.inputs import CREDENTIALS, metadata, rendered, trace_metadata
-from tests.fuzz.rpcs import (BY_METHOD, COMPLETE, PROMPT, PUSH, RPCS, Ids, Reserved, Rpc, kv_complete, kv_piece,
-                             reservation)
+from tests.fuzz.rpcs import (BY_METHOD, COMPLETE, GENERATE, PROMPT, PUSH, RPCS, Ids, Reserved, Rpc, kv_complete,
+                             kv_piece, reservation)
 from tests.fuzz.strategies import Payload, payloads
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fuzz, pytest.mark.timeout(600)]
@@ -32,21 +32,17 @@ FUZZ = settings(max_examples=30, derandomize=True, deadline=None, database=None,
                 phases=(Phase.explicit, Phase.generate),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
-EXAMPLES = {"/pdserve.v1.Generation/Generate": 150, "/pdserve.v1.PrefillWorker/Prefill": 80,
-            "/pdserve.v1.DecodeWorker/Decode": 60}
+EXAMPLES = {"Generation.Generate.token_ids": 80, "Generation.Generate.text": 60, "Generation.Generate.messages": 60,
+            "PrefillWorker.Prefill": 80, "DecodeWorker.Decode": 60}
 WORKER_ABORT, PREFILL = "/pdserve.v1.DecodeWorker/Abort", "/pdserve.v1.PrefillWorker/Prefill"
-GENERATE, ABORT = "/pdserve.v1.Generation/Generate", "/pdserve.v1.Generation/Abort"
+ABORT = "/pdserve.v1.Generation/Abort"
 
 
-def _name(rpc: Rpc) -> str:
-    return rpc.method.rsplit(".", 1)[-1].replace("/", ".")
-
-
-@pytest.mark.parametrize("rpc", RPCS, ids=_name)
+@pytest.mark.parametrize("rpc", RPCS, ids=lambda rpc: rpc.name)
 def test_every_answer_is_documented_and_the_fleet_comes_through(rpc: Rpc, live_fleet: FuzzFleet, channels):
     ids = Ids()
 
-    @settings(FUZZ, max_examples=EXAMPLES.get(rpc.method, FUZZ.max_examples))
+    @settings(FUZZ, max_examples=EXAMPLES.get(rpc.name, FUZZ.max_examples))
     @given(payload=payloads(rpc.request.DESCRIPTOR), credentials=st.sampled_from(CREDENTIALS),
            trace=trace_metadata(), timeout_s=st.sampled_from((rpc.deadline_s,) * 5 + (TINY_DEADLINE_S,)))
     def fuzz(payload: Payload, credentials: str, trace: tuple, timeout_s: float) -> None:
