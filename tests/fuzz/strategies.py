@@ -113,6 +113,8 @@ class SetField:
 
 @dataclass(frozen=True)
 class ClearField:
+    """Clear the field at `path` (a oneof member: the whole oneof)."""
+
     path: tuple[str, ...]
 
     def apply(self, message: Message) -> None:
@@ -175,7 +177,7 @@ class Fresh(Payload):
         return self.message.SerializeToString()
 
     def __repr__(self) -> str:
-        return f"Fresh({text_format.MessageToString(self.message, as_one_line=True)[:300]})"
+        return f"Fresh({_short(self.message)})"
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,14 @@ def _new(descriptor: Descriptor) -> Message:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, Message):
+        return _cut(text_format.MessageToString(value, as_one_line=True))
+    if isinstance(value, list) and value and isinstance(value[0], Message):
+        return f"[{len(value)} messages, the first {_short(value[0])}]"
     if isinstance(value, (list, str, bytes)) and len(value) > 12:
         return f"{type(value).__name__}[{len(value)}]({value[:3]!r}...)"
     return repr(value)
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
