@@ -19,6 +19,7 @@ class Pumped:
         self.call = call
         self.address = address
         self.failed = asyncio.Event()
+        self.fault: WorkerFault | None = None  # set when the call failed
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task = asyncio.ensure_future(self._pump())
 
@@ -29,6 +30,7 @@ class Pumped:
         except StopAsyncIteration:
             self._queue.put_nowait(_END)
         except WorkerFault as fault:
+            self.fault = fault
             self._queue.put_nowait(fault)
             self.failed.set()
 
@@ -54,13 +56,8 @@ class Pumped:
                 task.cancel()
         if task.done() and not task.cancelled():
             return task.result()
-        await self.next_fault()
-        raise AssertionError("unreachable")
-
-    async def next_fault(self) -> None:
-        """Raise the fault this call ended with (it has failed)."""
-        while True:
-            await self.next()
+        assert self.fault is not None
+        raise self.fault
 
     def close(self) -> None:
         self._task.cancel()

@@ -166,9 +166,8 @@ class WorkerPool:
             self.remove(worker.address)
 
     def _close_breaker(self, worker: Worker) -> None:
-        if worker.breaker.state != BreakerState.CLOSED:
+        reopened = worker.breaker.state != BreakerState.CLOSED
+        worker.breaker.on_success()
+        if reopened:
             log.info("worker %s back in rotation", worker.address)
-            worker.breaker.on_success()
             self.on_change()
-        else:
-            worker.breaker.on_success()
