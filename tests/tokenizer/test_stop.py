@@ -75,7 +75,7 @@ def test_non_string_stop_rejected():
         StopStringMatcher([3])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)  # CI sees the same examples every run
 @given(
     text=st.text(alphabet="ab\nc", max_size=40),
     stops=st.lists(st.text(alphabet="ab\nc", min_size=1, max_size=4), max_size=3),
