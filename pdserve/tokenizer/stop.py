@@ -49,18 +49,26 @@ class StopStringMatcher:
             return StopResult("", True)
         buffer = self._held + text
         match = self._earliest_match(buffer)
-        if match is not None:
+        keep = self._partial_tail(buffer)
+        undecided = len(buffer) - keep  # a stop string may still start here and end later
+        if match is not None and match <= undecided:
             self._stopped = True
             self._held = ""
             return StopResult(buffer[:match], True)
-        keep = self._partial_tail(buffer)
-        self._held = buffer[len(buffer) - keep :] if keep else ""
-        return StopResult(buffer[: len(buffer) - keep], False)
+        self._held = buffer[undecided:]
+        return StopResult(buffer[:undecided], False)
 
     def flush(self) -> str:
-        """The held-back tail, at the end of a stream that did not stop on a string."""
+        """The held-back tail at the end of the stream, cut before a stop string it holds
+        (which then counts as a stop)."""
         held, self._held = self._held, ""
-        return "" if self._stopped else held
+        if self._stopped:
+            return ""
+        match = self._earliest_match(held)
+        if match is None:
+            return held
+        self._stopped = True
+        return held[:match]
 
     def _earliest_match(self, buffer: str) -> int | None:
         positions = [p for p in (buffer.find(stop) for stop in self._stops) if p >= 0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pdserve.tokenizer import StopResult, StopStringMatcher
@@ -17,7 +17,8 @@ def run(stops, pieces) -> tuple[str, bool]:
         out.append(result.emit)
         if result.stopped:
             return "".join(out), True
-    return "".join(out) + matcher.flush(), False
+    tail = matcher.flush()
+    return "".join(out) + tail, matcher.stopped
 
 
 def expected(stops, text) -> tuple[str, bool]:
@@ -46,7 +47,7 @@ def test_false_start_is_released():
 
 def test_earliest_of_several_stops_wins():
     assert run(["world", "lo w"], ["hel", "lo world"]) == ("hel", True)
-    assert run(["abc", "b"], ["ab", "c"]) == ("a", True)
+    assert run(["abc", "b"], ["ab", "c"]) == ("", True)  # "abc" starts first
 
 
 def test_stop_inside_one_piece_and_at_the_start():
@@ -81,7 +82,21 @@ def test_non_string_stop_rejected():
     stops=st.lists(st.text(alphabet="ab\nc", min_size=1, max_size=4), max_size=3),
     cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=10),
 )
+@example(text="\naa", stops=["a", "\naa"], cuts=[2])  # a longer stop starting earlier wins
 def test_any_split_gives_the_one_shot_answer(text, stops, cuts):
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
     assert run(stops, pieces) == expected(stops, text)
+
+
+def test_a_match_waits_while_an_earlier_longer_stop_is_undecided():
+    matcher = StopStringMatcher(["a", "\naa"])
+    assert matcher.feed("\na") == StopResult("", False)
+    assert matcher.feed("b") == StopResult("\n", True)
+
+
+def test_a_stop_held_at_the_end_of_the_stream_is_cut_by_flush():
+    matcher = StopStringMatcher(["a", "\naa"])
+    assert matcher.feed("\na") == StopResult("", False)
+    assert matcher.flush() == "\n"
+    assert matcher.stopped
