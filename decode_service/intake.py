@@ -63,7 +63,7 @@ class Intake:
     def check_complete(self, num_pieces: int) -> None:
         """InvalidRequestError unless exactly pieces 0..num_pieces-1 were announced (at least
         one) and together they cover every reserved block."""
-        if num_pieces < 1 or sorted(self.pieces) != list(range(num_pieces)):
+        if not 0 < num_pieces == len(self.pieces) or sorted(self.pieces) != list(range(num_pieces)):
             raise InvalidRequestError(f"{self.transfer_id}: completed with {num_pieces} pieces, "
                                       f"announced {sorted(self.pieces)[:8]} ({len(self.pieces)})")
         if len(self.announced) != len(self.block_ids):

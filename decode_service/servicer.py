@@ -6,7 +6,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from decode_service.worker import DecodeJob, DecodeWorker
-from pdserve.rpc.bounds import kv_timeout
+from pdserve.rpc.bounds import check_id, kv_timeout
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import PermissionDenied
@@ -78,6 +78,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         return wpb.KVCompleteAck()
 
     def _authorize(self, transfer_id: str, secret: bytes) -> None:
+        check_id("transfer_id", transfer_id)
         if not self.worker.presented(transfer_id, secret):
             raise PermissionDenied(f"transfer {transfer_id!r}: wrong kv_secret (only the reservation's holder "
                                    f"may write it)")

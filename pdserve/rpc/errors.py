@@ -2,7 +2,8 @@
 
 Handlers raise core exceptions; this maps them. A PeerFault also names the peer that caused it
 in trailing metadata (`pdserve-fault: decode`), so the caller charges that peer. A handler that
-already aborted with a status passes through untouched. Anything unexpected becomes INTERNAL with its message, logged once,
+already aborted with a status passes through untouched. Request bytes that do not parse reach
+the handler as an `Undecodable` and are answered INVALID_ARGUMENT (grpc itself would say UNKNOWN). Anything unexpected becomes INTERNAL with its message, logged once,
 and the server keeps serving everyone else.
 """
 
@@ -71,9 +72,34 @@ async def _abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> None
     await context.abort(code, details or type(exc).__name__)
 
 
+class Undecodable:
+    """A request whose bytes did not parse; the handler refuses it before the servicer sees it."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def refusal(self) -> WireError:
+        return WireError(f"the request does not parse: {str(self.error)[:200] or type(self.error).__name__}")
+
+
+def _lenient(deserialize: Callable | None) -> Callable | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as exc:  # protobuf's DecodeError, or a string field that is not UTF-8
+            return Undecodable(exc)
+
+    return parse
+
+
 def _wrap_unary(fn: Callable) -> Callable:
     async def handler(request, context):
         try:
+            if isinstance(request, Undecodable):
+                raise request.refusal()
             return await fn(request, context)
         except grpc.aio.AbortError:
             raise
@@ -86,6 +112,8 @@ def _wrap_unary(fn: Callable) -> Callable:
 def _wrap_stream(fn: Callable) -> Callable:
     async def handler(request, context):
         try:
+            if isinstance(request, Undecodable):
+                raise request.refusal()
             async for item in fn(request, context):
                 yield item
         except grpc.aio.AbortError:
@@ -103,8 +131,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return None
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+                _wrap_unary(handler.unary_unary), _lenient(handler.request_deserializer), handler.response_serializer)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
+                _wrap_stream(handler.unary_stream), _lenient(handler.request_deserializer),
+                handler.response_serializer)
         return handler

@@ -4,7 +4,7 @@ Each example sends one RPC a random message, a valid message with fields mutated
 garbled, with the right credentials or not, malformed trace context or none, and a generous or
 tiny deadline. Every answer must be a documented status and no process may exit; after each
 test every process is SERVING, the canary's greedy output is what it was, and no worker holds
-a block. Undecodable bytes and the inputs of known bugs: tests/fuzz/test_fuzz_known_bugs.py.
+a block. Undecodable bytes and the inputs the fuzzing found: tests/fuzz/test_fuzz_found.py.
 """
 
 from __future__ import annotations
