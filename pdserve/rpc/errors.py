@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import NamedTuple
 
 import grpc
 
@@ -62,24 +63,40 @@ def status_of(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-async def _abort_with(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+class Failure(NamedTuple):
+    """What a handler's exception becomes on the wire. Only this outlives the except block: the
+    exception's traceback holds the request (and its arena), so aborting while it is alive
+    would tie the request into a cycle that waits for the garbage collector."""
+
+    code: grpc.StatusCode
+    details: str
+    peer: str | None  # a PeerFault's culprit, sent as trailing metadata
+
+    def end(self, context: grpc.aio.ServicerContext) -> None:
+        """Sets the call's status; the handler then returns (no AbortError, whose traceback
+        would hold the handler's frame and the request in it)."""
+        if self.peer is not None:
+            context.set_trailing_metadata(((FAULT_METADATA, self.peer),))
+        context.set_code(self.code)
+        context.set_details(self.details)
+
+
+def failure_of(exc: Exception) -> Failure:
     code = status_of(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-    if isinstance(exc, PeerFault):
-        context.set_trailing_metadata(((FAULT_METADATA, exc.peer),))
-    await context.abort(code, details or type(exc).__name__)
+    return Failure(code, details or type(exc).__name__, exc.peer if isinstance(exc, PeerFault) else None)
 
 
 class Undecodable:
     """A request whose bytes did not parse; the handler refuses it before the servicer sees it."""
 
     def __init__(self, error: Exception) -> None:
-        self.error = error
+        self.reason = str(error)[:200] or type(error).__name__  # the text only: the error holds the bytes
 
     def refusal(self) -> WireError:
-        return WireError(f"the request does not parse: {str(self.error)[:200] or type(self.error).__name__}")
+        return WireError(f"the request does not parse: {self.reason}")
 
 
 def _lenient(deserialize: Callable | None) -> Callable | None:
@@ -104,7 +121,8 @@ def _wrap_unary(fn: Callable) -> Callable:
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await _abort_with(context, exc)
+            failure = failure_of(exc)
+        failure.end(context)
 
     return handler
 
@@ -116,10 +134,12 @@ def _wrap_stream(fn: Callable) -> Callable:
                 raise request.refusal()
             async for item in fn(request, context):
                 yield item
+            return
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await _abort_with(context, exc)
+            failure = failure_of(exc)
+        failure.end(context)
 
     return handler
 

@@ -27,7 +27,8 @@ def service():
                                       "--decode-workers", f"127.0.0.1:{d_port}", "--kv-timeout", "10", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
-        yield {"target": target, "decode": f"127.0.0.1:{d_port}", "prefill": f"127.0.0.1:{p_port}", "sup": sup}
+        yield {"target": target, "decode": f"127.0.0.1:{d_port}", "prefill": f"127.0.0.1:{p_port}", "sup": sup,
+               "router": router}
     finally:
         sup.stop()
 

@@ -14,6 +14,12 @@ from pdserve.v1 import generation_pb2_grpc
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        kib = next(line for line in status if line.startswith("VmRSS:")).split()[1]
+    return int(kib) * 1024
+
+
 def _gaps_of_a_stream(target: str, out: dict) -> None:
     """Runs a stream and records the largest gap between its messages."""
     with grpc.insecure_channel(target) as channel:
@@ -50,3 +56,22 @@ def test_a_huge_prompt_is_refused_at_once_and_other_streams_do_not_stall(service
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-prompt" in err.value.details()
     assert refused_s < 5  # sent, parsed and refused on its size: no tokenising
     assert stream["max_gap"] < 2.0  # the concurrent stream never waited on the big one
+
+
+@pytest.mark.parametrize("request_", [
+    pb.GenerateRequest(text="x" * 60_000_000),
+    pb.GenerateRequest(token_ids=pb.TokenIds(ids=[7] * 8_000_000)),
+], ids=["60-MB-text", "8M-token-ids"])
+def test_refused_huge_prompts_leave_nothing_behind_in_the_router(service, request_):
+    """Parsing costs memory once (the allocator keeps its high-water mark); each further
+    refusal must add nothing, so nothing made of a refused request is kept."""
+    pid, sizes = service["router"].pid, []
+    with grpc.insecure_channel(service["target"], options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+        for _ in range(4):
+            with pytest.raises(grpc.RpcError) as err:
+                list(generation_pb2_grpc.GenerationStub(channel).Generate(request_, timeout=60))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            sizes.append(_rss_bytes(pid))
+    print(f"router RSS after each refusal of a {request_.ByteSize() / 1e6:.1f} MB request: "
+          f"{[round(s / 1e6) for s in sizes]} MB")
+    assert sizes[-1] - sizes[0] < request_.ByteSize()  # four refusals, not even one message kept
