@@ -53,6 +53,7 @@ def test_a_huge_prompt_is_refused_at_once_and_other_streams_do_not_stall(service
             list(generation_pb2_grpc.GenerationStub(channel).Generate(request_, timeout=60))
         refused_s = time.monotonic() - started
     runner.join(120)
+    print(f"refused in {refused_s:.2f} s; the concurrent stream's largest gap {stream['max_gap']:.2f} s")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-prompt" in err.value.details()
     assert refused_s < 5  # sent, parsed and refused on its size: no tokenising
     assert stream["max_gap"] < 2.0  # the concurrent stream never waited on the big one
