@@ -1,4 +1,4 @@
-"""Rendered manifests for the deployment tests (paths live in deploy_paths.py).
+"""Manifests rendered by `kubectl kustomize` for the deployment tests (paths live in deploy_paths.py).
 
 The helper modules beside this file are imported by name under either import mode.
 """
@@ -15,10 +15,16 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from deploy_paths import LAYOUTS, layout_dir  # noqa: E402
-from kustomize_lite import Manifest, render  # noqa: E402
+from k8s_render import Manifest, kustomize_yaml, parse  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def rendered() -> dict[str, list[Manifest]]:
-    """Each layout (the base and every overlay) rendered once per session."""
-    return {layout: render(layout_dir(layout)) for layout in LAYOUTS}
+def rendered_yaml() -> dict[str, str]:
+    """Each layout (the base and every overlay) as `kubectl kustomize` prints it, once per session."""
+    return {layout: kustomize_yaml(layout_dir(layout)) for layout in LAYOUTS}
+
+
+@pytest.fixture(scope="session")
+def rendered(rendered_yaml) -> dict[str, list[Manifest]]:
+    """Each layout's rendered manifests."""
+    return {layout: parse(text) for layout, text in rendered_yaml.items()}

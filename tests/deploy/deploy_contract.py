@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kustomize_lite import Manifest, pod_templates
+from k8s_render import Manifest, pod_templates
 
 ROLES = ("router", "prefill", "decode")
 FLAG_ROW = re.compile(r"^\|\s*`(--[a-z0-9-]+)`", re.MULTILINE)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from deploy_contract import k8s_invocations
 from deploy_paths import K8S, LAYOUTS
-from kustomize_lite import pod_templates
+from k8s_render import pod_templates
 
 OLDEST_VERSION = "1.27.0"  # gRPC probes are GA from 1.27
 VERSIONS = (OLDEST_VERSION, kubernetes_validate.latest_version())
@@ -25,6 +25,7 @@ REPLICAS = {
     "gpu": {"pdserve-router": 2, "pdserve-prefill": 2, "pdserve-decode": 2},
 }
 GPU = "nvidia.com/gpu"
+VALIDATE_CLI = Path(sys.executable).parent / "kubernetes-validate"
 
 
 def validation_errors(manifest: dict, version: str) -> list[str]:
@@ -43,14 +44,26 @@ def test_rendered_layout_validates_strictly(rendered, layout):
 
 
 def test_base_files_pass_the_kubernetes_validate_cli():
-    cli = Path(sys.executable).parent / "kubernetes-validate"
     files = sorted(str(p) for p in (K8S / "base").glob("*.yaml") if p.name != "kustomization.yaml")
-    result = subprocess.run([str(cli), "--strict", "--quiet", *files], capture_output=True, text=True, timeout=120)
+    command = [str(VALIDATE_CLI), "--strict", "--quiet", *files]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_rendered_output_passes_the_kubernetes_validate_cli_strictly(rendered_yaml, layout, version, tmp_path):
+    manifests = tmp_path / f"{layout}.yaml"
+    manifests.write_text(rendered_yaml[layout])
+    command = [str(VALIDATE_CLI), "--strict", "--quiet", "-k", version, str(manifests)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_strict_validation_rejects_an_unknown_field(rendered):
-    router = copy.deepcopy(next(m for m in rendered["base"] if m["metadata"]["name"] == "pdserve-router"))
+    workloads = {w["metadata"]["name"]: w for w, _ in pod_templates(rendered["base"])}
+    router = copy.deepcopy(workloads["pdserve-router"])
     router["spec"]["template"]["spec"]["containers"][0]["gpus"] = 1
     assert validation_errors(router, VERSIONS[-1]) != []
 

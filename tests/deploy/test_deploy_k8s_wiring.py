@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from deploy_contract import GENERATED_SECRET_KEYS, k8s_invocations, referenced_variables
 from deploy_paths import LAYOUTS
-from kustomize_lite import Manifest, pod_templates
+from k8s_render import Manifest, pod_templates
 
 FILE_FLAGS = ("--tls-cert", "--tls-key", "--tls-ca", "--cluster-token-file", "--api-token-file")
 
