@@ -24,6 +24,8 @@ from router.grpc_clients import GrpcWorkerClients
 from router.limits import limits_from_args
 from router.tenants import open_tenants, read_tenants
 from router.recovery import RecoveryPolicy
+from router.gateway import Gateway
+from router.http.app import HttpApi, HttpServer, HttpSettings, max_body_bytes, start_http
 from router.servicer import GenerationServicer
 from router.telemetry import RequestTrace
 from router.workers import WorkerPool
@@ -35,10 +37,11 @@ class RouterService:
     pool: WorkerPool
     channels: ChannelPool
     observability: Observability
-    servicer: GenerationServicer
+    gateway: Gateway
     drainer: Drain
     discoveries: list[DnsDiscovery] = field(default_factory=list)
     internal: RunningServer | None = None  # Registry and health, on --internal-port
+    http: HttpServer | None = None  # the OpenAI-compatible API, on --http-port
 
     @property
     def port(self) -> int:
@@ -49,23 +52,29 @@ class RouterService:
         return self.internal.port if self.internal is not None else None
 
     @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http is not None else None
+
+    @property
     def metrics_port(self) -> int | None:
         return self.observability.metrics_port
 
     async def drain(self, timeout_s: float) -> int:
         self.drainer.draining = True
         await self.server.set_serving(False)
-        return await self.drainer.wait_idle(lambda: len(self.servicer.active), timeout_s)
+        return await self.drainer.wait_idle(lambda: len(self.gateway.active), timeout_s)
 
     async def stop(self) -> None:
         for discovery in self.discoveries:
             discovery.stop()
         await self.pool.stop()
+        if self.http is not None:
+            await self.http.stop()
         if self.internal is not None:
             await self.internal.stop(1.0)
         await self.server.stop(1.0)
         await self.channels.close()
-        self.servicer.frontend.close()
+        self.gateway.frontend.close()
         self.observability.stop()
 
 
@@ -89,18 +98,30 @@ async def start_router(args: argparse.Namespace) -> RouterService:
                                                  wait_for_worker_s=args.wait_for_worker_s, recovery=recovery))
     obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
-    servicer = GenerationServicer(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),
-                                  drainer, args.max_active, tenants)
-    bindings = [ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
+    gateway = Gateway(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),
+                      drainer, args.max_active, tenants)
+    bindings = [ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, GenerationServicer(gateway),
                                generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)]
     server = await start_server(bindings, args.host, args.port, security.server_credentials(),
                                 security.server_interceptors(), args.health_port)
     internal = await _start_registry(pool, security, args)
     ready = (lambda: bool(pool.of_role("decode"))) if args.colocated else (lambda: pool.ready)
     sync.append(lambda: asyncio.ensure_future(server.set_serving(ready() and not drainer.draining)))
+    http = await _start_http(gateway, config, args, security, lambda: ready() and not drainer.draining)
     discoveries = _dns(pool, args)
     pool.start()
-    return RouterService(server, pool, channels, obs, servicer, drainer, discoveries, internal)
+    return RouterService(server, pool, channels, obs, gateway, drainer, discoveries, internal, http)
+
+
+async def _start_http(gateway: Gateway, config, args: argparse.Namespace, security: Security,
+                      serving) -> HttpServer | None:
+    if args.http_port is None:
+        return None
+    tokenizer = gateway.frontend.tokenizer
+    settings = HttpSettings(args.served_model_name or config.name, config.max_position_embeddings,
+                            max_body_bytes(gateway.inputs))
+    api = HttpApi(gateway, settings, lambda token: tokenizer.decode([token], skip_special_tokens=False), serving)
+    return await start_http(api, args.host, args.http_port, security.ssl_context())
 
 
 async def _start_registry(pool: WorkerPool, security: Security, args: argparse.Namespace) -> RunningServer | None:

@@ -67,7 +67,8 @@ NO_PREFIX_CACHE = ServiceConfig("disaggregated-no-prefix-cache", "disaggregated"
 
 def up_argv(config: ServiceConfig, opts: CompareOptions) -> list[str]:
     """`pdserve up` arguments for one configuration: 1 decode worker (+1 prefill when disaggregated)."""
-    argv = ["up", "--port", "0", "--mode", config.mode, "--policy", config.policy, "--prefill-workers", "1",
+    argv = ["up", "--port", "0", "--http-port", "-1", "--mode", config.mode, "--policy", config.policy,
+            "--prefill-workers", "1",
             "--decode-workers", "1", "--kv-blocks", str(opts.kv_blocks), "--token-budget", str(opts.token_budget),
             "--max-chunk-tokens", str(opts.max_chunk_tokens), "--ready-timeout", str(opts.ready_timeout_s),
             "--anonymous-max-priority", "vip"]  # the benchmark measures every class

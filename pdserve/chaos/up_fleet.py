@@ -30,7 +30,7 @@ class UpFleet(Fleet):
         self._pids: set[int] = set()  # every child pid seen, for the cleanup
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "pdserve.cli.main", "up", "--port", "0",
+        argv = [sys.executable, "-m", "pdserve.cli.main", "up", "--port", "0", "--http-port", "0",
                 "--prefill-workers", str(self.spec.prefill), "--decode-workers", str(self.spec.decode),
                 "--kv-timeout", str(self.spec.kv_timeout_s), "--ready-timeout", str(self.spec.ready_timeout_s),
                 "--drain-timeout-s", str(self.spec.drain_timeout_s), "--status-file", str(self.status_file),

@@ -128,6 +128,7 @@ class Fleet:
         router = next((w.child for w in self.watches if w.child.role == "router" and w.child.port), None)
         return {
             "router": f"127.0.0.1:{router.port}" if router else None,
+            "http": f"http://127.0.0.1:{router.http_port}/v1" if router and router.http_port else None,
             "cluster_token_file": str(self.cluster_token_file) if self.cluster_token_file else None,
             "children": [{"name": w.child.name, "role": w.child.role, "pid": w.child.pid, "port": w.child.port,
                           "metrics_port": w.child.metrics_port, "restarts": w.child.restarts,

@@ -64,6 +64,10 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")
     p.add_argument("--max-active", type=int, default=1024, help="requests in flight before RESOURCE_EXHAUSTED")
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
+    p.add_argument("--http-port", type=int, default=None,
+                   help="serve the OpenAI-compatible HTTP API here (0: any free port; default: gRPC only)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model's name in the HTTP API (/v1/models, the `model` field; default: the model's own)")
     add_limit_flags(p)
 
 
@@ -94,13 +98,15 @@ class Stop(enum.Enum):
 async def _serve(args: argparse.Namespace) -> int:
     service = await _start(args)
     internal_port = getattr(service, "internal_port", None)
+    http_port = getattr(service, "http_port", None)
     if args.ready_file:
         _write_ready(args.ready_file, {"port": service.port, "metrics_port": service.metrics_port,
-                                       "internal_port": internal_port})
+                                       "internal_port": internal_port, "http_port": http_port})
     stops = _stop_queue(service)
     metrics = f", metrics on :{service.metrics_port}/metrics" if service.metrics_port else ""
     registry = f", registry on :{internal_port}" if internal_port else ""
-    print(f"pdserve {args.role} serving on {args.host}:{service.port}{metrics}{registry}", flush=True)
+    http = f", HTTP (OpenAI API) on :{http_port}" if http_port else ""
+    print(f"pdserve {args.role} serving on {args.host}:{service.port}{http}{metrics}{registry}", flush=True)
     stop = await stops.get()
     if stop is Stop.DRAIN:
         left = await service.drain(args.drain_timeout_s)

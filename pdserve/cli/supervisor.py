@@ -28,6 +28,7 @@ class Child:
     ready_file: Path
     port: int | None = None
     metrics_port: int | None = None
+    http_port: int | None = None  # the router's HTTP API
     argv: list[str] = field(default_factory=list)  # the subcommand and its flags, without --ready-file
     cpus: set[int] | None = None
     restarts: int = 0
@@ -72,6 +73,8 @@ class Supervisor:
             pinned += ["--port", str(child.port)]
         if child.metrics_port is not None:
             pinned += ["--metrics-port", str(child.metrics_port)]
+        if child.http_port is not None:
+            pinned += ["--http-port", str(child.http_port)]
         child.restarts += 1
         child.process = self._launch(pinned, child.cpus, child.ready_file, self.log_of(child), "a")
 
@@ -105,7 +108,7 @@ class Supervisor:
         if not child.ready_file.exists():
             return False
         ready = json.loads(child.ready_file.read_text())
-        child.port, child.metrics_port = ready["port"], ready["metrics_port"]
+        child.port, child.metrics_port, child.http_port = ready["port"], ready["metrics_port"], ready.get("http_port")
         return True
 
     def wait_ready(self, child: Child, timeout_s: float) -> int:

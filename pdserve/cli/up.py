@@ -33,7 +33,10 @@ ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_bud
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="start the whole service on this machine")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--port", type=int, default=50051, help="the router's gRPC API")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="the router's OpenAI-compatible HTTP API (0: any free port; -1: none)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the HTTP API")
     p.add_argument("--prefill-workers", type=int, default=1)
     p.add_argument("--decode-workers", type=int, default=1)
     p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
@@ -108,6 +111,8 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
     for _, child in [*workers, ("router", router)]:
         print(f"{child.name}: grpc 127.0.0.1:{child.port}, metrics http://127.0.0.1:{child.metrics_port}/metrics "
               f"(pid {child.pid})", flush=True)
+    if router.http_port:
+        print(f"router: HTTP (OpenAI API) http://127.0.0.1:{router.http_port}/v1", flush=True)
     print(f"registry (workers' --register-with): 127.0.0.1:{_internal_port(router)}; cluster token in "
           f"{args.cluster_token_file}", flush=True)
     print(f"logs in {sup.workdir}", flush=True)
@@ -131,6 +136,10 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     if args.api_token_file:
         argv += ["--api-token-file", args.api_token_file]
+    if args.http_port >= 0:
+        argv += ["--http-port", str(args.http_port)]
+    if args.served_model_name:
+        argv += ["--served-model-name", args.served_model_name]
     return argv + ["--anonymous-max-priority", args.anonymous_max_priority or ("vip" if args.demo else "normal")]
 
 

@@ -18,6 +18,8 @@ import argparse
 import hmac
 import os
 import secrets
+import ssl
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,20 @@ class Security:
             return None
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
                                            require_client_auth=self.ca is not None)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The same server TLS for a non-gRPC listener (the HTTP API); None for plaintext."""
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        with tempfile.NamedTemporaryFile() as cert, tempfile.NamedTemporaryFile() as key:
+            cert.write(self.cert), key.write(self.key)
+            cert.flush(), key.flush()
+            context.load_cert_chain(cert.name, key.name)
+        if self.ca is not None:
+            context.load_verify_locations(cadata=self.ca.decode())
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
         if self.ca is None and not self.tls:

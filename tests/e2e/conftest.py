@@ -24,11 +24,12 @@ def service():
         prefill = sup.spawn("prefill", ["prefill", "--port", "0", *WORKER_FLAGS, *secured])
         d_port, p_port = sup.wait_ready(decode, 240), sup.wait_ready(prefill, 240)
         router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{p_port}",
-                                      "--decode-workers", f"127.0.0.1:{d_port}", "--kv-timeout", "10", *secured])
+                                      "--decode-workers", f"127.0.0.1:{d_port}", "--kv-timeout", "10",
+                                      "--http-port", "0", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
         yield {"target": target, "decode": f"127.0.0.1:{d_port}", "prefill": f"127.0.0.1:{p_port}", "sup": sup,
-               "router": router}
+               "router": router, "http": f"http://127.0.0.1:{router.http_port}"}
     finally:
         sup.stop()
 

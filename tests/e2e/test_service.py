@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import grpc
 import pytest
@@ -13,8 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pdserve.cli.client import stream
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
-from pdserve.v1 import worker_pb2 as wpb
-from pdserve.v1 import worker_pb2_grpc
+from tests.helpers.worker_stats import wait_no_active_blocks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -120,25 +118,7 @@ def test_abort_and_cancel_free_every_block(service, channel):
         if i % 2:
             next(cancelled)
         cancelled.cancel()
-    _wait_no_active_blocks(service)
-
-
-def _wait_no_active_blocks(service, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        active = _active_blocks(service)
-        if all(a == 0 for a in active.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert active == {"decode": 0, "prefill": 0}
-
-
-def _active_blocks(service) -> dict[str, int]:
-    out = {}
-    for role, stub_cls in (("decode", worker_pb2_grpc.DecodeWorkerStub), ("prefill", worker_pb2_grpc.PrefillWorkerStub)):
-        with grpc.insecure_channel(service[role]) as ch:
-            out[role] = stub_cls(ch).Stats(wpb.StatsRequest(), timeout=5).blocks_active
-    return out
+    wait_no_active_blocks(service)
 
 
 def test_health_and_reflection(channel):

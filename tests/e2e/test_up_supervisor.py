@@ -26,7 +26,8 @@ from pdserve.v1 import generation_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-FLAGS = ["--prefill-workers", "1", "--decode-workers", "1", "--kv-blocks", "128", "--host-kv-blocks", "64",
+FLAGS = ["--http-port", "0", "--prefill-workers", "1", "--decode-workers", "1", "--kv-blocks", "128",
+         "--host-kv-blocks", "64",
          "--token-budget", "256", "--decode-failover", "fail", "--drain-timeout-s", "5"]
 
 

@@ -14,7 +14,8 @@ from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb
 from router.frontend import Frontend
 from router.limits import InputLimits
-from router.servicer import GenerationServicer
+from router.gateway import Gateway
+from router.servicer import ask_from_pb
 
 
 class _Trace:
@@ -24,16 +25,19 @@ class _Trace:
     def bind(self, job):
         self.job = job
 
+    def fail(self, error, code):
+        self.failed = code
+
 
 @pytest.fixture(scope="module")
 def servicer():
     frontend = Frontend(load_tokenizer(None), Limits(49152, 8192), InputLimits(max_prompt_chars=100_000))
-    yield GenerationServicer(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
+    yield Gateway(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
     frontend.close()
 
 
-def _admit(servicer, request: pb.GenerateRequest):
-    return asyncio.run(servicer._admit(request, _Trace(), None))
+def _admit(gateway, request: pb.GenerateRequest, metadata=()):
+    return asyncio.run(gateway.admit(metadata, lambda limits: ask_from_pb(request, limits), None)).job
 
 
 def test_a_good_request_is_admitted(servicer):
@@ -70,10 +74,10 @@ def test_a_running_id_is_refused_but_an_ending_one_may_be_taken():
         ending = False
 
     frontend = Frontend(load_tokenizer(None), Limits(49152, 8192))
-    s = GenerationServicer(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
+    s = Gateway(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
     s.active["x"] = _Running()
     with pytest.raises(DuplicateRequestError):
-        asyncio.run(s._admit(pb.GenerateRequest(text="hi", request_id="x"), _Trace(), None))
+        _admit(s, pb.GenerateRequest(text="hi", request_id="x"))
     s.active["x"] = _Ending()
-    assert asyncio.run(s._admit(pb.GenerateRequest(text="hi", request_id="x"), _Trace(), None)).request_id == "x"
+    assert _admit(s, pb.GenerateRequest(text="hi", request_id="x")).request_id == "x"
     frontend.close()

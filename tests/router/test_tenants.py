@@ -14,7 +14,8 @@ from pdserve.rpc.errors import PermissionDenied, Unauthenticated
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb
 from router.frontend import Frontend
-from router.servicer import GenerationServicer, _Active
+from router.gateway import Gateway, _Active
+from router.servicer import ask_from_pb
 from router.tenants import OverPriority, Tenant, TenantsFileError, open_tenants, read_tenants
 
 FILE = """
@@ -70,16 +71,19 @@ class _Trace:
     def bind(self, job):
         self.job = job
 
+    def fail(self, error, code):
+        self.failed = code
+
 
 def _admit(servicer, priority, token=None):
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     request = pb.GenerateRequest(text="Hello", priority=priority)
-    return asyncio.run(servicer._admit(request, _Trace(), None, metadata))
+    return asyncio.run(servicer.admit(metadata, lambda limits: ask_from_pb(request, limits), None)).job
 
 
 def test_the_router_admits_by_tenant(tenants):
     frontend = Frontend(load_tokenizer(None), Limits(49152, 8192))
-    s = GenerationServicer(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain(), tenants=tenants)
+    s = Gateway(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain(), tenants=tenants)
     try:
         job = _admit(s, pb.PRIORITY_VIP, "tok-acme")
         assert (job.tenant, job.priority) == ("acme", Priority.VIP)

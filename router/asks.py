@@ -1,0 +1,71 @@
+"""What a client asks and what it gets back, without wire types: both public doors (gRPC in
+router/servicer.py, HTTP in router/http/) convert to and from these, and router/gateway.py serves them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pdserve.requests import FinishReason, Priority, SamplingParams
+from pdserve.tokenizer import ChatMessage
+
+if TYPE_CHECKING:
+    from pdserve.sampling.logprobs import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """The caller's own formatted prompt: special tokens in it stay control tokens."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """Rendered with the model's chat template; special tokens inside contents are plain text."""
+
+    messages: Sequence[ChatMessage]
+
+
+Prompt = TextPrompt | TokenPrompt | ChatPrompt
+
+
+@dataclass(frozen=True)
+class Ask:
+    prompt: Prompt
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: Priority = Priority.NORMAL
+    request_id: str = ""  # empty: the gateway makes one
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    preemptions: int = 0
+    recompute_preemptions: int = 0
+    swap_preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: FinishReason
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Output:
+    """Tokens and text since the previous output; `finish` on the last one only. `logprobs`,
+    when asked, has one entry per token id."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    finish: Finish | None = None

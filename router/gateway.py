@@ -1,0 +1,212 @@
+"""The public request path, door-neutral: who asks and what they may ask, the prompt's tokens,
+one RequestFlow per request, and text out.
+
+    door (gRPC servicer, HTTP API)              Gateway
+      admit(metadata, build_ask, deadline) ───▶  trace; draining? authenticated? (a Tenant)
+                                                 build_ask(limits): the door's wire to an Ask,
+                                                   sizes checked on the wire before copying
+                                                 priority, ids, limits, tokens off the loop
+                                          ◀───  Generation
+      stream(generation) ◀───────────────────── Output ... Output(finish=...)
+      abort(request_id)
+
+Errors are core exceptions (pdserve/rpc/errors.py maps them to gRPC, router/http/errors.py to
+HTTP). A request whose door went away (its task cancelled) is cancelled in the flow, which frees
+its blocks on every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.engine.text_stream import TextStream
+from pdserve.requests import FinishReason
+from pdserve.rpc.drain import Drain
+from pdserve.rpc.errors import Unauthenticated, status_of
+from router.asks import Ask, ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
+from router.flow import Done, Job, NewTokens, RequestFlow
+from router.frontend import Frontend
+from router.limits import InputLimits
+from router.telemetry import RequestTrace
+from router.tenants import ANONYMOUS, Tenant, Tenants, open_tenants
+
+Metadata = Sequence[tuple[str, str]]
+TraceFactory = Callable[[Metadata], RequestTrace]
+
+
+@dataclass
+class Generation:
+    """An admitted request: stream it once."""
+
+    job: Job
+    trace: RequestTrace
+
+    @property
+    def request_id(self) -> str:
+        return self.job.request_id
+
+
+class Gateway:
+    def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, drain: Drain,
+                 max_active: int = 1024, tenants: Tenants = open_tenants()):
+        self.frontend = frontend
+        self.flow = flow
+        self.traces = traces
+        self.drain = drain
+        self.max_active = max_active
+        self.tenants = tenants
+        self.active: dict[str, _Active] = {}
+
+    @property
+    def inputs(self) -> InputLimits:
+        return self.frontend.inputs
+
+    async def admit(self, metadata: Metadata, build_ask: Callable[[InputLimits], Ask],
+                    remaining_s: float | None) -> Generation:
+        """Who asks first (nothing of the request is read before), then the request: cheap checks,
+        then tokenising off the loop. A refusal raises, recorded on the request's trace."""
+        trace = self.traces(metadata)
+        try:
+            tenant = self._caller(metadata)
+            job = await self._job(tenant, build_ask(self.inputs), trace, remaining_s)
+        except Exception as exc:
+            trace.fail(exc, status_of(exc).name)
+            raise
+        return Generation(job, trace)
+
+    async def stream(self, generation: Generation) -> AsyncIterator[Output]:
+        """The request's outputs until it ends; closing this early (or cancelling the task
+        reading it) cancels the request."""
+        job, trace = generation.job, generation.trace
+        events: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(_pump(self.flow, job, events))
+        task.add_done_callback(lambda t: t.cancelled() and events.put_nowait(asyncio.CancelledError()))
+        mine = _Active(task, asyncio.current_task(), job.tenant)
+        self.active[job.request_id] = mine
+        try:
+            async for output in self._outputs(job, events, trace):
+                yield output
+        except BaseException as exc:
+            trace.fail(exc, status_of(exc).name if isinstance(exc, Exception) else "CANCELLED")
+            raise
+        finally:
+            task.cancel()
+            if self.active.get(job.request_id) is mine:
+                del self.active[job.request_id]
+
+    def abort(self, request_id: str) -> bool:
+        running = self.active.get(request_id)
+        if running is None or running.ending:
+            return False
+        running.pump.cancel()
+        return True
+
+    def _caller(self, metadata: Metadata) -> Tenant:
+        """Refuses while draining, and a missing or wrong bearer token."""
+        self.drain.refuse_if_draining()
+        authorization = next((v for k, v in metadata or () if k == "authorization"), None)
+        tenant = self.tenants.resolve(authorization if isinstance(authorization, str) else None)
+        if tenant is None:
+            raise Unauthenticated("missing or wrong bearer token")
+        return tenant
+
+    async def _job(self, tenant: Tenant, ask: Ask, trace: RequestTrace, remaining_s: float | None) -> Job:
+        priority = tenant.priority_for(ask.priority)
+        request_id = ask.request_id or uuid.uuid4().hex
+        self.inputs.check_request_id(request_id)
+        self._refuse_if_taken(request_id, tenant)
+        self.inputs.check_stops(ask.sampling.stop, len(ask.sampling.stop_token_ids))
+        prompt = await self._tokens(ask)
+        self.frontend.check(prompt, ask.sampling)
+        self._refuse_if_taken(request_id, tenant)  # another request may have taken it while this one tokenised
+        deadline = None if remaining_s is None else time.monotonic() + remaining_s
+        job = Job(request_id, tuple(prompt), ask.sampling, priority, trace.metadata(), deadline, tenant.name)
+        trace.bind(job)
+        return job
+
+    async def _tokens(self, ask: Ask) -> list[int]:
+        prompt = ask.prompt
+        if isinstance(prompt, TextPrompt):
+            return await self.frontend.text(prompt.text)
+        if isinstance(prompt, TokenPrompt):
+            self.inputs.check_token_ids(len(prompt.ids))
+            return list(prompt.ids)
+        if isinstance(prompt, ChatPrompt):
+            self.inputs.check_messages(len(prompt.messages))
+            return await self.frontend.chat(prompt.messages)
+        raise InvalidRequestError("no prompt: set one of text, token_ids or messages")
+
+    def _refuse_if_taken(self, request_id: str, tenant: Tenant) -> None:
+        if (running := self.active.get(request_id)) is not None and not running.ending:
+            raise DuplicateRequestError(f"request_id {request_id!r} is already running")
+        if len(self.active) >= self.max_active:
+            raise OverloadedError(f"{self.max_active} requests are already in flight; retry later")
+        cap = tenant.max_concurrent
+        if cap is not None and sum(a.tenant == tenant.name for a in self.active.values()) >= cap:
+            raise OverloadedError(f"tenant {tenant.name!r} has {cap} requests in flight (its max_concurrent)")
+
+    async def _outputs(self, job: Job, events: asyncio.Queue, trace: RequestTrace) -> AsyncIterator[Output]:
+        text = TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop)
+        completion = 0
+        while True:
+            event = await events.get()
+            if isinstance(event, BaseException):
+                if not isinstance(event, asyncio.CancelledError):
+                    raise event
+                trace.finish(FinishReason.ABORT, completion)
+                yield _last(job, Done(FinishReason.ABORT, 0, 0), completion)
+                return
+            trace.on_event(event)
+            if isinstance(event, NewTokens):
+                completion += len(event.token_ids)
+                delta = text.push(event.token_ids)
+                logprobs = tuple(getattr(event, "logprobs", ()))
+                if delta.stopped:
+                    trace.finish(FinishReason.STOP, completion)
+                    yield _last(job, Done(FinishReason.STOP, 0, 0), completion, event.token_ids, delta.text, logprobs)
+                    return
+                yield Output(tuple(event.token_ids), delta.text, logprobs)
+            elif isinstance(event, Done):
+                trace.finish(event.reason, completion)
+                yield _last(job, event, completion, text=text.finish())
+                return
+
+
+def _last(job: Job, done: Done, completion: int, ids: Sequence[int] = (), text: str = "",
+          logprobs: tuple = ()) -> Output:
+    by_mode = done.preemptions_by_mode or {}
+    usage = Usage(prompt_tokens=len(job.prompt), completion_tokens=completion, cached_tokens=done.cached_tokens,
+                  preemptions=done.preemptions, recompute_preemptions=by_mode.get("recompute", 0),
+                  swap_preemptions=by_mode.get("swap", 0))
+    return Output(tuple(ids), text, logprobs, Finish(done.reason, usage))
+
+
+@dataclass(frozen=True)
+class _Active:
+    """A request in flight: the task running its flow, and the door's task streaming it."""
+
+    pump: asyncio.Task
+    handler: asyncio.Task | None
+    tenant: str = ANONYMOUS
+
+    @property
+    def ending(self) -> bool:
+        """Aborted, or its client went away: a new request may take its id (the workers never
+        see the two under one id: each attempt has its own there)."""
+        return self.pump.cancelling() > 0 or self.pump.done() or (
+            self.handler is not None and (self.handler.cancelling() > 0 or self.handler.done()))
+
+
+async def _pump(flow: RequestFlow, job: Job, events: asyncio.Queue) -> None:
+    """Every way it ends puts a last item on `events`; a task cancelled before it ran does not
+    run this at all: the done-callback in stream() covers that (an Abort racing the stream)."""
+    try:
+        async for event in flow.run(job):
+            events.put_nowait(event)
+    except BaseException as exc:  # handed to the output loop, which maps it
+        events.put_nowait(exc)

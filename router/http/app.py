@@ -1,0 +1,156 @@
+"""The OpenAI-compatible HTTP door: aiohttp on the router's event loop, in front of the same
+gateway as the gRPC door.
+
+    POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
+    GET  /v1/models             GET  /health
+
+A client that disconnects cancels its handler (aiohttp's handler cancellation), which cancels
+the request in the flow and frees its blocks, as a cancelled gRPC call does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp_sse import sse_response
+
+from pdserve.engine.errors import InvalidRequestError
+from router.gateway import Gateway, Generation
+from router.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
+from router.http.openai_requests import OpenAIRequest, chat_request, completion_request
+from router.http.openai_responses import Reply
+from router.limits import InputLimits
+
+FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")  # become the gateway's metadata
+PARSE_OFF_LOOP_BYTES = 1 << 20
+
+
+def max_body_bytes(limits: InputLimits) -> int:
+    """Room for a prompt at its limit in JSON with every character escaped (\\uXXXX), and the rest."""
+    return 6 * limits.max_prompt_chars + (1 << 20)
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    model: str  # the served model name (--served-model-name)
+    max_context: int
+    max_body_bytes: int
+
+
+class HttpApi:
+    def __init__(self, gateway: Gateway, settings: HttpSettings, token_text: Callable[[int], str],
+                 serving: Callable[[], bool]):
+        self.gateway = gateway
+        self.settings = settings
+        self.token_text = token_text
+        self.serving = serving
+
+    def application(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
+                        web.post("/v1/completions", self.completions),
+                        web.get("/v1/models", self.models), web.get("/health", self.health)])
+        return app
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat_request)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, completion_request)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.settings.model, "object": "model", "created": 0, "owned_by": "pdserve",
+            "max_model_len": self.settings.max_context}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.serving():
+            return web.json_response({"status": "serving"})
+        return web.json_response({"status": "not serving"}, status=503)
+
+    async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
+        asked: list[OpenAIRequest] = []
+
+        def build_ask(limits):
+            asked.append(self._checked(parse(body, request.headers, limits, self.settings.model)))
+            return asked[0].ask
+
+        try:
+            body = await self._body(request)
+            generation = await self.gateway.admit(_metadata(request), build_ask, None)
+        except Exception as exc:
+            return error_response(exc)
+        openai = asked[0]
+        reply = Reply(generation.request_id, openai.model, openai.chat, self.token_text, openai.logprobs)
+        if openai.stream:
+            return await self._stream(request, generation, reply, openai.include_usage)
+        try:
+            outputs = [output async for output in self.gateway.stream(generation)]
+        except Exception as exc:
+            return error_response(exc)
+        return web.json_response(reply.whole(outputs))
+
+    async def _stream(self, request: web.Request, generation: Generation, reply: Reply,
+                      include_usage: bool) -> web.StreamResponse:
+        async with sse_response(request, allow_all_methods=True) as events:  # POST, as OpenAI streams
+            try:
+                first = True
+                async for output in self.gateway.stream(generation):
+                    await events.send(json.dumps(reply.chunk(output, first)))
+                    first = False
+                if include_usage:
+                    await events.send(json.dumps(reply.usage_chunk()))
+            except Exception as exc:  # the headers are out: the error is the stream's last event
+                await events.send(json.dumps(error_of(exc)[1]))
+            await events.send("[DONE]")
+        return events
+
+    def _checked(self, openai: OpenAIRequest) -> OpenAIRequest:
+        if openai.model != self.settings.model:
+            raise ModelNotFound(f"the model {openai.model[:64]!r} does not exist; this server serves "
+                                f"{self.settings.model!r}")
+        return openai
+
+    async def _body(self, request: web.Request) -> dict:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(f"the body is over {self.settings.max_body_bytes} bytes (the prompt limit, "
+                               "--max-prompt-chars, sets it)") from None
+        try:
+            if len(raw) > PARSE_OFF_LOOP_BYTES:
+                body = await asyncio.get_running_loop().run_in_executor(None, json.loads, raw)
+            else:
+                body = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidRequestError(f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequestError("the body must be a JSON object")
+        return body
+
+
+def _metadata(request: web.Request) -> tuple[tuple[str, str], ...]:
+    return tuple((name, request.headers[name]) for name in FORWARDED_HEADERS if name in request.headers)
+
+
+@dataclass
+class HttpServer:
+    runner: web.AppRunner
+    port: int
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_http(api: HttpApi, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> HttpServer:
+    runner = web.AppRunner(api.application(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    bound = runner.addresses[0][1]
+    return HttpServer(runner, bound)

@@ -1,0 +1,132 @@
+"""OpenAI request bodies (`/v1/chat/completions`, `/v1/completions`) to an Ask.
+
+Sampling defaults are the gRPC API's (max_tokens 256, temperature 1.0, ...), so both doors
+answer a request alike. pdserve's own settings are extra body fields, as vLLM takes them:
+`top_k`, `min_p`, `ignore_eos`, `priority` ("vip", "normal", "batch"), `request_id`,
+`stop_token_ids`. The `x-pdserve-priority` header, set by a gateway, wins over the body's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.requests import Priority, SamplingParams
+from pdserve.tokenizer import ChatMessage
+from router.asks import Ask, ChatPrompt, Prompt, TextPrompt, TokenPrompt
+from router.http.fields import Body, boolean, integer, integers, number, string, strings, unsupported
+from router.limits import InputLimits
+
+PRIORITY_HEADER = "x-pdserve-priority"
+REQUEST_ID_HEADER = "x-request-id"
+ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
+_NOT_IMPLEMENTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "tools": [],
+                    "functions": [], "response_format": {"type": "text"}, "best_of": 1, "echo": False,
+                    "suffix": "", "tool_choice": "none"}
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    ask: Ask
+    chat: bool
+    model: str
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    logprobs: bool = False
+
+
+def chat_request(body: Body, headers, limits: InputLimits, model: str) -> OpenAIRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list")
+    limits.check_messages(len(messages))
+    top = integer(body, "top_logprobs", None)
+    logprobs = boolean(body, "logprobs", False)
+    if top is not None and not logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true")
+    max_tokens = integer(body, "max_completion_tokens", integer(body, "max_tokens", None))
+    prompt = ChatPrompt([_message(i, m) for i, m in enumerate(messages)])
+    return _request(body, headers, limits, model, prompt, max_tokens, (top or 0) if logprobs else None, chat=True)
+
+
+def completion_request(body: Body, headers, limits: InputLimits, model: str) -> OpenAIRequest:
+    logprobs = integer(body, "logprobs", None)
+    return _request(body, headers, limits, model, _completion_prompt(body.get("prompt"), limits),
+                    integer(body, "max_tokens", None), logprobs, chat=False)
+
+
+def _request(body: Body, headers, limits: InputLimits, model: str, prompt: Prompt, max_tokens: int | None,
+             logprobs: int | None, chat: bool) -> OpenAIRequest:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the body must be a JSON object")
+    unsupported(body, _NOT_IMPLEMENTED)
+    if integer(body, "n", 1) != 1:
+        raise InvalidRequestError("n must be 1: one choice per request")
+    stop = strings(body, "stop")
+    stop_ids = integers(body, "stop_token_ids")
+    limits.check_stops(stop, len(stop_ids))
+    d = SamplingParams()
+    sampling = SamplingParams(
+        max_tokens=d.max_tokens if max_tokens is None else max_tokens,
+        temperature=number(body, "temperature", d.temperature), top_p=number(body, "top_p", d.top_p),
+        top_k=integer(body, "top_k", d.top_k), min_p=number(body, "min_p", d.min_p),
+        seed=integer(body, "seed", None), stop=stop, stop_token_ids=stop_ids,
+        ignore_eos=boolean(body, "ignore_eos", False), logprobs=logprobs)
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise InvalidRequestError("stream_options must be an object")
+    return OpenAIRequest(
+        Ask(prompt, sampling, _priority(body, headers), _request_id(body, headers)), chat,
+        string(body, "model", model) or model, boolean(body, "stream", False),
+        boolean(options, "include_usage", False), logprobs is not None)
+
+
+def _message(index: int, message) -> ChatMessage:
+    if not isinstance(message, dict):
+        raise InvalidRequestError(f"messages[{index}] must be an object with role and content")
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise InvalidRequestError(f"messages[{index}].role must be a string")
+    return ChatMessage(ROLE_ALIASES.get(role, role), _content(index, message.get("content")))
+
+
+def _content(index: int, content) -> str:
+    """A string, or a list of text parts (joined); null is empty (an assistant turn)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise InvalidRequestError(f"messages[{index}].content: only text parts are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidRequestError(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def _completion_prompt(prompt, limits: InputLimits) -> Prompt:
+    """A string, a list of token ids, or a list of one of either (one prompt per request)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return TextPrompt(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        limits.check_token_ids(len(prompt))
+        return TokenPrompt(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise InvalidRequestError("prompt: one prompt per request (a string or a list of token ids)")
+    raise InvalidRequestError("prompt must be a non-empty string or a list of token ids")
+
+
+def _priority(body: Body, headers) -> Priority:
+    asked = headers.get(PRIORITY_HEADER) or string(body, "priority", None) or "normal"
+    try:
+        return Priority[asked.upper()]
+    except KeyError:
+        raise InvalidRequestError(f"priority {asked[:32]!r} is not one of vip, normal, batch") from None
+
+
+def _request_id(body: Body, headers) -> str:
+    return headers.get(REQUEST_ID_HEADER) or string(body, "request_id", "") or ""

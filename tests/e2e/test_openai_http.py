@@ -1,0 +1,190 @@
+"""The OpenAI-compatible HTTP door against a real service, through clients nobody here wrote:
+the official `openai` package (sync and async) and curl for the raw server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+import subprocess
+
+import aiohttp
+import grpc
+import openai
+import pytest
+
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+from tests.helpers.worker_stats import wait_no_active_blocks
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three rivers of Europe."}]
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    with openai.OpenAI(base_url=f"{service['http']}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def _grpc(service, **request) -> tuple[list[int], str, pb.Usage]:
+    with grpc.insecure_channel(service["target"]) as channel:
+        responses = list(generation_pb2_grpc.GenerationStub(channel).Generate(pb.GenerateRequest(**request),
+                                                                               timeout=120))
+    ids = [t for r in responses for t in r.token_ids]
+    return ids, "".join(r.text for r in responses), responses[-1].usage
+
+
+def test_models_lists_the_served_model(client, model):
+    assert model and [m.id for m in client.models.list().data] == [model]
+
+
+def test_a_greedy_chat_equals_grpc_generate_token_for_token(service, client, model):
+    reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24, temperature=0)
+    ids, text, usage = _grpc(service, messages=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in CHAT]),
+                             sampling=pb.SamplingParams(max_tokens=24, temperature=0))
+    assert reply.choices[0].message.content == text and reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
+    assert reply.usage.completion_tokens == len(ids)
+    assert reply.usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_streaming_yields_the_same_text_and_usage(client, model):
+    whole = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(model=model, messages=CHAT, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_completions_take_text_and_token_ids(service, client, model):
+    prompt = "The three primary colours are"
+    text = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
+    ids, grpc_text, _ = _grpc(service, text=prompt, sampling=pb.SamplingParams(max_tokens=12, temperature=0))
+    assert text.choices[0].text == grpc_text
+    prompt_ids = [504, 1462, 2314, 7201, 359]
+    by_ids = client.completions.create(model=model, prompt=prompt_ids, max_tokens=8, temperature=0)
+    _, expected, _ = _grpc(service, token_ids=pb.TokenIds(ids=prompt_ids),
+                           sampling=pb.SamplingParams(max_tokens=8, temperature=0))
+    assert by_ids.choices[0].text == expected and by_ids.usage.prompt_tokens == len(prompt_ids)
+
+
+def test_the_async_client_streams_too(service, model):
+    async def run() -> tuple[str, str]:
+        async with openai.AsyncOpenAI(base_url=f"{service['http']}/v1", api_key="unused", max_retries=0) as c:
+            whole = await c.completions.create(model=model, prompt="Once upon a time", max_tokens=16, temperature=0)
+            stream = await c.completions.create(model=model, prompt="Once upon a time", max_tokens=16,
+                                                temperature=0, stream=True)
+            return whole.choices[0].text, "".join([chunk.choices[0].text async for chunk in stream])
+
+    whole, streamed = asyncio.run(run())
+    assert streamed == whole and whole
+
+
+def test_stop_strings_and_seeds_behave_as_over_grpc(service, client, model):
+    seeded = [client.completions.create(model=model, prompt="A list of fruit:", max_tokens=16, temperature=0.9,
+                                        seed=7).choices[0].text for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    stopped = client.completions.create(model=model, prompt="Count: one, two, three,", max_tokens=30, temperature=0,
+                                        stop=[","])
+    assert "," not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("kwargs,status,needle", [
+    ({"messages": [{"role": "hacker", "content": "hi"}]}, 400, "role"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": CHAT, "temperature": -1}, 400, "temperature"),
+    ({"messages": CHAT, "n": 2}, 400, "n must be 1"),
+    ({"messages": CHAT, "top_p": "high"}, 400, "top_p"),
+    ({"messages": CHAT, "stop": ["s"] * 17}, 400, "--max-stop-strings"),
+    ({"messages": CHAT, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"messages": CHAT, "model": "gpt-4o"}, 404, "does not exist"),
+    ({"messages": CHAT, "priority": "vip"}, 403, "NORMAL"),
+])
+def test_bad_requests_get_openai_errors_and_the_service_keeps_serving(client, model, kwargs, status, needle):
+    kwargs = {"model": model, **kwargs}
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(**{k: v for k, v in kwargs.items() if k not in ("priority",)},
+                                       extra_body={"priority": kwargs["priority"]} if "priority" in kwargs else None)
+    assert err.value.status_code == status and needle in err.value.message
+    assert isinstance(err.value.body, dict) and err.value.body.get("type")
+    assert client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=0).choices[0].text is not None
+
+
+def test_priority_from_a_header_and_a_malformed_body(service):
+    async def run():
+        async with aiohttp.ClientSession() as http:
+            url = f"{service['http']}/v1/completions"
+            async with http.post(url, json={"prompt": "Hi", "max_tokens": 2}, headers={"x-pdserve-priority": "vip"}) as r:
+                header = (r.status, await r.json())
+            async with http.post(url, data=b"{not json", headers={"content-type": "application/json"}) as r:
+                malformed = (r.status, await r.json())
+            async with http.get(f"{service['http']}/health") as r:
+                health = r.status
+        return header, malformed, health
+
+    header, malformed, health = asyncio.run(run())
+    assert header[0] == 403 and header[1]["error"]["type"] == "permission_error"
+    assert malformed[0] == 400 and "not JSON" in malformed[1]["error"]["message"]
+    assert health == 200
+
+
+def test_a_running_request_id_is_a_conflict(service, model):
+    async def run():
+        async with aiohttp.ClientSession() as http:
+            url, headers = f"{service['http']}/v1/completions", {"x-request-id": "http-dup-1"}
+            body = {"model": model, "prompt": "Tell a long story.", "max_tokens": 200, "ignore_eos": True,
+                    "stream": True}
+            async with http.post(url, json=body, headers=headers) as first:
+                await first.content.readline()
+                async with http.post(url, json={**body, "stream": False}, headers=headers) as second:
+                    return second.status, await second.json()
+
+    status, body = asyncio.run(run())
+    assert status == 409 and "already running" in body["error"]["message"]
+    wait_no_active_blocks(service)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_sees_server_sent_events_framed_as_openai_does(service, model):
+    body = json.dumps({"model": model, "messages": CHAT, "max_tokens": 8, "temperature": 0, "stream": True})
+    out = subprocess.run(["curl", "-sN", "-H", "content-type: application/json", "-d", body,
+                          f"{service['http']}/v1/chat/completions"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    events = [e for e in out.stdout.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events), events[:3]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_clients_that_disconnect_mid_stream_leave_no_block_behind(service, model):
+    async def one(http: aiohttp.ClientSession, i: int, rng: random.Random) -> None:
+        body = {"model": model, "prompt": f"Story number {i}:", "max_tokens": 120, "ignore_eos": True, "stream": True}
+        async with http.post(f"{service['http']}/v1/completions", json=body) as response:
+            for _ in range(rng.randrange(0, 12)):
+                if not await response.content.readline():
+                    break
+            response.close()  # drop the connection mid-stream
+
+    async def run():
+        rng = random.Random(5)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=50)) as http:
+            await asyncio.gather(*(one(http, i, rng) for i in range(50)))
+
+    asyncio.run(run())
+    wait_no_active_blocks(service, timeout_s=60)
