@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pdserve.engine.validation import Limits
 from pdserve.requests import Priority
-from pdserve.model.metadata import read_model_config
+from pdserve.model.metadata import read_model_config, served_name
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.security import Security, security_from_args
@@ -118,7 +118,7 @@ async def _start_http(gateway: Gateway, config, args: argparse.Namespace, securi
     if args.http_port is None:
         return None
     tokenizer = gateway.frontend.tokenizer
-    settings = HttpSettings(args.served_model_name or config.name, config.max_position_embeddings,
+    settings = HttpSettings(args.served_model_name or served_name(args.model), config.max_position_embeddings,
                             max_body_bytes(gateway.inputs))
     api = HttpApi(gateway, settings, lambda token: tokenizer.decode([token], skip_special_tokens=False), serving)
     return await start_http(api, args.host, args.http_port, security.ssl_context())

@@ -67,7 +67,8 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=None,
                    help="serve the OpenAI-compatible HTTP API here (0: any free port; default: gRPC only)")
     p.add_argument("--served-model-name", default=None,
-                   help="the model's name in the HTTP API (/v1/models, the `model` field; default: the model's own)")
+                   help="the model's name in the HTTP API (/v1/models, the `model` field; "
+                        "default: its folder or file name)")
     add_limit_flags(p)
 
 

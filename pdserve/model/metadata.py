@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pdserve.model.config import ModelConfig
 from pdserve.model.errors import ModelLoadError
 from pdserve.model.gguf_loader import _hf_name, gguf_config, gguf_metadata, open_gguf
@@ -20,3 +22,15 @@ def read_model_config(path: str | None) -> ModelConfig:
     reader = open_gguf(source)
     tensors = {_hf_name(t.name): t for t in reader.tensors}
     return gguf_config(gguf_metadata(reader), tensors, fallback_name=source.stem)
+
+
+def served_name(path: str | None) -> str:
+    """The name clients use for the model (OpenAI's `model`): its folder's name, or its file's
+    without the extension and a quantisation suffix ("SmolLM2-135M-Instruct.Q4_1.gguf" ->
+    "SmolLM2-135M-Instruct")."""
+    source = resolve_model_path(path)
+    if source.is_dir():
+        return source.name
+    stem = source.stem
+    head, dot, tail = stem.rpartition(".")
+    return head if dot and re.fullmatch(r"(?i)(q\d.*|f16|f32|bf16|iq\d.*)", tail) else stem
