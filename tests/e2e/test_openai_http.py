@@ -188,3 +188,18 @@ def test_clients_that_disconnect_mid_stream_leave_no_block_behind(service, model
 
     asyncio.run(run())
     wait_no_active_blocks(service, timeout_s=60)
+
+
+def test_a_held_out_chat_equals_transformers(client, model, embedded_gguf_path):
+    """A prompt no other test uses, end to end through HTTP, against transformers' own greedy run."""
+    from pdserve.tokenizer import ChatMessage, load_tokenizer
+    from tests.engine.oracle import Oracle
+
+    messages = [{"role": "user", "content": "Explain in one sentence why the sky looks blue at noon."}]
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=20, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    tokenizer = load_tokenizer(None)
+    prompt = tokenizer.apply_chat_template([ChatMessage(**m) for m in messages])
+    expected = Oracle({"embedded": embedded_gguf_path}).greedy("embedded", prompt, 20)
+    assert reply.usage.prompt_tokens == len(prompt) and reply.usage.completion_tokens == 20
+    assert reply.choices[0].message.content == tokenizer.decode(expected)
