@@ -1,0 +1,115 @@
+"""OpenAI bodies to asks and outputs to OpenAI bodies, without a server."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.engine.errors import InvalidRequestError
+from pdserve.requests import FinishReason, Priority
+from pdserve.sampling.logprobs import TokenLogprobs
+from router.asks import ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
+from router.http.openai_requests import chat_request, completion_request
+from router.http.openai_responses import Reply
+from router.limits import InputLimits
+
+LIMITS = InputLimits()
+
+
+def _chat(body, headers=None):
+    return chat_request({"messages": [{"role": "user", "content": "hi"}], **body}, headers or {}, LIMITS, "m")
+
+
+def test_a_chat_body_becomes_an_ask():
+    r = chat_request({"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None}],
+        "max_completion_tokens": 7, "temperature": 0, "stop": "x", "seed": 3, "top_k": 5, "priority": "batch",
+        "stream": True, "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 4,
+        "user": "ignored"}, {}, LIMITS, "m")
+    assert isinstance(r.ask.prompt, ChatPrompt)
+    assert [(m.role, m.content) for m in r.ask.prompt.messages] == [("system", "be brief"), ("user", "ab"),
+                                                                    ("assistant", "")]
+    s = r.ask.sampling
+    assert (s.max_tokens, s.temperature, s.stop, s.seed, s.top_k, s.logprobs) == (7, 0.0, ("x",), 3, 5, 4)
+    assert r.ask.priority == Priority.BATCH and r.stream and r.include_usage and r.logprobs and r.chat
+
+
+def test_defaults_are_the_grpc_defaults():
+    s = _chat({}).ask.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.logprobs) == (256, 1.0, 1.0, None)
+
+
+def test_the_priority_header_wins_and_the_request_id_header_names_it():
+    r = _chat({"priority": "batch", "request_id": "body"}, {"x-pdserve-priority": "vip", "x-request-id": "hdr"})
+    assert r.ask.priority == Priority.VIP and r.ask.request_id == "hdr"
+
+
+@pytest.mark.parametrize("prompt,kind", [("text", TextPrompt), (["text"], TextPrompt), ([1, 2, 3], TokenPrompt),
+                                         ([[1, 2]], TokenPrompt)])
+def test_a_completion_prompt_is_text_or_token_ids(prompt, kind):
+    r = completion_request({"prompt": prompt, "logprobs": 2}, {}, LIMITS, "m")
+    assert isinstance(r.ask.prompt, kind) and r.ask.sampling.logprobs == 2 and not r.chat
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"temperature": "hot"}, "temperature must be a number"),
+    ({"max_tokens": 1.5}, "max_tokens must be an integer"),
+    ({"stream": "yes"}, "stream must be true or false"),
+    ({"n": 3}, "n must be 1"),
+    ({"stop": [1]}, "stop must be a string"),
+    ({"top_logprobs": 2}, "needs logprobs"),
+    ({"tools": [{"type": "function"}]}, "tools is not supported"),
+    ({"priority": "gold"}, "priority"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+    ({"messages": "hi"}, "messages must be a non-empty list"),
+    ({"messages": [3]}, "must be an object"),
+])
+def test_malformed_chat_bodies_are_refused_naming_the_field(body, needle):
+    with pytest.raises(InvalidRequestError, match=needle):
+        _chat(body)
+
+
+@pytest.mark.parametrize("prompt", [None, [], [["a"], ["b"]], ["a", "b"], [True], 3])
+def test_malformed_completion_prompts_are_refused(prompt):  # (an empty text: the gateway refuses it)
+    with pytest.raises(InvalidRequestError):
+        completion_request({"prompt": prompt}, {}, LIMITS, "m")
+
+
+def _outputs():
+    usage = Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=1)
+    return [Output((1,), "He", (TokenLogprobs(1, -0.1, ((1, -0.1), (2, -2.5))),)),
+            Output((2,), "llo", (TokenLogprobs(2, -0.7, ((2, -0.7), (1, -0.9))),), Finish(FinishReason.LENGTH, usage))]
+
+
+def _text(token: int) -> str:
+    return {1: "He", 2: "llo"}[token]
+
+
+def test_a_whole_chat_reply_has_openai_shape_and_logprobs():
+    body = Reply("r1", "m", chat=True, token_text=_text, logprobs=True).whole(_outputs())
+    choice = body["choices"][0]
+    assert body["id"] == "chatcmpl-r1" and body["object"] == "chat.completion" and body["model"] == "m"
+    assert choice["message"] == {"role": "assistant", "content": "Hello"} and choice["finish_reason"] == "length"
+    assert [e["token"] for e in choice["logprobs"]["content"]] == ["He", "llo"]
+    assert choice["logprobs"]["content"][1]["top_logprobs"][1] == {"token": "He", "logprob": -0.9,
+                                                                   "bytes": list(b"He")}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 1}}
+
+
+def test_streamed_completion_chunks_carry_offsets_and_a_usage_chunk():
+    reply = Reply("r2", "m", chat=False, token_text=_text, logprobs=True)
+    chunks = [reply.chunk(o, i == 0) for i, o in enumerate(_outputs())]
+    assert [c["choices"][0]["text"] for c in chunks] == ["He", "llo"]
+    assert [c["choices"][0]["logprobs"]["text_offset"] for c in chunks] == [[0], [2]]
+    assert chunks[1]["choices"][0]["logprobs"]["top_logprobs"] == [{"llo": -0.7, "He": -0.9}]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, "length"]
+    assert reply.usage_chunk()["choices"] == [] and reply.usage_chunk()["usage"]["total_tokens"] == 7
+
+
+def test_a_chat_stream_says_the_role_first_and_nothing_without_logprobs():
+    reply = Reply("r3", "m", chat=True, token_text=_text)
+    first, last = (reply.chunk(o, i == 0) for i, o in enumerate(_outputs()))
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "He"}
+    assert last["choices"][0]["delta"] == {"content": "llo"} and last["choices"][0]["logprobs"] is None
