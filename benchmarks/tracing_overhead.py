@@ -14,7 +14,6 @@ import concurrent.futures
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import grpc
