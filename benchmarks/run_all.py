@@ -34,6 +34,7 @@ BENCHMARKS = (
     Benchmark("model_throughput", ("--threads", "2", "--prompt-tokens", "128", "--batches", "1,4",
                                    "--context", "64", "--steps", "8", "--repeats", "1")),
     Benchmark("tracing_overhead", ("--rounds", "2", "--requests", "2", "--tokens", "16")),
+    Benchmark("http_vs_grpc", ("--rounds", "2", "--concurrency", "4", "--tokens", "16")),
 )
 
 
