@@ -7,7 +7,7 @@ from opentelemetry.trace import SpanKind
 
 from decode_service.worker import DecodeJob, DecodeWorker
 from pdserve.rpc.bounds import check_id, kv_timeout
-from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
+from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import PermissionDenied
 from pdserve.rpc.stats import stats_to_pb
@@ -53,7 +53,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
 
     def _event_to_pb(self, event) -> wpb.DecodeEvent:
         if isinstance(event, Tokens):
-            return wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=list(event.token_ids)))
+            return wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=list(event.token_ids),
+                                                           logprobs=[logprobs_to_pb(lp) for lp in event.logprobs]))
         if isinstance(event, Reserved):
             return wpb.DecodeEvent(reserved=wpb.KVReservation(
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,

@@ -40,7 +40,10 @@ class PreemptionMode(enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Validated sampling settings. `temperature == 0` means greedy."""
+    """Validated sampling settings. `temperature == 0` means greedy.
+
+    `logprobs`: None = none; 0 = each sampled token's log-probability; k in 1..20 = also the k
+    most likely tokens (see pdserve/sampling/logprobs.py for what is computed)."""
 
     max_tokens: int = 256
     temperature: float = 1.0
@@ -51,6 +54,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:

@@ -9,7 +9,7 @@ from opentelemetry.trace import SpanKind
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.rpc.bounds import check_address, check_id, check_kv_address, kv_timeout
 from pdserve.rpc.channels import ChannelPool
-from pdserve.rpc.convert import priority_from_pb, sampling_from_pb
+from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.stats import stats_to_pb
 from pdserve.telemetry import Metrics, extract_context
@@ -121,7 +121,10 @@ def _event_to_pb(event) -> wpb.PrefillEvent:
                                                        cached_tokens=event.cached_tokens,
                                                        step_seconds=event.step_seconds))
     assert isinstance(event, PrefillDone)
-    return wpb.PrefillEvent(done=wpb.PrefillDone(
+    done = wpb.PrefillDone(
         first_token_id=event.first_token_id, cached_tokens=event.cached_tokens, kv_bytes=event.kv_bytes,
         kv_blocks=event.kv_blocks, kv_descriptors=event.kv_descriptors, kv_seconds=event.kv_seconds,
-        queue_seconds=event.queue_seconds))
+        queue_seconds=event.queue_seconds)
+    if event.first_logprobs is not None:
+        done.first_token_logprobs.CopyFrom(logprobs_to_pb(event.first_logprobs))
+    return wpb.PrefillEvent(done=done)

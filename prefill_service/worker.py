@@ -31,6 +31,7 @@ from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
 from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
+from pdserve.sampling.logprobs import TokenLogprobs
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
 from pdserve.transfer.wire import check_secret
@@ -97,6 +98,7 @@ class PrefillJob:
     queue_seconds: float = 0.0
     failed: bool = False
     request: Request | None = None  # the engine's, bound by _add: an earlier one's steps never reach this job
+    first_logprobs: TokenLogprobs | None = None  # the first token's, once sampled (if the request asked)
     chain: asyncio.Future | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
 
@@ -186,9 +188,11 @@ class PrefillWorker:
 
     def on_step(self, result: StepResult) -> None:
         unclaimed = dict(result.holds)
+        logprobs = {out.request: out.logprobs[0] for out in result.outputs if out.logprobs}
         for chunk in result.chunks:
             job = self.jobs.get(chunk.request.request_id)
             if job is not None and job.request is chunk.request:
+                job.first_logprobs = logprobs.get(chunk.request, job.first_logprobs)
                 self._on_chunk(job, chunk, unclaimed.pop(chunk.request.request_id, None), result.seconds)
         for hold in unclaimed.values():  # requests that ended without a piece to send
             self.engine.release_nowait(hold)
@@ -255,7 +259,7 @@ class PrefillWorker:
         await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token,
                                     job.target.secret)
         job.session.push(PrefillDone(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
-                                     job.kv_descriptors, job.kv_seconds, job.queue_seconds))
+                                     job.kv_descriptors, job.kv_seconds, job.queue_seconds, job.first_logprobs))
 
     async def _send_piece(self, job: PrefillJob, piece: Piece) -> None:
         started = time.perf_counter()

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from pdserve.requests import FinishReason, Priority, SamplingParams
+from pdserve.sampling.logprobs import TokenLogprobs
 
 
 class FaultKind(enum.Enum):
@@ -83,6 +84,7 @@ class Reservation:
 @dataclass(frozen=True)
 class Tokens:
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id when the request asked, else empty
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class FirstToken:
     kv_descriptors: int = 0
     kv_seconds: float = 0.0
     queue_seconds: float = 0.0
+    logprobs: TokenLogprobs | None = None  # the first token's, when the request asked
 
 
 DecodeEvent = Reservation | Tokens | Preempted | Finished

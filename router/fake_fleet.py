@@ -27,7 +27,7 @@ from router.clients import (
     WorkerJob,
     WorkerSnapshot,
 )
-from router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, _Session, token_at
+from router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, _Session, logprobs_at, token_at
 
 
 class FakeDecodeClient(DecodeClient):
@@ -62,7 +62,7 @@ class FakeDecodeClient(DecodeClient):
             start = 1
         for index in range(start, job.sampling.max_tokens):
             await w.step(session, "token")
-            yield Tokens((token_at(job.prompt, index),))
+            yield Tokens((token_at(job.prompt, index),), logprobs_at(job.prompt, index, job.sampling.logprobs))
         await w.step(session, "last")
         yield Finished(FinishReason.LENGTH, 0, 0)
 
@@ -91,7 +91,9 @@ class FakePrefillClient(PrefillClient):
             yield Chunk(start, end - start, 0, cfg.step_s)
         w.fleet.complete(w, target, token_at(job.prompt, 0))
         await w.step(session, "written")
-        yield FirstToken(token_at(job.prompt, 0), 0, kv_blocks=len(target.block_ids))
+        first = logprobs_at(job.prompt, 0, job.sampling.logprobs)
+        yield FirstToken(token_at(job.prompt, 0), 0, kv_blocks=len(target.block_ids),
+                         logprobs=first[0] if first else None)
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return None if self.worker.killed or self.worker.stalled else 0

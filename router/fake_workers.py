@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
+from pdserve.sampling.logprobs import TokenLogprobs
 from router.clients import Call, FaultKind, WorkerFault, WorkerSnapshot
 
 if TYPE_CHECKING:
@@ -36,6 +37,15 @@ PREFILL_POINTS = ("open", "chunk", "written")
 def token_at(prompt: tuple[int, ...], index: int) -> int:
     """The token a fake worker generates at output position `index` of `prompt`."""
     return (sum(prompt) * 7919 + index * 31) % 1000 + 1
+
+
+def logprobs_at(prompt: tuple[int, ...], index: int, k: int | None) -> tuple[TokenLogprobs, ...]:
+    """What a fake worker reports for token_at(prompt, index) with sampling.logprobs = k: a
+    function of the position only (so a resumed request continues exactly); () when k is None."""
+    if k is None:
+        return ()
+    token, logprob = token_at(prompt, index), -0.001 * (index + 1)
+    return (TokenLogprobs(token, logprob, tuple((token + j, logprob - j) for j in range(k))),)
 
 
 class Mode(enum.Enum):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from pdserve.requests import FinishReason, Priority, SamplingParams
 from pdserve.rpc.errors import Unavailable
+from pdserve.sampling.logprobs import TokenLogprobs
 from router.clients import (
     Call,
     Chunk,
@@ -62,7 +63,12 @@ class Job:
 
 @dataclass(frozen=True)
 class NewTokens:
+    """Tokens for the client, each exactly once across retries and resumes. `logprobs`: one per
+    token id, in order, when the request set sampling.logprobs (else empty); each computed by
+    the worker that sampled the token and never sent again."""
+
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -258,7 +264,7 @@ class RequestFlow:
                                                 "descriptors": event.kv_descriptors, "seconds": event.kv_seconds,
                                                 "queue_seconds": event.queue_seconds})
                 state.generated.append(event.token_id)
-                yield NewTokens((event.token_id,))
+                yield NewTokens((event.token_id,), () if event.logprobs is None else (event.logprobs,))
                 return
 
     async def _relay(self, state: FlowState, call: Pumped) -> AsyncIterator[FlowEvent]:
@@ -271,7 +277,7 @@ class RequestFlow:
             if isinstance(event, Tokens):
                 state.protocol.advance(Signal.TOKENS)
                 state.generated.extend(event.token_ids)
-                yield NewTokens(event.token_ids)
+                yield NewTokens(event.token_ids, event.logprobs)
             elif isinstance(event, Preempted):
                 if event.phase == "preempted":
                     state.by_mode[event.mode] = state.by_mode.get(event.mode, 0) + 1

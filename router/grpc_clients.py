@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from pdserve.rpc.channels import ChannelPool
-from pdserve.rpc.convert import finish_from_pb, priority_to_pb, sampling_to_pb
+from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, sampling_to_pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from router.clients import (
@@ -75,7 +75,8 @@ def _worker_request(job: WorkerJob) -> wpb.WorkerRequest:
 def _decode_event(event: wpb.DecodeEvent):
     kind = event.WhichOneof("event")
     if kind == "tokens":
-        return Tokens(tuple(event.tokens.token_ids))
+        t = event.tokens
+        return Tokens(tuple(t.token_ids), tuple(logprobs_from_pb(lp) for lp in t.logprobs))
     if kind == "reserved":
         r = event.reserved
         return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
@@ -92,8 +93,9 @@ def _prefill_event(event: wpb.PrefillEvent):
         c = event.chunk
         return Chunk(c.start, c.num_tokens, c.cached_tokens, c.step_seconds)
     d = event.done
+    first = logprobs_from_pb(d.first_token_logprobs) if d.HasField("first_token_logprobs") else None
     return FirstToken(d.first_token_id, d.cached_tokens, d.kv_bytes, d.kv_blocks, d.kv_descriptors, d.kv_seconds,
-                      d.queue_seconds)
+                      d.queue_seconds, first)
 
 
 def _target(r: Reservation) -> wpb.KVReservation:

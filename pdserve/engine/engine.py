@@ -2,7 +2,7 @@
 
     loop:  output = scheduler.schedule()      # policy: who runs, who is preempted
            sampled = runner.execute(output)   # mechanism: swaps, forward, sampling
-           finished = scheduler.update(output, sampled)
+           finished = scheduler.update(output, sampled.tokens)
 
 Token level only; text in and out lives in pdserve/engine/llm.py and in the router.
 """
@@ -19,7 +19,7 @@ from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
 from pdserve.engine.calibration import calibrated
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
-from pdserve.engine.model_runner import ModelRunner
+from pdserve.engine.model_runner import ModelRunner, Sampled
 from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
 from pdserve.engine.validation import Limits, validate_request, validate_resumed
 from pdserve.kv.kv_cache import KVCache
@@ -128,7 +128,7 @@ class Engine:
         output = self.scheduler.schedule()
         self._stamp_first_scheduled(output)
         sampled = self.runner.execute(output)
-        finished = self.scheduler.update(output, sampled)
+        finished = self.scheduler.update(output, sampled.tokens)
         outputs = self._outputs(output, sampled, finished)
         return StepResult(outputs, output.preempted, output.resumed, output.chunks, output.num_tokens,
                           time.perf_counter() - started, tuple(self.scheduler.take_reserved()),
@@ -151,10 +151,11 @@ class Engine:
             if chunk.request.first_scheduled_time is None:
                 chunk.request.first_scheduled_time = now
 
-    def _outputs(self, output: SchedulerOutput, sampled: dict[str, int], finished: list[Request]) -> tuple[RequestOutput, ...]:
+    def _outputs(self, output: SchedulerOutput, sampled: Sampled, finished: list[Request]) -> tuple[RequestOutput, ...]:
         done = {r.request_id for r in finished} | {r.request_id for r in output.finished}
-        results = [RequestOutput(c.request, (sampled[c.request.request_id],), c.request.request_id in done)
-                   for c in output.chunks if c.request.request_id in sampled]
+        results = [RequestOutput(c.request, (sampled.tokens[rid],), rid in done,
+                                 (sampled.logprobs[rid],) if rid in sampled.logprobs else ())
+                   for c in output.chunks if (rid := c.request.request_id) in sampled.tokens]
         seen = {r.request_id for r in results}
         results += [RequestOutput(r, (), True) for r in (*output.finished, *finished) if r.request_id not in seen]
         return tuple(results)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pdserve.config import EngineConfig
 from pdserve.engine.engine import Engine
 from pdserve.engine.text_stream import TextStream
+from pdserve.engine.outputs import RequestOutput
 from pdserve.requests import FinishReason, Priority, Request, SamplingParams
+from pdserve.sampling.logprobs import TokenLogprobs
 from pdserve.tokenizer import ChatMessage, Tokenizer, load_tokenizer
 
 Prompt = str | Sequence[int] | Sequence[ChatMessage]
@@ -26,6 +28,7 @@ class StreamPiece:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None  # set on the last piece
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id when sampling.logprobs is set
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Completion:
     prompt_tokens: int
     cached_tokens: int
     preemptions: int
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id when sampling.logprobs is set
 
 
 class LLM:
@@ -60,7 +64,7 @@ class LLM:
         while True:
             for out in self.engine.step().outputs:
                 if out.request is request:
-                    yield from self._pieces(request, out.new_token_ids, out.finished, text)
+                    yield from self._pieces(out, text)
                     if out.finished or text.stopped:
                         return
 
@@ -69,27 +73,30 @@ class LLM:
         requests = [self._add(p, sampling, Priority.NORMAL) for p in prompts]
         streams = {r.request_id: TextStream(self.tokenizer, r.prompt_token_ids, sampling.stop) for r in requests}
         texts = {r.request_id: [] for r in requests}
+        logprobs = {r.request_id: [] for r in requests}
         while any(not r.is_finished for r in requests):
             for out in self.engine.step().outputs:
-                pieces = self._pieces(out.request, out.new_token_ids, out.finished, streams[out.request_id])
+                pieces = self._pieces(out, streams[out.request_id])
                 texts[out.request_id].extend(p.text for p in pieces)
-        return [self._completion(r, "".join(texts[r.request_id])) for r in requests]
+                logprobs[out.request_id].extend(out.logprobs)
+        return [self._completion(r, "".join(texts[r.request_id]), tuple(logprobs[r.request_id])) for r in requests]
 
     def _add(self, prompt: Prompt, sampling: SamplingParams, priority: Priority) -> Request:
         return self.engine.add_request(f"llm-{next(self._ids)}", self.encode(prompt), sampling, priority)
 
-    def _pieces(self, request: Request, new: tuple[int, ...], finished: bool, text: TextStream) -> list[StreamPiece]:
+    def _pieces(self, out: RequestOutput, text: TextStream) -> list[StreamPiece]:
+        request, new, finished = out.request, out.new_token_ids, out.finished
         delta = text.push(new)
         if delta.stopped and not request.is_finished:
             self.engine.finish(request.request_id, FinishReason.STOP)
         if delta.stopped or finished:
             tail = "" if delta.stopped else text.finish()
             reason = FinishReason.STOP if delta.stopped else request.finish_reason
-            return [StreamPiece(request.request_id, delta.text + tail, new, reason)]
-        return [StreamPiece(request.request_id, delta.text, new, None)]
+            return [StreamPiece(request.request_id, delta.text + tail, new, reason, out.logprobs)]
+        return [StreamPiece(request.request_id, delta.text, new, None, out.logprobs)]
 
     @staticmethod
-    def _completion(request: Request, text: str) -> Completion:
+    def _completion(request: Request, text: str, logprobs: tuple[TokenLogprobs, ...]) -> Completion:
         return Completion(request.request_id, text, tuple(request.output_token_ids),
                           request.finish_reason or FinishReason.ABORT, request.num_prompt_tokens,
-                          request.num_cached_tokens, request.num_preemptions)
+                          request.num_cached_tokens, request.num_preemptions, logprobs)

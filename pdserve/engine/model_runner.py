@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -10,8 +10,17 @@ from pdserve.attention.base import AttentionBackend
 from pdserve.engine.batch_builder import build_forward_batch
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.loader import LoadedModel
+from pdserve.sampling.logprobs import TokenLogprobs, token_logprobs
 from pdserve.sampling.sampler import Sampler
 from pdserve.scheduler.output import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What one step sampled: request id -> token, and -> its logprobs for requests that asked."""
+
+    tokens: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -33,22 +42,22 @@ class ModelRunner:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.swap_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int]:
-        """Run the step; return the sampled token of every chunk that samples."""
+    def execute(self, output: SchedulerOutput) -> Sampled:
+        """Run the step; return the sampled token of every chunk that samples (and its logprobs
+        where the request asked)."""
         self._swap(output)
         if not output.chunks:
-            return {}
+            return Sampled()
         batch = build_forward_batch(output.chunks, self.kv.block_size, self.device)
         with torch.inference_mode():
-            logits = self.model.forward(batch, self.kv, self.attn)
+            logits = self.model.forward(batch, self.kv, self.attn).float().cpu()  # [S, V]
         sampling = [c for c in output.chunks if c.samples]
-        tokens = self.sampler.sample(
-            logits.float().cpu(),
-            [c.request.sampling for c in sampling],
-            [len(c.request.output_token_ids) for c in sampling],
-            self.generator,
-        )
-        return {c.request.request_id: t for c, t in zip(sampling, tokens)}
+        params = [c.request.sampling for c in sampling]
+        tokens = self.sampler.sample(logits, params, [len(c.request.output_token_ids) for c in sampling],
+                                     self.generator)
+        ids = [c.request.request_id for c in sampling]
+        logprobs = token_logprobs(logits, tokens, [p.logprobs for p in params])
+        return Sampled(dict(zip(ids, tokens)), {ids[row]: lp for row, lp in logprobs.items()})
 
     def _swap(self, output: SchedulerOutput) -> None:
         """swap_out before swap_in (a block freed by one may be the target of the other). On a

@@ -5,17 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdserve.requests import Request
+from pdserve.sampling.logprobs import TokenLogprobs
 from pdserve.scheduler.output import Preemption, ScheduledChunk
 from pdserve.scheduler.results import Reservation
 
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """New tokens of one request this step; `finished` on its last output."""
+    """New tokens of one request this step; `finished` on its last output. `logprobs`: one per
+    new token, in order, when the request asked for them (else empty)."""
 
     request: Request
     new_token_ids: tuple[int, ...]
     finished: bool
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
     @property
     def request_id(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pdserve.requests import FinishReason, Priority, SamplingParams
+from pdserve.sampling.logprobs import TokenLogprobs
 from pdserve.v1 import generation_pb2 as pb
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -61,6 +62,7 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         stop=tuple(msg.stop),
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=bool(msg.ignore_eos),
+        logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
     )
 
 
@@ -72,4 +74,17 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
     )
     if params.seed is not None:
         msg.seed = params.seed
+    if params.logprobs is not None:
+        msg.logprobs = params.logprobs
     return msg
+
+
+def logprobs_to_pb(lp: TokenLogprobs) -> pb.TokenLogprobs:
+    return pb.TokenLogprobs(token_id=lp.token_id, logprob=lp.logprob,
+                            top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
+
+
+def logprobs_from_pb(msg: pb.TokenLogprobs) -> TokenLogprobs:
+    """Floats as the wire carries them (float32)."""
+    top = tuple((int(t.token_id), float(t.logprob)) for t in msg.top)
+    return TokenLogprobs(int(msg.token_id), float(msg.logprob), top)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from pdserve.requests import SamplingParams
+from pdserve.sampling.logprobs import MAX_LOGPROBS
 
 
 class InvalidSamplingParams(ValueError):
@@ -13,7 +14,7 @@ class InvalidSamplingParams(ValueError):
 
 def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
     """Raise InvalidSamplingParams on the first bad field; return None when all are valid."""
-    for check in (_max_tokens, _temperature, _top_p, _top_k, _min_p, _stop):
+    for check in (_max_tokens, _temperature, _top_p, _top_k, _min_p, _stop, _logprobs):
         message = check(params)
         if message is not None:
             raise InvalidSamplingParams(message)
@@ -56,4 +57,10 @@ def _stop(p: SamplingParams) -> str | None:
     empty = [i for i, s in enumerate(p.stop) if not s]
     if empty:
         return f"stop strings must be non-empty (stop[{empty[0]}] is empty)"
+    return None
+
+
+def _logprobs(p: SamplingParams) -> str | None:
+    if p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS:
+        return f"logprobs must be in [0, {MAX_LOGPROBS}] (unset = none), got {p.logprobs}"
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.requests import FinishReason
+from pdserve.sampling.logprobs import TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class Reserved:
 @dataclass(frozen=True)
 class Tokens:
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id when the request asked, else empty
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class PrefillDone:
     kv_descriptors: int
     kv_seconds: float
     queue_seconds: float
+    first_logprobs: TokenLogprobs | None = None  # when the request asked for logprobs
 
 
 @dataclass(frozen=True)
