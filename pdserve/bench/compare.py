@@ -28,7 +28,7 @@ from pathlib import Path
 from pdserve.bench import runner, workloads
 from pdserve.bench.compare_report import CompareRuns, compare_json, compare_rows, format_compare, ratios
 from pdserve.bench.report import write_json
-from pdserve.bench.stats import Slo
+from pdserve.stats import Slo
 
 
 @dataclass(frozen=True)

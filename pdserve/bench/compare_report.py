@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 
 from pdserve.bench.report import to_json
 from pdserve.bench.runner import RunResult
-from pdserve.bench.stats import GroupSummary, Slo, summarize_run
+from pdserve.bench.stats import GroupSummary, summarize_run
+from pdserve.stats import Slo
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pdserve.bench.runner import RunResult
-from pdserve.bench.stats import Distribution, GroupSummary, Slo, summarize_run
+from pdserve.bench.stats import GroupSummary, summarize_run
+from pdserve.stats import Distribution, Slo
 
 HEADER = (f"{'group':14} {'reqs':>4} {'ok':>4} | {'TTFT s p50':>10} {'p90':>6} {'p99':>6} | "
           f"{'TBT ms p50':>10} {'p99':>6} {'max':>6} | {'lat s p50':>9} {'p99':>6} | "

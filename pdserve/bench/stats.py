@@ -3,7 +3,7 @@
 TTFT is first token message minus send time; TBT samples are the gaps between consecutive
 messages that carried tokens (pooled over the group's requests); latency is send to last
 message. A request meets the SLOs (counts towards goodput) when it finished OK, its TTFT is at
-most `ttft_s` and its own P99 TBT is at most `tbt_s`.
+most `ttft_s` and its own P99 TBT is at most `tbt_s` (`Slo` and the distributions: pdserve/stats.py).
 """
 
 from __future__ import annotations
@@ -13,23 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.bench.records import RequestRecord
-from pdserve.telemetry.latency import percentile as sorted_percentile
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float = 5.0
-    tbt_s: float = 1.0
-
-
-@dataclass(frozen=True)
-class Distribution:
-    count: int
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-    max: float
+from pdserve.stats import Distribution, Slo, distribution
 
 
 @dataclass(frozen=True)
@@ -52,24 +36,8 @@ class GroupSummary:
     cached_tokens: int
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); values must not be empty."""
-    return sorted_percentile(sorted(values), q)
-
-
-def distribution(values: Sequence[float]) -> Distribution | None:
-    if not values:
-        return None
-    return Distribution(len(values), sum(values) / len(values), percentile(values, 50), percentile(values, 90),
-                        percentile(values, 99), max(values))
-
-
 def meets_slo(record: RequestRecord, slo: Slo) -> bool:
-    ttft = record.ttft_s
-    if not record.ok or ttft is None or ttft > slo.ttft_s:
-        return False
-    gaps = record.gaps_s
-    return not gaps or percentile(gaps, 99) <= slo.tbt_s
+    return record.ok and slo.met_by(record.ttft_s, record.gaps_s)
 
 
 def summarize(name: str, records: Sequence[RequestRecord], duration_s: float, slo: Slo) -> GroupSummary:

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.bench.records import RequestRecord
-from pdserve.bench.stats import Distribution, distribution
 from pdserve.bench.workloads import Workload
 from pdserve.chaos.load import is_sampled
+from pdserve.stats import Distribution, distribution
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ import enum
 from collections import Counter
 
 from pdserve.bench.report import to_json
-from pdserve.bench.stats import Distribution, Slo
 from pdserve.chaos import analysis
 from pdserve.chaos.harness import ChaosResult, Measured
 from pdserve.chaos.injector import FaultRecord
 from pdserve.chaos.load import is_sampled
+from pdserve.stats import Distribution, Slo
 
 HEADER = (f"{'run':9} {'time s':>7} {'lost':>5} {'greedy differ':>13} {'seeded differ':>13} "
           f"{'blocks zero after':>22} {'chat TBT p99 ms':>15} {'max ms':>7}")

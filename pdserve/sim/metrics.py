@@ -9,11 +9,12 @@
                The window is the same for every deployment, so a deployment that drops requests
                cannot raise its goodput by finishing early.
     makespan = first arrival to last token
+
+Percentiles, distributions and the SLO check are pdserve/stats.py's (None when there are no samples).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,26 +22,7 @@ from pdserve.sim.costmodel import StepLoad
 from pdserve.sim.recorder import RequestTrace
 from pdserve.sim.shapes import ModelShape
 from pdserve.sim.simulator import SimResult
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    count: int
-    p50: float
-    p90: float
-    p99: float
-    max: float
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Percentiles:
-        s = sorted(values)
-        return cls(len(s), percentile(s, 50), percentile(s, 90), percentile(s, 99), s[-1] if s else math.nan)
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float
-    tbt_s: float
+from pdserve.stats import Distribution, Slo, distribution
 
 
 @dataclass(frozen=True)
@@ -48,8 +30,8 @@ class ClassSummary:
     kind: str
     requests: int
     finished: int
-    ttft_s: Percentiles
-    tbt_s: Percentiles  # pooled over every gap of the class's requests
+    ttft_s: Distribution | None  # None: no request of the class got a first token
+    tbt_s: Distribution | None  # pooled over every gap of the class's requests
 
 
 @dataclass(frozen=True)
@@ -71,16 +53,6 @@ class RunSummary:
     window_s: float  # goodput's denominator
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks; NaN for no values."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def useful_flops(shape: ModelShape, prompt: int, outputs: int) -> float:
     """A request's prefill (sampling its first token) and its outputs - 1 decode steps."""
     prefill = StepLoad.of([(prompt, prompt)])
@@ -91,10 +63,7 @@ def useful_flops(shape: ModelShape, prompt: int, outputs: int) -> float:
 
 
 def meets(trace: RequestTrace, slo: Slo) -> bool:
-    if trace.finish_s is None or trace.ttft_s is None or trace.ttft_s > slo.ttft_s:
-        return False
-    gaps = sorted(trace.gaps())
-    return not gaps or percentile(gaps, 99) <= slo.tbt_s
+    return trace.finish_s is not None and slo.met_by(trace.ttft_s, trace.gaps())
 
 
 def summarize(result: SimResult, slo: Slo | None = None) -> RunSummary:
@@ -128,5 +97,5 @@ def _classes(traces: Sequence[RequestTrace]) -> dict[str, ClassSummary]:
 def _class(kind: str, traces: list[RequestTrace]) -> ClassSummary:
     ttfts = [t.ttft_s for t in traces if t.ttft_s is not None]
     gaps = [g for t in traces for g in t.gaps()]
-    return ClassSummary(kind, len(traces), sum(t.finish_s is not None for t in traces), Percentiles.of(ttfts),
-                        Percentiles.of(gaps))
+    return ClassSummary(kind, len(traces), sum(t.finish_s is not None for t in traces), distribution(ttfts),
+                        distribution(gaps))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pdserve.sim.bounds import min_decode_step_time, min_prefill_time, min_step_time, min_total_prefill_time
 from pdserve.sim.deployment import SimConfig
-from pdserve.sim.metrics import RunSummary
+from pdserve.sim.metrics import ClassSummary, RunSummary
 from pdserve.sim.planner import PlanRow
 from pdserve.sim.recorder import InstanceStats
 from pdserve.sim.simulator import SimResult
@@ -71,27 +71,32 @@ def row(result: SimResult, summary: RunSummary) -> Row:
     return Row(summary, step_bound_ratio(result), result.instances)
 
 
-def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1e3:,.1f}"
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
 
 
-def _s(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds:,.2f}"
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:,.2f}"
 
 
 _HEADER = ("configuration", "chat TBT p50 ms", "p99 ms", "max ms", "chat TTFT p50 s", "p99 s",
            "long TTFT p50 s", "max s", "MFU", "failed (OOM)", "preempt rec/swap", "out tok/s", "step/bound")
 
 
+def _figure(summary: ClassSummary | None, metric: str, field: str) -> float | None:
+    """`field` of a class's `metric` distribution; None when the class or its samples are missing."""
+    d = getattr(summary, metric) if summary is not None else None
+    return getattr(d, field) if d is not None else None
+
+
 def _cells(r: Row, short: str, long: str) -> tuple[str, ...]:
     s = r.summary
     chat, doc = s.classes.get(short), s.classes.get(long)
-    nan = math.nan
     pre = f"{s.preemptions.get('recompute', 0)}/{s.preemptions.get('swap', 0)}"
-    return (s.name, _ms(chat.tbt_s.p50 if chat else nan), _ms(chat.tbt_s.p99 if chat else nan),
-            _ms(chat.tbt_s.max if chat else nan), _s(chat.ttft_s.p50 if chat else nan),
-            _s(chat.ttft_s.p99 if chat else nan), _s(doc.ttft_s.p50 if doc else nan),
-            _s(doc.ttft_s.max if doc else nan), f"{s.mfu:.1%}", f"{s.failed}/{sum(c.requests for c in s.classes.values())}",
+    return (s.name, _ms(_figure(chat, "tbt_s", "p50")), _ms(_figure(chat, "tbt_s", "p99")),
+            _ms(_figure(chat, "tbt_s", "max")), _s(_figure(chat, "ttft_s", "p50")),
+            _s(_figure(chat, "ttft_s", "p99")), _s(_figure(doc, "ttft_s", "p50")),
+            _s(_figure(doc, "ttft_s", "max")), f"{s.mfu:.1%}", f"{s.failed}/{sum(c.requests for c in s.classes.values())}",
             pre, f"{s.output_tokens_per_s:,.0f}", f"{r.min_step_over_bound:.2f}x")
 
 

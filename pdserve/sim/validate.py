@@ -26,10 +26,10 @@ from pdserve.sim.calibrate import PREFILL_SIZES, Fit, load_report, measure, meas
 from pdserve.sim.clocks import CpuClock, EngineClock, WallClock
 from pdserve.sim.deployment import Colocated, SimConfig
 from pdserve.sim.hardware import cpu_local
-from pdserve.sim.metrics import Percentiles
 from pdserve.sim.shapes import smollm2_135m
 from pdserve.sim.simulator import simulate
 from pdserve.sim.workloads import Workload, get_workload, make_request
+from pdserve.stats import Distribution, distribution
 
 TOKEN_BUDGET, MAX_CHUNK = 256, 128  # short steps: TTFT is not at the mercy of step boundaries
 
@@ -102,14 +102,20 @@ def run_engine(engine, workload: Workload, clock: EngineClock) -> dict[str, list
     return times
 
 
-def _figures(workload: Workload, times: dict[str, list[float]]) -> dict[str, Percentiles]:
+def _figures(workload: Workload, times: dict[str, list[float]]) -> dict[str, Distribution]:
     arrivals = {r.request_id: r.arrival_s for r in workload.requests}
     ttft = [t[0] - arrivals[rid] for rid, t in times.items() if t]
     gaps = [b - a for t in times.values() for a, b in zip(t, t[1:])]
-    return {"TTFT": Percentiles.of(ttft), "TBT": Percentiles.of(gaps)}
+    return {"TTFT": _samples(distribution(ttft), "TTFT"), "TBT": _samples(distribution(gaps), "TBT")}
 
 
-def compare(measured: dict[str, Percentiles], simulated: dict[str, Percentiles]) -> tuple[Comparison, ...]:
+def _samples(found: Distribution | None, metric: str) -> Distribution:
+    if found is None:
+        raise ValueError(f"the validate workload produced no {metric} samples")
+    return found
+
+
+def compare(measured: dict[str, Distribution], simulated: dict[str, Distribution]) -> tuple[Comparison, ...]:
     return tuple(Comparison(f"{name} {q}", getattr(measured[name], q), getattr(simulated[name], q))
                  for name in ("TTFT", "TBT") for q in ("p50", "p99"))
 

@@ -7,56 +7,25 @@
 
 All times are seconds from one monotonic clock. A delivery that carries several tokens at
 once (`record(now, num_tokens=3)`) counts as one arrival: TBT is the gap between deliveries,
-what a streaming client sees.
+what a streaming client sees. Percentiles come from `pdserve/stats.py`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-
-class Percentiles(NamedTuple):
-    count: int
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-    max: float
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) of non-empty ascending values, linearly interpolated."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    rank = (len(sorted_values) - 1) * q / 100.0
-    low, high = math.floor(rank), math.ceil(rank)
-    below, above = sorted_values[low], sorted_values[high]
-    return min(above, below + (above - below) * (rank - low))
-
-
-def summarize(values: Sequence[float]) -> Percentiles | None:
-    """Count, mean, p50/p90/p99 and max of `values`; None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return Percentiles(
-        count=len(ordered),
-        mean=sum(ordered) / len(ordered),
-        p50=percentile(ordered, 50),
-        p90=percentile(ordered, 90),
-        p99=percentile(ordered, 99),
-        max=ordered[-1],
-    )
+from pdserve.stats import Distribution
+from pdserve.stats import Distribution as Percentiles  # noqa: F401  (pdserve.telemetry's public name)
+from pdserve.stats import distribution
+from pdserve.stats import distribution as summarize  # noqa: F401  (pdserve.telemetry's public name)
 
 
 class TimelineSummary(NamedTuple):
     tokens: int
     ttft: float | None
     e2e: float | None
-    tbt: Percentiles | None
+    tbt: Distribution | None
 
 
 @dataclass
@@ -96,7 +65,7 @@ class TokenTimeline:
             tokens=self.num_tokens,
             ttft=self.ttft,
             e2e=self.e2e,
-            tbt=summarize(self.inter_token_latencies()),
+            tbt=distribution(self.inter_token_latencies()),
         )
 
     def span_attributes(self, prefix: str = "pdserve") -> dict[str, float | int]:

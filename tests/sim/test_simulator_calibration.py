@@ -9,7 +9,7 @@ from pdserve.sim.clocks import CpuClock, EngineClock, WallClock
 from pdserve.sim.costmodel import StepCostModel
 from pdserve.sim.fit import StepSample, fit_profile
 from pdserve.sim.hardware import cpu_local
-from pdserve.sim.metrics import Percentiles
+from pdserve.stats import distribution
 from pdserve.sim.shapes import smollm2_135m
 from pdserve.sim.validate import Comparison, compare, run_engine
 from pdserve.sim.workloads import get_workload
@@ -111,8 +111,8 @@ def test_cpu_clock_skips_idle_time_and_wall_clock_sleeps():
 
 
 def test_comparison_errors_are_relative_to_the_measurement():
-    m = {"TTFT": Percentiles.of([1.0, 2.0]), "TBT": Percentiles.of([0.1, 0.1])}
-    s = {"TTFT": Percentiles.of([1.1, 2.2]), "TBT": Percentiles.of([0.09, 0.09])}
+    m = {"TTFT": distribution([1.0, 2.0]), "TBT": distribution([0.1, 0.1])}
+    s = {"TTFT": distribution([1.1, 2.2]), "TBT": distribution([0.09, 0.09])}
     rows = compare(m, s)
     assert [r.metric for r in rows] == ["TTFT p50", "TTFT p99", "TBT p50", "TBT p99"]
     assert rows[0].error == pytest.approx(0.1) and rows[2].error == pytest.approx(-0.1)

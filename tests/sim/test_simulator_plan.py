@@ -16,7 +16,8 @@ from pdserve.sim.deployment import (
     default_tp,
     parse_split,
 )
-from pdserve.sim.metrics import Slo, meets, percentile
+from pdserve.sim.metrics import meets
+from pdserve.stats import Slo, percentile
 from pdserve.sim.planner import candidates, plan
 from pdserve.sim.recorder import RequestTrace
 from pdserve.sim.workloads import get_workload, make_request
