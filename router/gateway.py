@@ -165,7 +165,7 @@ class Gateway:
             if isinstance(event, NewTokens):
                 completion += len(event.token_ids)
                 delta = text.push(event.token_ids)
-                logprobs = tuple(getattr(event, "logprobs", ()))
+                logprobs = tuple(event.logprobs)
                 if delta.stopped:
                     trace.finish(FinishReason.STOP, completion)
                     yield _last(job, Done(FinishReason.STOP, 0, 0), completion, event.token_ids, delta.text, logprobs)

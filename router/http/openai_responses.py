@@ -15,6 +15,7 @@ from pdserve.requests import FinishReason
 from router.asks import Output, Usage
 
 TokenText = Callable[[int], str]
+FLOOR = -9999.0  # OpenAI's stand-in for a log-probability of -inf (JSON has no infinities)
 FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
 
 
@@ -95,8 +96,8 @@ class Reply:
 
     def _chat_entry(self, entry) -> dict:
         token = self.token_text(entry.token_id)
-        return {"token": token, "logprob": entry.logprob, "bytes": list(token.encode()),
-                "top_logprobs": [{"token": (t := self.token_text(i)), "logprob": lp, "bytes": list(t.encode())}
+        return {"token": token, "logprob": _finite(entry.logprob), "bytes": list(token.encode()),
+                "top_logprobs": [{"token": (t := self.token_text(i)), "logprob": _finite(lp), "bytes": list(t.encode())}
                                  for i, lp in entry.top]}
 
     def _completion_logprobs(self, entries, offset: int) -> dict:
@@ -107,6 +108,10 @@ class Reply:
             offset += len(token)
         if offset > self.offset:
             self.offset = offset
-        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{self.token_text(i): lp for i, lp in e.top} for e in entries],
+        return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries],
+                "top_logprobs": [{self.token_text(i): _finite(lp) for i, lp in e.top} for e in entries],
                 "text_offset": offsets}
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, FLOOR)

@@ -124,7 +124,6 @@ def test_a_resume_on_a_decode_worker_continues_the_logprobs_without_repeating(se
     _wait_idle(service)
 
 
-@pytest.mark.xfail(strict=False, reason="router mapping pending")
 def test_generate_responses_carry_one_logprobs_entry_per_token(channel, reference):
     prompt, expected = reference
     stub = generation_pb2_grpc.GenerationStub(channel)

@@ -203,3 +203,25 @@ def test_a_held_out_chat_equals_transformers(client, model, embedded_gguf_path):
     expected = Oracle({"embedded": embedded_gguf_path}).greedy("embedded", prompt, 20)
     assert reply.usage.prompt_tokens == len(prompt) and reply.usage.completion_tokens == 20
     assert reply.choices[0].message.content == tokenizer.decode(expected)
+
+
+def test_logprobs_through_both_endpoints_match_grpc(service, client, model):
+    reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0,
+                                           logprobs=True, top_logprobs=3)
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == reply.usage.completion_tokens == 8
+    for entry in entries:
+        assert len(entry.top_logprobs) == 3 and entry.logprob == max(t.logprob for t in entry.top_logprobs) <= 0
+    assert "".join(e.token for e in entries) == reply.choices[0].message.content
+    with grpc.insecure_channel(service["target"]) as channel:
+        responses = list(generation_pb2_grpc.GenerationStub(channel).Generate(pb.GenerateRequest(
+            messages=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in CHAT]),
+            sampling=pb.SamplingParams(max_tokens=8, temperature=0, logprobs=3)), timeout=120))
+    grpc_logprobs = [e.logprob for r in responses for e in r.logprobs]
+    assert [e.logprob for e in entries] == pytest.approx(grpc_logprobs, abs=1e-6)
+    completion = client.completions.create(model=model, prompt="One, two, three,", max_tokens=5, temperature=0,
+                                           logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
+    assert logprobs.text_offset[0] == 0 and all(len(top) <= 2 for top in logprobs.top_logprobs)
+    assert client.chat.completions.create(model=model, messages=CHAT, max_tokens=2).choices[0].logprobs is None

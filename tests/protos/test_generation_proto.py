@@ -11,18 +11,20 @@ EXPECTED_FIELDS = {
     "ChatMessage": {"role": 1, "content": 2},
     "SamplingParams": {
         "max_tokens": 1, "temperature": 2, "top_p": 3, "top_k": 4, "min_p": 5, "seed": 6,
-        "stop": 7, "stop_token_ids": 8, "ignore_eos": 9,
+        "stop": 7, "stop_token_ids": 8, "ignore_eos": 9, "logprobs": 10,
     },
     "GenerateResponse": {
-        "request_id": 1, "token_ids": 2, "text": 3, "finish_reason": 4, "usage": 5,
+        "request_id": 1, "token_ids": 2, "text": 3, "finish_reason": 4, "usage": 5, "logprobs": 6,
     },
+    "TopLogprob": {"token_id": 1, "logprob": 2},
+    "TokenLogprobs": {"token_id": 1, "logprob": 2, "top": 3},
     "Usage": {"prompt_tokens": 1, "cached_tokens": 2, "completion_tokens": 3, "preemptions": 4,
               "recompute_preemptions": 5, "swap_preemptions": 6},
     "AbortRequest": {"request_id": 1},
     "AbortResponse": {"found": 1},
 }
 
-OPTIONAL_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed")
+OPTIONAL_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
 
 
 @pytest.mark.parametrize("message_name", sorted(EXPECTED_FIELDS))
