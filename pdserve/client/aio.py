@@ -1,0 +1,70 @@
+"""The asyncio client (grpc.aio): the same methods as Client, as coroutines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pdserve.client.options import ClientOptions
+from pdserve.client.results import Collector
+from pdserve.client.types import Chunk, Completion, Message
+from pdserve.client.wire import chunk_of, error_of, request_of
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+
+
+class AsyncClient:
+    def __init__(self, target: str, options: ClientOptions = ClientOptions()):
+        self.options = options
+        credentials = options.credentials()
+        self._channel = (grpc.aio.secure_channel(target, credentials, options.channel_options()) if credentials
+                         else grpc.aio.insecure_channel(target, options.channel_options()))
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+
+    async def stream(self, prompt: str | None = None, *, messages: Sequence[Message | Mapping] | None = None,
+                     token_ids: Sequence[int] | None = None, priority: str | None = None,
+                     request_id: str | None = None, **sampling) -> AsyncIterator[Chunk]:
+        """Chunks as the server sends them; leaving the loop early cancels the request."""
+        request = request_of(prompt, messages, token_ids, priority, request_id, sampling)
+        call = self._stub.Generate(request, timeout=self.options.timeout_s, metadata=self.options.metadata())
+        try:
+            async for response in call:
+                yield chunk_of(response)
+        except grpc.RpcError as exc:
+            raise error_of(exc) from None
+        finally:
+            call.cancel()
+
+    async def generate(self, prompt: str | None = None, **kwargs) -> Completion:
+        collector = Collector(time.perf_counter())
+        async for chunk in self.stream(prompt, **kwargs):
+            collector.add(chunk, time.perf_counter())
+        return collector.completion
+
+    async def abort(self, request_id: str) -> bool:
+        try:
+            response = await self._stub.Abort(pb.AbortRequest(request_id=request_id), timeout=self.options.timeout_s,
+                                              metadata=self.options.metadata())
+        except grpc.RpcError as exc:
+            raise error_of(exc) from None
+        return response.found
+
+    async def health(self, service: str = "") -> bool:
+        try:
+            response = await health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=self.options.timeout_s or 10)
+        except grpc.RpcError as exc:
+            raise error_of(exc) from None
+        return response.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,72 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pdserve.client.options import ClientOptions
+from pdserve.client.results import Collector
+from pdserve.client.types import Chunk, Completion, Message
+from pdserve.client.wire import chunk_of, error_of, request_of
+from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
+
+
+class Client:
+    def __init__(self, target: str, options: ClientOptions = ClientOptions()):
+        self.options = options
+        credentials = options.credentials()
+        self._channel = (grpc.secure_channel(target, credentials, options.channel_options()) if credentials
+                         else grpc.insecure_channel(target, options.channel_options()))
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+
+    def stream(self, prompt: str | None = None, *, messages: Sequence[Message | Mapping] | None = None,
+               token_ids: Sequence[int] | None = None, priority: str | None = None, request_id: str | None = None,
+               **sampling) -> Iterator[Chunk]:
+        """Chunks as the server sends them; closing the iterator early cancels the request."""
+        request = request_of(prompt, messages, token_ids, priority, request_id, sampling)
+        call = self._stub.Generate(request, timeout=self.options.timeout_s, metadata=self.options.metadata())
+        try:
+            for response in call:
+                yield chunk_of(response)
+        except grpc.RpcError as exc:
+            raise error_of(exc) from None
+        finally:
+            call.cancel()
+
+    def generate(self, prompt: str | None = None, **kwargs) -> Completion:
+        """The whole answer, with what the client saw of its timing."""
+        collector = Collector(time.perf_counter())
+        for chunk in self.stream(prompt, **kwargs):
+            collector.add(chunk, time.perf_counter())
+        return collector.completion
+
+    def abort(self, request_id: str) -> bool:
+        """Whether a running request of that id was found (and is now aborted)."""
+        try:
+            return self._stub.Abort(pb.AbortRequest(request_id=request_id), timeout=self.options.timeout_s,
+                                    metadata=self.options.metadata()).found
+        except grpc.RpcError as exc:
+            raise error_of(exc) from None
+
+    def health(self, service: str = "") -> bool:
+        """Whether the router says SERVING."""
+        try:
+            status = health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=self.options.timeout_s or 10).status
+        except grpc.RpcError as exc:
+            raise error_of(exc) from None
+        return status == health_pb2.HealthCheckResponse.SERVING
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""What the client takes and returns: plain dataclasses, no wire types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.tokenizer import ChatMessage as Message  # role (system, user or assistant) and content
+
+__all__ = ["Chunk", "Completion", "Message", "PdserveError", "Timings", "TokenLogprobs", "Usage"]
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    preemptions: int = 0
+    recompute_preemptions: int = 0
+    swap_preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed message: tokens and text since the previous one; the last one has
+    `finish_reason` ("stop", "length" or "abort") and `usage`."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass
+class Timings:
+    """Seen by the client: time to the first token, and the gaps between later ones."""
+
+    ttft_s: float | None = None
+    gaps_s: list[float] = field(default_factory=list)
+    total_s: float = 0.0
+
+
+@dataclass
+class Completion:
+    request_id: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timings: Timings = field(default_factory=Timings)
+
+
+class PdserveError(Exception):
+    """The server refused or failed the call: `code` is the gRPC status name
+    (INVALID_ARGUMENT, UNAVAILABLE, ...), `details` the server's message."""
+
+    def __init__(self, code: str, details: str):
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details

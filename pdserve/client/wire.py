@@ -1,0 +1,71 @@
+"""The client's requests and responses on the wire: the only client module with protobuf types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+
+import grpc
+
+from pdserve.client.types import Chunk, Message, PdserveError, TokenLogprobs, Usage
+from pdserve.requests import SamplingParams
+from pdserve.v1 import generation_pb2 as pb
+
+PRIORITIES = {"vip": pb.PRIORITY_VIP, "normal": pb.PRIORITY_NORMAL, "batch": pb.PRIORITY_BATCH}
+SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
+
+
+def request_of(prompt: str | None, messages: Sequence[Message | Mapping] | None, token_ids: Sequence[int] | None,
+               priority: str | None, request_id: str | None, sampling: Mapping[str, object]) -> pb.GenerateRequest:
+    """Exactly one of prompt (raw text), messages (chat) or token_ids; sampling: SamplingParams'
+    field names (max_tokens, temperature, ...), unset ones take the server's defaults."""
+    if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
+        raise ValueError("give exactly one of prompt, messages or token_ids")
+    unknown = set(sampling) - SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling settings: {', '.join(sorted(unknown))}")
+    request = pb.GenerateRequest(sampling=_sampling(sampling), request_id=request_id or "")
+    if priority is not None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
+        request.priority = PRIORITIES[priority]
+    if prompt is not None:
+        request.text = prompt
+    elif token_ids is not None:
+        request.token_ids.ids.extend(token_ids)
+    else:
+        for m in messages:
+            role, content = (m.role, m.content) if isinstance(m, Message) else (m["role"], m["content"])
+            request.messages.messages.add(role=role, content=content)
+    return request
+
+
+def _sampling(settings: Mapping[str, object]) -> pb.SamplingParams:
+    message = pb.SamplingParams()
+    for name, value in settings.items():
+        if value is None:
+            continue
+        if name in ("stop", "stop_token_ids"):
+            getattr(message, name).extend([value] if isinstance(value, str) else value)
+        else:
+            setattr(message, name, value)
+    return message
+
+
+def chunk_of(response: pb.GenerateResponse) -> Chunk:
+    logprobs = tuple(TokenLogprobs(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top))
+                     for e in response.logprobs)
+    if not response.finish_reason:
+        return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs)
+    u = response.usage
+    usage = Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.preemptions, u.recompute_preemptions,
+                  u.swap_preemptions)
+    return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs,
+                 _FINISH.get(response.finish_reason, "unknown"), usage)
+
+
+def error_of(exc: grpc.RpcError) -> PdserveError:
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    return PdserveError(code.name if code is not None else "UNKNOWN", details or "")
