@@ -28,6 +28,7 @@ from pathlib import Path
 from pdserve.bench import runner, workloads
 from pdserve.bench.compare_report import CompareRuns, compare_json, compare_rows, format_compare, ratios
 from pdserve.bench.report import write_json
+from pdserve.procs.up_process import UpProcess
 from pdserve.stats import Slo
 
 
@@ -77,21 +78,12 @@ def up_argv(config: ServiceConfig, opts: CompareOptions) -> list[str]:
 
 @contextmanager
 def service(config: ServiceConfig, opts: CompareOptions) -> Iterator[str]:
-    """Starts the configuration as `pdserve up` would, yields its router's address, stops it all."""
-    from pdserve.cli import up
-    from pdserve.cli.main import build_parser
-    from pdserve.cli.supervisor import Supervisor
-
-    sup = Supervisor(env={**os.environ, "HF_HUB_OFFLINE": "1", "UCX_WARN_UNUSED_ENV_VARS": "n"})
-    try:
-        print(f"== starting {config.name}", file=sys.stderr, flush=True)
-        port = up.start(build_parser().parse_args(up_argv(config, opts)), sup)
-        target = f"127.0.0.1:{port}"
-        up.wait_serving(target, opts.ready_timeout_s)
-        runner.warm_up(target)
-        yield target
-    finally:
-        sup.stop()
+    """Starts the configuration as `pdserve up` (a child process), yields its router's address, stops it all."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+    print(f"== starting {config.name}", file=sys.stderr, flush=True)
+    with UpProcess(up_argv(config, opts)[1:], env, opts.ready_timeout_s) as up:
+        runner.warm_up(up.router)
+        yield up.router
 
 
 def _run(target: str, workload: workloads.Workload, opts: CompareOptions, label: str) -> runner.RunResult:

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from pdserve.chaos.fleet import Fleet, FleetSpec, WorkerRef, chaos_env, role_of, serving
-from pdserve.cli.supervisor import Child, Supervisor
-from pdserve.cli.up import wait_serving
+from pdserve.procs.health import wait_serving
+from pdserve.procs.supervisor import Child, Supervisor
 
 
 class SeparateFleet(Fleet):

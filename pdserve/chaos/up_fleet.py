@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from pdserve.chaos.fleet import ROLES, Fleet, FleetSpec, WorkerRef, chaos_env, serving
-from pdserve.cli.up import wait_serving
+from pdserve.procs.health import wait_serving
 
 
 class UpFleet(Fleet):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.cli.restarts import RestartPolicy
-from pdserve.cli.supervisor import Child, Supervisor
+from pdserve.procs.supervisor import Child, Supervisor
 
 DRAIN_GRACE_S = 10.0  # beyond --drain-timeout-s: for a child to stop once drained
 

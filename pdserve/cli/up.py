@@ -16,12 +16,12 @@ import json
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 from pdserve.cli.fleet import Fleet
 from pdserve.cli.options import add_engine_flags
-from pdserve.cli.supervisor import Supervisor
+from pdserve.procs.health import wait_serving
+from pdserve.procs.supervisor import Supervisor
 from pdserve.rpc.security import write_cluster_token
 
 TICK_S = 0.2
@@ -180,20 +180,3 @@ def _interrupt(*_) -> None:
     """SIGTERM during start-up: stop like Ctrl-C."""
     raise KeyboardInterrupt
 
-
-def wait_serving(target: str, timeout_s: float) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise TimeoutError(f"router at {target} not SERVING after {timeout_s:.0f} s")
