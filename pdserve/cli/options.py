@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from pdserve.config import CacheConfig, EngineConfig, PreemptionConfig, SchedulerConfig
 from pdserve.requests import Priority, SamplingParams
+
+if TYPE_CHECKING:
+    from pdserve.worker.runtime import RuntimeConfig
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
@@ -45,6 +49,13 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                                   preemption=PreemptionConfig(recompute_below_tokens=args.recompute_below_tokens,
                                                               swap_above_tokens=args.swap_above_tokens)),
     )
+
+
+def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
+    """A worker process's engine and torch threads, from the engine flags."""
+    from pdserve.worker.runtime import RuntimeConfig  # torch: only for a worker
+
+    return RuntimeConfig(engine_config(args), threads=args.threads)
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
