@@ -1,4 +1,5 @@
-"""`pdserve` command line: one subcommand per module, each with add_parser() and run()."""
+"""`pdserve` command line: one subcommand per module, each with add_parser() and run(); every
+one of SUBCOMMANDS must import."""
 
 from __future__ import annotations
 
@@ -24,12 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in SUBCOMMANDS.items():
-        try:
-            importlib.import_module(module).add_parser(sub, name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+        _subcommand(module, name).add_parser(sub, name)
     return parser
+
+
+def _subcommand(module: str, name: str):
+    """The subcommand's module. NOTE: one that fails to import fails the whole command line,
+    so a deleted or broken service is an error (and its tests fail), never a missing subcommand."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"pdserve {name}: its module {module} fails to import: {exc}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
