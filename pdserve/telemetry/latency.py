@@ -19,6 +19,7 @@ from pdserve.stats import Distribution
 from pdserve.stats import Distribution as Percentiles  # noqa: F401  (pdserve.telemetry's public name)
 from pdserve.stats import distribution
 from pdserve.stats import distribution as summarize  # noqa: F401  (pdserve.telemetry's public name)
+from pdserve.stats import percentile  # noqa: F401  (benchmarks/scheduler_overhead.py imports it from here)
 
 
 class TimelineSummary(NamedTuple):
