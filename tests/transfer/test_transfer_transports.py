@@ -5,7 +5,7 @@ import time
 
 import pytest
 import torch
-from tests.transfer.transfer_helpers import NUM_BLOCKS, SECRET, make_pool, run
+from tests.transfer.transfer_helpers import NUM_BLOCKS, SECRET, make_pool, posted, run
 
 from pdserve.transfer import (
     InProcessFabric,
@@ -17,6 +17,7 @@ from pdserve.transfer import (
     make_transport,
 )
 from pdserve.transfer.ucx import UcxConfig
+from tests.helpers.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,7 +41,7 @@ def assert_landed(src, dst, pairs, before):
 
 async def both(sender, receiver, tid, seq, pairs, timeout=10.0):
     expect = asyncio.create_task(receiver.expect(tid, seq, pairs, timeout, secret=SECRET))
-    await asyncio.sleep(0)
+    await posted(receiver, tid, (seq,), expect)
     sent = await sender.send(receiver.address(), tid, seq, pairs, timeout, secret=SECRET)
     return sent, await expect
 
@@ -93,8 +94,8 @@ def test_timeout_when_nothing_is_sent_and_a_late_send_never_lands(transport_name
         assert 0.3 <= time.monotonic() - started < 2.0 and raised.value.unsafe_blocks == ()
         with pytest.raises(TransferTimeout):
             await sender.send(receiver.address(), "late", 0, [(1, 5), (2, 6)], 0.3, secret=SECRET)
-        await asyncio.sleep(0.1)
-        assert torch.equal(dst, before)
+        await both(sender, receiver, "after", 0, [(3, 30)])  # a later piece on the same path landed
+        assert_landed(src, dst, [(3, 30)], before)  # and the late one did not
         with pytest.raises(TransferRejected):
             await receiver.expect("late", 0, [(1, 5), (2, 6)], 0.3, secret=SECRET)
         await close(sender, receiver)
@@ -108,7 +109,7 @@ def test_cancel_withdraws_the_transfer_and_frees_its_blocks(transport_name):
         before = dst.clone()
         pieces = [asyncio.create_task(receiver.expect("gone", s, [(s, 10 + s)], 10.0, secret=SECRET))
                   for s in range(3)]
-        await asyncio.sleep(0.05)
+        await posted(receiver, "gone", range(3))
         result = receiver.cancel("gone")
         assert (result.pieces, result.unsafe_blocks) == (3, ())
         for piece in pieces:
@@ -147,10 +148,9 @@ def test_a_piece_sent_under_another_secret_never_lands(transport_name):
         before = dst.clone()
         pairs = [(0, 4), (1, 5), (2, 6)]
         expect = asyncio.create_task(receiver.expect("r", 0, pairs, 5.0, secret=SECRET))
-        await asyncio.sleep(0.05)
-        with pytest.raises(TransferTimeout):
+        await posted(receiver, "r", (0,), expect)
+        with pytest.raises(TransferTimeout):  # its whole timeout to land, posted receives waiting
             await sender.send(receiver.address(), "r", 0, pairs, 0.5, secret=b"wrong secret 16b")
-        await asyncio.sleep(0.1)
         assert torch.equal(dst, before) and not expect.done()
         sent = await sender.send(receiver.address(), "r", 0, pairs, 5.0, secret=SECRET)
         assert (await expect).nbytes == sent.nbytes
@@ -193,7 +193,7 @@ def test_layout_mismatch_fails_the_piece(transport_name):
     async def main():
         sender, receiver, src, dst = ends(transport_name)
         expect = asyncio.create_task(receiver.expect("m", 0, [(0, 4), (1, 5)], 0.5, secret=SECRET))
-        await asyncio.sleep(0)
+        await posted(receiver, "m", (0,), expect)
         send = asyncio.create_task(sender.send(receiver.address(), "m", 0, [(0, 4), (2, 5)], 0.5, secret=SECRET))
         with pytest.raises(TransferError):
             await expect
@@ -210,7 +210,7 @@ def test_block_size_mismatch_fails_the_piece(transport_name):
         receiver = transport.receiver(make_pool(fill=False))
         sender = transport.sender(make_pool(fill=True)[:, :2].contiguous())
         expect = asyncio.create_task(receiver.expect("m", 0, [(0, 4), (1, 5)], 1.0, secret=SECRET))
-        await asyncio.sleep(0)
+        await posted(receiver, "m", (0,), expect)
         send = asyncio.create_task(sender.send(receiver.address(), "m", 0, [(0, 4), (1, 5)], 1.0, secret=SECRET))
         with pytest.raises(TransferError) as raised:
             await expect
@@ -228,7 +228,7 @@ def test_overlapping_and_out_of_pool_pieces_are_rejected(transport_name):
     async def main():
         sender, receiver, src, dst = ends(transport_name)
         live = asyncio.create_task(receiver.expect("a", 0, [(0, 3), (1, 4)], 5.0, secret=SECRET))
-        await asyncio.sleep(0)
+        await posted(receiver, "a", (0,), live)
         with pytest.raises(TransferRejected):
             await receiver.expect("b", 0, [(0, 4)], 1.0, secret=SECRET)
         with pytest.raises(TransferRejected):
@@ -248,8 +248,8 @@ def test_send_before_expect_completes_once_expected(transport_name):
         before = dst.clone()
         pairs = [(0, 7), (1, 8), (2, 9)]
         send = asyncio.create_task(sender.send(receiver.address(), "early", 0, pairs, 5.0, secret=SECRET))
-        await asyncio.sleep(0.2)
-        assert not send.done() and torch.equal(dst, before)
+        done, _ = await asyncio.wait({send}, timeout=0.2)  # NOTE: an absence is only watched for a while
+        assert not done and torch.equal(dst, before)
         got = await receiver.expect("early", 0, pairs, 5.0, secret=SECRET)
         assert (await send).nbytes == got.nbytes
         assert_landed(src, dst, pairs, before)
@@ -262,7 +262,7 @@ def test_closed_receiver_refuses_new_pieces(transport_name):
     async def main():
         sender, receiver, src, dst = ends(transport_name)
         live = asyncio.create_task(receiver.expect("a", 0, [(0, 0)], 5.0, secret=SECRET))
-        await asyncio.sleep(0)
+        await posted(receiver, "a", (0,), live)
         await receiver.close()
         with pytest.raises(TransferCancelled):
             await live
@@ -283,8 +283,7 @@ def test_inprocess_cancel_mid_copy_stops_before_the_next_block():
         pairs = [(i, i) for i in range(8)]
         expect = asyncio.create_task(receiver.expect("t", 0, pairs, 5.0, secret=SECRET))
         send = asyncio.create_task(sender.send(receiver.address(), "t", 0, pairs, 5.0, secret=SECRET))
-        while not dst[0].any():
-            await asyncio.sleep(0)
+        await async_wait_until(lambda: dst[0].any(), 10, "the first block copied", interval_s=0)
         receiver.cancel("t")
         snapshot = dst.clone()
         with pytest.raises(TransferError):

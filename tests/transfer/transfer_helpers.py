@@ -25,6 +25,19 @@ def make_pool(fill: bool, num_blocks: int = NUM_BLOCKS, shape: KVShape = SHAPE) 
     return pool
 
 
+async def posted(receiver, transfer_id: str, seqs=(0,), until_done: asyncio.Future | None = None,
+                 timeout_s: float = 10.0) -> None:
+    """Until `receiver` has posted the receives of pieces `seqs` of `transfer_id` (both transports
+    keep their live pieces in a ledger), or `until_done` (the expect itself) ended first."""
+    from tests.helpers.waiting import async_wait_until
+
+    def ready() -> bool:
+        live = all(receiver._ledger.lookup(transfer_id, seq) is not None for seq in seqs)
+        return live or (until_done is not None and until_done.done())
+
+    await async_wait_until(ready, timeout_s, f"receives of {transfer_id!r} pieces {list(seqs)} posted")
+
+
 def run(coro, loop: str = "asyncio"):
     if loop == "uvloop":
         import uvloop
