@@ -11,7 +11,7 @@ from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, 
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import PermissionDenied
 from pdserve.rpc.stats import stats_to_pb
-from pdserve.telemetry import extract_context
+from pdserve.telemetry import extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
@@ -36,8 +36,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                         priority_from_pb(r.priority), kv_timeout(r.kv_timeout_s), request.local_prefill,
                         tuple(r.output_token_ids))
-        with self.tracer.start_as_current_span(
-                "pdserve.decode", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
+        with stream_span(
+                self.tracer, "pdserve.decode", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": job.request_id, "pdserve.local_prefill": job.local_prefill,
                             "pdserve.resumed_tokens": len(job.output_token_ids)}) as span:
             session = await self.worker.open(job)

@@ -12,7 +12,7 @@ from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.stats import stats_to_pb
-from pdserve.telemetry import Metrics, extract_context
+from pdserve.telemetry import Metrics, extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.errors import PeerFault
@@ -67,8 +67,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         if r.output_token_ids:
             raise InvalidRequestError("a prefill takes no output_token_ids (a resume prefills on its decode worker)")
         target = self._target_from_pb(t)
-        with self.tracer.start_as_current_span(
-                "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
+        with stream_span(
+                self.tracer, "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),
                             "pdserve.decode_endpoint": t.decode_endpoint}) as span:
             session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),

@@ -6,7 +6,7 @@ Pure library code: no servicers, no wire types. gRPC code passes metadata as pla
 
 from pdserve.telemetry.latency import Percentiles, TimelineSummary, TokenTimeline, summarize
 from pdserve.telemetry.metrics import Metrics, MetricsServer
-from pdserve.telemetry.propagation import extract_context, inject_metadata
+from pdserve.telemetry.propagation import extract_context, inject_metadata, stream_span
 from pdserve.telemetry.tracing import NoopTracing, SdkTracing, Tracing, setup_tracing
 from pdserve.telemetry.tracing_config import OtlpProtocol, TracingConfig, resolve_tracing_config
 
@@ -25,5 +25,6 @@ __all__ = [
     "inject_metadata",
     "resolve_tracing_config",
     "setup_tracing",
+    "stream_span",
     "summarize",
 ]

@@ -11,9 +11,13 @@ on purpose, so every hop speaks the same two headers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
+from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 Metadata = Iterable[tuple[str, str | bytes]]
@@ -40,3 +44,20 @@ def inject_metadata(context: Context | None = None) -> list[tuple[str, str]]:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier, context=context)
     return sorted(carrier.items())
+
+
+@contextmanager
+def stream_span(tracer: trace.Tracer, name: str, **kwargs) -> Iterator[trace.Span]:
+    """A span around a streaming handler (an async generator), never made the current one:
+    a generator may be closed from another context than the one it started in, where detaching
+    an attached context fails (and logs at ERROR). Pass the span explicitly instead."""
+    span = tracer.start_span(name, **kwargs)
+    try:
+        yield span
+    except BaseException as exc:
+        if not isinstance(exc, GeneratorExit | asyncio.CancelledError):
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        span.end()
