@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from pdserve.cli.client import stream
+from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb

@@ -10,7 +10,7 @@ import grpc
 import pytest
 import torch
 
-from pdserve.cli.client import stream
+from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb

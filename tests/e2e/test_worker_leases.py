@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from pdserve.cli.client import stream
+from tests.helpers.streams import stream
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
