@@ -10,12 +10,13 @@ import time
 import grpc
 import pytest
 
-from pdserve.cli.client import stream
+from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -55,13 +56,30 @@ def reference():
                                                                       ignore_eos=True))]
 
 
+TOKENS_OUT_BEFORE_KILL = 3  # of MAX_TOKENS: the victim dies mid-stream, with tokens already out
+
+
+class _Counting:
+    """A Generate stub that counts the tokens its one stream delivered so far."""
+
+    def __init__(self, stub):
+        self.stub, self.tokens = stub, 0
+
+    def Generate(self, request, timeout=None):
+        for message in self.stub.Generate(request, timeout=timeout):
+            self.tokens += len(message.token_ids)
+            yield message
+
+
 def _run_and_kill(target: str, victim) -> list:
     with grpc.insecure_channel(target) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
+        counted = [_Counting(stub) for _ in PROMPTS]
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(_safe_stream, stub, _request(p)) for p in PROMPTS]
+            futures = [pool.submit(_safe_stream, c, _request(p)) for c, p in zip(counted, PROMPTS)]
             _wait_running(victim, 2)
-            time.sleep(2.0)
+            wait_until(lambda: all(c.tokens >= TOKENS_OUT_BEFORE_KILL for c in counted), 300,
+                       f"{TOKENS_OUT_BEFORE_KILL} tokens out on every stream")
             os.killpg(victim.process.pid, signal.SIGKILL)
             return [f.result() for f in futures]
 

@@ -7,7 +7,6 @@ import importlib.util
 import os
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -15,13 +14,14 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdserve.cli.client import stream
+from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.otlp_receivers import GrpcReceiver
+from tests.helpers.waiting import wait_for, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -47,13 +47,8 @@ def collector(tmp_path_factory):
                              receiver.endpoint, "--otlp-exporter-protocol", "grpc", "--traces-batch-timeout", "50ms"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_until(lambda: socket.create_connection(("127.0.0.1", port), timeout=0.2).close() or True, 15,
+                   "the collector accepting OTLP connections")
         yield f"http://127.0.0.1:{port}", receiver
     finally:
         proc.terminate()
@@ -87,13 +82,11 @@ def _request(text: str, max_tokens: int) -> pb.GenerateRequest:
 
 
 def _spans_of(receiver, trace_id: str, names: set[str], timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def complete():
         spans = [s for s in receiver.sink.spans if s.trace_id == trace_id]
-        if names <= {s.name for s in spans}:
-            return spans
-        time.sleep(0.2)
-    return [s for s in receiver.sink.spans if s.trace_id == trace_id]
+        return spans if names <= {s.name for s in spans} else None
+
+    return wait_for(complete, timeout, f"spans {sorted(names)} of trace {trace_id}")
 
 
 def test_one_trace_across_three_services_under_the_client_span(traced):
@@ -131,14 +124,9 @@ def test_forced_preemption_shows_as_an_event_with_its_mode(traced):
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda t: stream(stub, _request(t, 150), timeout=300), prompts))
     assert sum(r.usage.preemptions for r in results) > 0
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        events = [e for s in traced["receiver"].sink.spans if s.name == "pdserve.decode" for e in s.events
-                  if e[0] == "preemption"]
-        if events:
-            break
-        time.sleep(0.2)
-    assert events and events[0][1]["mode"] in ("recompute", "swap")
+    events = wait_for(lambda: [e for s in traced["receiver"].sink.spans if s.name == "pdserve.decode"
+                               for e in s.events if e[0] == "preemption"], 20, "a preemption event on a decode span")
+    assert events[0][1]["mode"] in ("recompute", "swap")
 
 
 def _metrics(port: int) -> dict:
@@ -157,8 +145,8 @@ def test_metrics_count_requests_and_blocks_return_to_zero(traced):
     router = _metrics(children["router"].metrics_port)
     assert router["pdserve_time_to_first_token_seconds_count[]"] - before == 3
     assert router["pdserve_e2e_request_latency_seconds_count[]"] >= 3
-    time.sleep(1.5)
     for name in ("prefill", "decode"):
-        worker = _metrics(children[name].metrics_port)
-        assert worker["pdserve_kv_blocks[('state', 'active')]"] == 0, name
+        port = children[name].metrics_port
+        wait_until(lambda: _metrics(port)["pdserve_kv_blocks[('state', 'active')]"] == 0, 30,
+                   f"the {name} worker's active KV blocks back to 0")
     assert _metrics(children["prefill"].metrics_port)["pdserve_kv_transfer_bytes_total[]"] > 0

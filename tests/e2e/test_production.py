@@ -14,13 +14,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from pdserve.cli.client import stream
+from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -108,7 +109,7 @@ def test_workers_join_by_registering_and_leave_by_draining_without_failures():
             assert len(stream(stub, _request("First"), timeout=300).token_ids) == 12
             late = sup.spawn("decode-1", ["decode", "--port", "0", *join])
             sup.wait_ready(late, 300)
-            time.sleep(3.0)
+            _wait_in_rotation(stub, late)
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 futures = [pool.submit(stream, stub, _request(f"Question {i}", 24), None, 600) for i in range(4)]
                 _wait_served(late)
@@ -120,6 +121,29 @@ def test_workers_join_by_registering_and_leave_by_draining_without_failures():
             assert len(after.token_ids) == 12
     finally:
         sup.stop()
+
+
+def _wait_in_rotation(stub, late, timeout_s: float = 300.0) -> None:
+    """Probes, two at a time, until the late worker holds one: the router discovered it and
+    polled it (of two requests in flight, placement gives the second to the idle worker)."""
+    with grpc.insecure_channel(f"127.0.0.1:{late.port}") as channel:
+        stats = worker_pb2_grpc.DecodeWorkerStub(channel).Stats
+
+        def busy() -> bool:
+            s = stats(wpb.StatsRequest(), timeout=10)
+            return s.requests_running + s.requests_waiting > 0 or s.blocks_active > 0
+
+        def a_probe_lands_there() -> bool:
+            seen = False
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                probes = [pool.submit(stream, stub, _request(f"Probe {i}", 16), None, 300) for i in range(2)]
+                while not seen and concurrent.futures.wait(probes, timeout=0.05).not_done:
+                    seen = busy()
+                for probe in probes:
+                    assert len(probe.result().token_ids) == 16
+            return seen
+
+        wait_until(a_probe_lands_there, timeout_s, "the late decode worker in the router's rotation", interval_s=0)
 
 
 def _wait_served(child, timeout_s: float = 300.0) -> None:
