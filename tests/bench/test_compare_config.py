@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdserve.bench.compare import MIXED_CONFIGS, NO_PREFIX_CACHE, CompareOptions, up_argv
-from pdserve.bench.stats import Slo
+from pdserve.stats import Slo
 from pdserve.cli.main import build_parser
 
 OPTS = CompareOptions(None, None, 0, None, 100.0, Slo(), 512, 512, 256, 60.0, Path("x"), False)
