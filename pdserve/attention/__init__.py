@@ -1,4 +1,5 @@
-"""Attention backends behind one interface: torch (reference, CPU and GPU) and flashinfer (CUDA)."""
+"""Attention backends behind one interface: torch (reference, CPU and GPU), flashinfer (CUDA) and
+torch-batched (decode attention read from the pool in place; CPU, float32)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from pdserve.attention.base import AttentionBackend
 
-BACKEND_NAMES = ("auto", "torch", "flashinfer")
+BACKEND_NAMES = ("auto", "torch", "flashinfer", "torch-batched")
 
 
 class AttentionBackendUnavailable(RuntimeError):
@@ -22,6 +23,8 @@ def make_attention_backend(
     installed, else torch. `dtype` is the KV pool's dtype (None: not known, assume half)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    if name == "torch-batched":
+        return _batched(device, dtype)
     if name == "torch" or (name == "auto" and _flashinfer_problem(device, dtype) is not None):
         from pdserve.attention.torch_backend import TorchAttentionBackend
 
@@ -32,6 +35,17 @@ def make_attention_backend(
     from pdserve.attention.flashinfer_backend import FlashInferBackend
 
     return FlashInferBackend(device)
+
+
+def _batched(device: str | torch.device, dtype: torch.dtype | None) -> AttentionBackend:
+    from pdserve.attention.batched_backend import BatchedTorchBackend
+    from pdserve.attention.pool_rows import SUPPORTED_DTYPES
+
+    if torch.device(device).type != "cpu":
+        raise AttentionBackendUnavailable(f"torch-batched attention runs on the CPU, not {device}")
+    if dtype is not None and dtype not in SUPPORTED_DTYPES:
+        raise AttentionBackendUnavailable(f"torch-batched attention computes in float32/float64, not {dtype}")
+    return BatchedTorchBackend()
 
 
 def _flashinfer_problem(device: str | torch.device, dtype: torch.dtype | None) -> str | None:

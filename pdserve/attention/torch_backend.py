@@ -34,7 +34,7 @@ class _DecodeGroup:
 
 
 @dataclass(frozen=True)
-class _Chunk:
+class Chunk:
     rows: slice  # the chunk's query_len rows
     context_len: int
     blocks: torch.Tensor | None  # [ceil(context_len / block_size)]; None: fresh prompt, own k/v
@@ -45,7 +45,7 @@ class _Chunk:
 class _Plan:
     slot_mapping: torch.Tensor
     decodes: tuple[_DecodeGroup, ...]
-    chunks: tuple[_Chunk, ...]
+    chunks: tuple[Chunk, ...]
     covers_all: bool  # one piece of work holds every row: return its output as is
 
 
@@ -59,7 +59,7 @@ class TorchAttentionBackend(AttentionBackend):
         device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
         singles = [s for s in batch.seqs if s.query_len == 1]
         decodes = tuple(_plan_decode(group, size, device, dtype) for group in _by_length(singles, size))
-        chunks = tuple(_plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
+        chunks = tuple(plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
         covers_all = len(chunks) + len(decodes) == 1 and _rows_cover(decodes, chunks, batch.num_tokens)
         self._plan = _Plan(batch.slot_mapping, decodes, chunks, covers_all)
 
@@ -69,12 +69,12 @@ class TorchAttentionBackend(AttentionBackend):
         kv.write(layer, plan.slot_mapping, k, v)
         cache = kv.layer(layer)  # [num_blocks, 2, block_size, kv_heads, head_dim]
         if plan.covers_all:
-            return _decode(q, cache, plan.decodes[0]) if plan.decodes else _chunk(q, k, v, cache, plan.chunks[0])
+            return _decode(q, cache, plan.decodes[0]) if plan.decodes else attend_chunk(q, k, v, cache, plan.chunks[0])
         out = torch.empty_like(q)
         for group in plan.decodes:
             out[group.rows] = _decode(q, cache, group)
         for chunk in plan.chunks:
-            out[chunk.rows] = _chunk(q, k, v, cache, chunk)
+            out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
         return out
 
 
@@ -103,16 +103,16 @@ def _plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dty
     return _DecodeGroup(_to(rows, device), table.to(device), mask.to(device))
 
 
-def _plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torch.dtype) -> _Chunk:
+def plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torch.dtype) -> Chunk:
     rows = slice(seq.query_start, seq.query_start + seq.query_len)
     if seq.context_len == seq.query_len:
-        return _Chunk(rows, seq.context_len, None, None)
+        return Chunk(rows, seq.context_len, None, None)
     used = seq.block_table[: _blocks(seq, block_size)]
     first = seq.context_len - seq.query_len
     query_pos = torch.arange(first, seq.context_len)[:, None]  # [Q, 1]
     visible = torch.arange(seq.context_len)[None, :] <= query_pos  # [Q, C]
     blocks = torch.tensor(used, dtype=torch.long, device=device)
-    return _Chunk(rows, seq.context_len, blocks, _additive(visible, dtype).to(device))
+    return Chunk(rows, seq.context_len, blocks, _additive(visible, dtype).to(device))
 
 
 def _decode(q: torch.Tensor, cache: torch.Tensor, group: _DecodeGroup) -> torch.Tensor:
@@ -125,7 +125,7 @@ def _decode(q: torch.Tensor, cache: torch.Tensor, group: _DecodeGroup) -> torch.
     return out.reshape(batch, num_heads, head_dim)
 
 
-def _chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, chunk: _Chunk) -> torch.Tensor:
+def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, chunk: Chunk) -> torch.Tensor:
     queries = q[chunk.rows].transpose(0, 1)[None]  # [1, H, Q, D]
     if chunk.blocks is None:
         keys, values = k[chunk.rows], v[chunk.rows]  # [C, Hkv, D]
@@ -163,6 +163,6 @@ def _to(rows: Rows, device: torch.device) -> Rows:
     return rows if isinstance(rows, slice) else rows.to(device)
 
 
-def _rows_cover(decodes: tuple[_DecodeGroup, ...], chunks: tuple[_Chunk, ...], num_tokens: int) -> bool:
+def _rows_cover(decodes: tuple[_DecodeGroup, ...], chunks: tuple[Chunk, ...], num_tokens: int) -> bool:
     rows = decodes[0].rows if decodes else chunks[0].rows
     return isinstance(rows, slice) and rows.start == 0 and rows.stop == num_tokens

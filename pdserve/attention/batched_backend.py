@@ -1,0 +1,98 @@
+"""Batched decode attention over the paged pool in place (CPU, float32/float64); `torch-batched`.
+
+A second implementation of the torch backend's contract, for passes dominated by decode tokens:
+
+  * every one-token sequence of the pass, whatever its context length, in one sparse product per
+    layer that reads its keys and values where they lie in the pool (pdserve/attention/pool_rows.py):
+    no per-layer gather of each sequence's K/V, no padding to the longest context;
+  * every longer chunk exactly as the reference backend computes it (SDPA on the chunk, or on
+    its context read from the pool), which is compute-bound and already runs at the matmul rate.
+
+The reference (`torch`) backend stays the oracle; tests/attention/test_attention_batched.py
+compares the two, and the engine tests compare both to transformers token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdserve.attention.base import AttentionBackend
+from pdserve.attention.batch import ForwardBatch, SeqSpan
+from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, plan_pool_rows, pool_attention
+from pdserve.attention.torch_backend import Chunk, attend_chunk, plan_chunk
+from pdserve.kv.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class _Decodes:
+    rows: slice | torch.Tensor  # the decode tokens' rows of the flat batch, in sequence order
+    seqs: tuple[SeqSpan, ...]  # planned into the pass's PoolRows once the head count is known
+
+
+@dataclass
+class _Plan:
+    slot_mapping: torch.Tensor
+    decodes: _Decodes | None
+    chunks: tuple[Chunk, ...]
+    num_tokens: int
+    pool: PoolRows | None = None  # built on the first layer (the query head count shows there)
+
+
+class BatchedTorchBackend(AttentionBackend):
+    name = "torch-batched"
+
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
+
+    def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
+        if kv.data.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"torch-batched attention needs a float32/float64 KV pool, got {kv.data.dtype}")
+        if not kv.data.is_contiguous():
+            raise ValueError("torch-batched attention reads the KV pool as one contiguous tensor")
+        device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
+        singles = tuple(s for s in batch.seqs if s.query_len == 1)
+        chunks = tuple(plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
+        decodes = _Decodes(_rows([s.query_start for s in singles], device), singles) if singles else None
+        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens)
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        plan = self._plan
+        assert plan is not None, "begin() must be called before forward()"
+        kv.write(layer, plan.slot_mapping, k, v)
+        if plan.decodes is None:
+            return self._chunks_only(q, k, v, kv.layer(layer), plan)
+        decoded = self._decode(layer, q, kv, plan, plan.decodes)  # [B, H, D]
+        if not plan.chunks and _covers(plan.decodes.rows, plan.num_tokens):
+            return decoded
+        out = torch.empty_like(q)
+        out[plan.decodes.rows] = decoded
+        cache = kv.layer(layer)
+        for chunk in plan.chunks:
+            out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
+        return out
+
+    def _decode(self, layer: int, q: torch.Tensor, kv: KVCache, plan: _Plan, decodes: _Decodes) -> torch.Tensor:
+        if plan.pool is None:
+            plan.pool = plan_pool_rows(list(decodes.seqs), kv, q.shape[1])
+        return pool_attention(q[decodes.rows], kv, layer, plan.pool)
+
+    @staticmethod
+    def _chunks_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        if len(plan.chunks) == 1 and _covers(plan.chunks[0].rows, plan.num_tokens):
+            return attend_chunk(q, k, v, cache, plan.chunks[0])
+        out = torch.empty_like(q)
+        for chunk in plan.chunks:
+            out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
+        return out
+
+
+def _rows(starts: list[int], device: torch.device) -> slice | torch.Tensor:
+    if starts == list(range(starts[0], starts[0] + len(starts))):
+        return slice(starts[0], starts[0] + len(starts))
+    return torch.tensor(starts, dtype=torch.long, device=device)
+
+
+def _covers(rows: slice | torch.Tensor, num_tokens: int) -> bool:
+    return isinstance(rows, slice) and rows.start == 0 and rows.stop == num_tokens
