@@ -17,7 +17,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default="float32")
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "flashinfer"])
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "flashinfer", "torch-batched"],
+                   help="auto: flashinfer on a CUDA device with a half-precision pool, else torch (the reference); "
+                        "torch-batched: decode attention read from the KV pool in place (CPU, float32; faster "
+                        "at large decode batches)")
     g.add_argument("--kv-blocks", type=int, default=2048, help="device KV blocks")
     g.add_argument("--host-kv-blocks", type=int, default=2048, help="host swap blocks")
     g.add_argument("--block-size", type=int, default=16)
