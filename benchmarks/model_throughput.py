@@ -1,15 +1,24 @@
-"""Model throughput on CPU: the paged pdserve model against transformers' generate(), same prompts.
+"""Model throughput on CPU: the paged pdserve model against transformers' generate(), same prompts,
+and every decode figure against the machine's roofline measured in the same run (roofline.py).
 
     prefill: one prompt of --prompt-tokens tokens, tokens/s of the forward pass
-    decode:  batches of --batches sequences, each with a --context-token prompt already prefilled,
-             then --steps greedy decode steps; tokens/s = batch x steps / time of the steps
+    decode:  batches of --batches sequences at each of --contexts, each with its context already
+             in the KV pool, then --steps greedy decode steps; tokens/s = batch x steps / time of
+             the steps, for each attention backend of --backends
+    bound:   the smaller of the compute bound (FLOPs / matmul rate on the model's own projections
+             at that batch) and the memory bound (weights + KV read / bandwidth); "of bound" is
+             tokens/s over it
 
 transformers is timed with generate(): decode time = generate(1 + steps new tokens) minus
 generate(1 new token) on the same batch, so both sides exclude the prefill of the batch.
-Each figure is the best of --repeats runs, the two sides interleaved (a busy machine slows
-both alike).
+Each figure is the best of --repeats runs, all sides interleaved (a busy machine slows them
+alike). With --random-kv the contexts are random K/V written straight into the pool instead of
+a prefill (a decode step costs the same; the prefill of 2,048-token batches takes minutes on a
+CPU); transformers is then not timed.
 
-    .venv/bin/python benchmarks/model_throughput.py --threads 2
+    .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,64,128,256 --contexts 128
+    .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,32 --contexts 2048 \
+        --random-kv --no-transformers
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from benchmarks.roofline import Bound, Roofline  # noqa: E402
 from pdserve.attention import make_attention_backend  # noqa: E402
 from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
@@ -38,23 +48,28 @@ BLOCK_SIZE = 16
 @dataclass(frozen=True)
 class Row:
     name: str
-    ours: float  # tokens/s
+    ours: dict[str, float]  # backend -> tokens/s
     reference: float | None
+    bound: Bound | None = None
 
     def line(self) -> str:
-        ref = f"{self.reference:14.1f}" if self.reference else f"{'-':>14}"
-        ratio = f"{self.ours / self.reference:7.2f}x" if self.reference else f"{'-':>8}"
-        return f"{self.name:<22}{self.ours:12.1f}{ref}{ratio}"
+        cells = [f"{self.name:<24}"] + [f"{v:>14.1f}" for v in self.ours.values()]
+        best = max(self.ours.values())
+        cells.append(f"{self.reference:14.1f}{best / self.reference:7.2f}x" if self.reference else f"{'-':>14}{'-':>8}")
+        if self.bound is not None:
+            cells.append(f"{self.bound.tokens_per_s:10.1f} {self.bound.by:>4}")
+            cells += [f"{v / self.bound.tokens_per_s:>20.2f}" for v in self.ours.values()]
+        return "".join(cells)
 
 
 class PagedRunner:
     """Sequences laid out in consecutive blocks; one ForwardBatch per pass."""
 
-    def __init__(self, loaded: LoadedModel, max_tokens: int, batch: int):
+    def __init__(self, loaded: LoadedModel, max_tokens: int, batch: int, backend: str = "torch"):
         self.model = loaded.model
         blocks_per_seq = -(-max_tokens // BLOCK_SIZE)
         self.kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), blocks_per_seq * batch, torch.float32, "cpu")
-        self.attn = make_attention_backend("torch", "cpu")
+        self.attn = make_attention_backend(backend, "cpu", torch.float32)
         self.tables = [tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
 
     def forward(self, tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
@@ -84,15 +99,26 @@ def ours_prefill(loaded: LoadedModel, prompt: list[int]) -> float:
     return len(prompt) / (time.perf_counter() - start)
 
 
-def ours_decode(loaded: LoadedModel, batch: list[list[int]], steps: int) -> float:
-    context = len(batch[0])
-    runner = PagedRunner(loaded, context + steps, len(batch))
-    logits = runner.forward(batch, [0] * len(batch))
-    start = time.perf_counter()
-    for step in range(steps):
-        next_ids = logits.argmax(-1).tolist()
-        logits = runner.forward([[t] for t in next_ids], [context + step] * len(batch))
-    return len(batch) * steps / (time.perf_counter() - start)
+class Decoder:
+    """One batch's pool, filled once (by a prefill, or with random K/V); each `run` decodes
+    --steps tokens after the context again, so repeats do not prefill again."""
+
+    def __init__(self, loaded: LoadedModel, batch: list[list[int]], steps: int, backend: str, random_kv: bool):
+        self.context, self.steps, self.size = len(batch[0]), steps, len(batch)
+        self.runner = PagedRunner(loaded, self.context + steps, len(batch), backend)
+        if random_kv:
+            self.runner.kv.data.normal_()
+            self.first = [row[-1] for row in batch]
+        else:
+            self.first = self.runner.forward(batch, [0] * len(batch)).argmax(-1).tolist()
+
+    def run(self) -> float:
+        next_ids = self.first
+        start = time.perf_counter()
+        for step in range(self.steps):
+            logits = self.runner.forward([[t] for t in next_ids], [self.context + step] * self.size)
+            next_ids = logits.argmax(-1).tolist()
+        return self.size * self.steps / (time.perf_counter() - start)
 
 
 def hf_generate_seconds(model, batch: list[list[int]], new_tokens: int) -> float:
@@ -113,11 +139,13 @@ def hf_decode(model, batch: list[list[int]], steps: int) -> float:
     return len(batch) * steps / decode_seconds
 
 
-def best_of(repeats: int, ours, reference) -> tuple[float, float | None]:
+def best_of(repeats: int, ours: dict[str, object], reference) -> tuple[dict[str, float], float | None]:
     """Highest tokens/s of each side over `repeats` interleaved runs."""
-    ours_best, reference_best = 0.0, None
+    ours_best = {name: 0.0 for name in ours}
+    reference_best = None
     for _ in range(repeats):
-        ours_best = max(ours_best, ours())
+        for name, run in ours.items():
+            ours_best[name] = max(ours_best[name], run())
         if reference is not None:
             reference_best = max(reference_best or 0.0, reference())
     return ours_best, reference_best
@@ -134,49 +162,66 @@ def load_reference(source: Path):
     return model.eval()
 
 
+def decode_row(args, loaded: LoadedModel, reference, roofline: Roofline, size: int, context: int) -> Row:
+    batch = prompts(size, context, loaded.config.vocab_size, seed=size)
+    decoders = {b: Decoder(loaded, batch, args.steps, b, args.random_kv) for b in args.backends.split(",")}
+    timed = reference if not args.random_kv else None
+    ours, theirs = best_of(
+        args.repeats,
+        {b: d.run for b, d in decoders.items()},
+        (lambda: hf_decode(timed, batch, args.steps)) if timed else None,
+    )
+    return Row(f"decode b{size} ctx{context}", ours, theirs, roofline.bound(size, context + args.steps // 2))
+
+
+def print_table(args, loaded: LoadedModel, roofline: Roofline, rows: list[Row]) -> None:
+    backends = args.backends.split(",")
+    print(f"model {loaded.config.name}, fp32, {args.threads} threads, {args.steps} steps, best of {args.repeats}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs{', random KV' if args.random_kv else ''}")
+    rates = ", ".join(f"b{b} {rate / 1e9:.0f}" for b, rate in roofline.measured_rates().items())
+    print(f"roofline: read bandwidth {roofline.bandwidth / 1e9:.1f} GB/s; matmul GFLOP/s on the model's "
+          f"projections: {rates}")
+    print(f"{'tokens/s':<24}" + "".join(f"{b:>14}" for b in backends) + f"{'transformers':>14}{'ratio':>8}"
+          f"{'bound':>10}{'by':>5}" + "".join(f"{b + '/bound':>20}" for b in backends))
+    for row in rows:
+        print(row.line())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="GGUF file or checkpoint folder (default: embedded SmolLM2)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=1024)
-    parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--batches", default="1,8,64,128,256")
+    parser.add_argument("--contexts", "--context", dest="contexts", default="128", help="context lengths, e.g. 128,2048")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--backends", default="torch,torch-batched", help="pdserve attention backends to time")
+    parser.add_argument("--random-kv", action="store_true", help="random K/V as the context instead of a prefill")
+    parser.add_argument("--no-prefill", action="store_true", help="skip the prefill row")
     parser.add_argument("--no-transformers", action="store_true", help="time pdserve only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     loaded = load_model(args.model)
     reference = None if args.no_transformers else load_reference(loaded.source_path)
-    vocab = loaded.config.vocab_size
-    long_prompt = prompts(1, args.prompt_tokens, vocab, seed=0)[0]
-    ours_prefill(loaded, long_prompt[:64])  # warm-up
-    rows = [
-        Row(
-            f"prefill {args.prompt_tokens} tok",
-            *best_of(
-                args.repeats,
-                lambda: ours_prefill(loaded, long_prompt),
-                (lambda: hf_prefill(reference, long_prompt)) if reference else None,
-            ),
-        )
-    ]
-    for size in (int(b) for b in args.batches.split(",")):
-        batch = prompts(size, args.context, vocab, seed=size)
-        ours, theirs = best_of(
-            args.repeats,
-            lambda: ours_decode(loaded, batch, args.steps),
-            (lambda: hf_decode(reference, batch, args.steps)) if reference else None,
-        )
-        rows.append(Row(f"decode batch {size}", ours, theirs))
+    roofline = Roofline(loaded.model, loaded.config)
+    rows = [] if args.no_prefill else [prefill_row(args, loaded, reference)]
+    for context in (int(c) for c in args.contexts.split(",")):
+        for size in (int(b) for b in args.batches.split(",")):
+            rows.append(decode_row(args, loaded, reference, roofline, size, context))
+    print_table(args, loaded, roofline, rows)
 
-    load = os.getloadavg()[0]
-    print(f"model {loaded.config.name}, fp32, {args.threads} threads, context {args.context}, "
-          f"{args.steps} steps, best of {args.repeats}, load average {load:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'tokens/s':<22}{'pdserve':>12}{'transformers':>14}{'ratio':>8}")
-    for row in rows:
-        print(row.line())
+
+def prefill_row(args, loaded: LoadedModel, reference) -> Row:
+    long_prompt = prompts(1, args.prompt_tokens, loaded.config.vocab_size, seed=0)[0]
+    ours_prefill(loaded, long_prompt[:64])  # warm-up
+    ours, theirs = best_of(
+        args.repeats,
+        {"torch": lambda: ours_prefill(loaded, long_prompt)},
+        (lambda: hf_prefill(reference, long_prompt)) if reference else None,
+    )
+    return Row(f"prefill {args.prompt_tokens} tok", {b: ours["torch"] for b in args.backends.split(",")}, theirs)
 
 
 if __name__ == "__main__":
