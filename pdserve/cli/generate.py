@@ -14,6 +14,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("prompt")
     p.add_argument("--target", default=None, help="HOST:PORT of a running router; omit to run in-process")
     p.add_argument("--raw", action="store_true", help="send the prompt as plain text, not as a chat message")
+    p.add_argument("--tls-ca", default=None, help="with --target: PEM CA of the router's certificate (TLS); "
+                                                  "a tenant's token comes from $PDSERVE_API_TOKEN")
     add_engine_flags(p)
     add_sampling_flags(p)
     p.set_defaults(run=run)
