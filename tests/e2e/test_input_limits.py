@@ -64,15 +64,16 @@ def test_a_huge_prompt_is_refused_at_once_and_other_streams_do_not_stall(service
     pb.GenerateRequest(token_ids=pb.TokenIds(ids=[7] * 8_000_000)),
 ], ids=["60-MB-text", "8M-token-ids"])
 def test_refused_huge_prompts_leave_nothing_behind_in_the_router(service, request_):
-    """Parsing costs memory once (the allocator keeps its high-water mark); each further
-    refusal must add nothing, so nothing made of a refused request is kept."""
+    """Parsing costs memory: the allocator's high-water mark climbs by two or three messages
+    and stays. A refusal that kept its request would add a message every time (eight of them
+    over this run), so the RSS may grow by less than three messages over eight refusals."""
     pid, sizes = service["router"].pid, []
     with grpc.insecure_channel(service["target"], options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
-        for _ in range(4):
+        for _ in range(8):
             with pytest.raises(grpc.RpcError) as err:
                 list(generation_pb2_grpc.GenerationStub(channel).Generate(request_, timeout=60))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             sizes.append(_rss_bytes(pid))
     print(f"router RSS after each refusal of a {request_.ByteSize() / 1e6:.1f} MB request: "
           f"{[round(s / 1e6) for s in sizes]} MB")
-    assert sizes[-1] - sizes[0] < request_.ByteSize()  # four refusals, not even one message kept
+    assert max(sizes[-3:]) - sizes[0] < 3 * request_.ByteSize()
