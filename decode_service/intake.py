@@ -32,8 +32,11 @@ class Intake:
     `secret` is drawn here for this reservation alone: only its holder may announce pieces,
     complete the transfer, or have its data land (it keys the transport's tags).
 
+    The first `cached_blocks` are this worker's own prefix-cache hits, shared: no piece may write
+    them.
+
     NOTE: announced pieces never overlap, and the transfer completes only once they cover every
-    reserved block: no request decodes from a block nobody wrote."""
+    reserved block past the cached ones: no request decodes from a block nobody wrote."""
 
     transfer_id: str
     request_id: str
@@ -43,6 +46,7 @@ class Intake:
     secret: bytes = field(repr=False)
     pieces: dict[int, asyncio.Task] = field(default_factory=dict)
     announced: set[int] = field(default_factory=set)  # indexes into block_ids of announced pieces
+    cached_blocks: int = 0
 
     def announce(self, seq: int, block_index: int, count: int) -> tuple[int, ...]:
         """The reserved blocks of a new piece [block_index, block_index + count), recorded as
@@ -50,8 +54,10 @@ class Intake:
         or overlapping piece."""
         end = block_index + count
         where = f"piece {seq} of {self.transfer_id}: blocks [{block_index}, {end})"
-        if count < 1 or end > len(self.block_ids):
-            raise InvalidRequestError(f"{where} empty or outside the reservation of {len(self.block_ids)} blocks")
+        if count < 1 or end > len(self.block_ids) or block_index < self.cached_blocks:
+            raise InvalidRequestError(f"{where} empty or outside blocks [{self.cached_blocks}, "
+                                      f"{len(self.block_ids)}) of the reservation (the first {self.cached_blocks} "
+                                      "are cached here)")
         if seq in self.pieces or seq >= len(self.block_ids):
             raise InvalidRequestError(f"{where}: seq repeated or beyond one piece per block")
         span = range(block_index, end)
@@ -66,9 +72,9 @@ class Intake:
         if not 0 < num_pieces == len(self.pieces) or sorted(self.pieces) != list(range(num_pieces)):
             raise InvalidRequestError(f"{self.transfer_id}: completed with {num_pieces} pieces, "
                                       f"announced {sorted(self.pieces)[:8]} ({len(self.pieces)})")
-        if len(self.announced) != len(self.block_ids):
-            raise InvalidRequestError(f"{self.transfer_id}: pieces cover {len(self.announced)} of "
-                                      f"{len(self.block_ids)} reserved blocks")
+        if len(self.announced) != len(self.block_ids) - self.cached_blocks:
+            raise InvalidRequestError(f"{self.transfer_id}: pieces cover {len(self.announced)} of the "
+                                      f"{len(self.block_ids) - self.cached_blocks} reserved blocks to write")
 
     def failures(self) -> list[TransferError]:
         """Pieces that ended with a transfer error (their own deadline, a bad layout)."""

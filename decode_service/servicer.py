@@ -15,6 +15,7 @@ from pdserve.telemetry import extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
+from pdserve.worker.prefix_probe import cached_prefix
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
@@ -59,7 +60,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             return wpb.DecodeEvent(reserved=wpb.KVReservation(
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,
                 block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
-                decode_endpoint=self.endpoint, kv_secret=event.secret, num_blocks=self.num_blocks))
+                decode_endpoint=self.endpoint, kv_secret=event.secret, num_blocks=self.num_blocks,
+                cached_blocks=event.cached_blocks))
         if isinstance(event, Finished):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(
                 finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,
@@ -83,6 +85,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         if not self.worker.presented(transfer_id, secret):
             raise PermissionDenied(f"transfer {transfer_id!r}: wrong kv_secret (only the reservation's holder "
                                    f"may write it)")
+
+    async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
+        return wpb.MatchPrefixResponse(cached_tokens=await cached_prefix(self.worker.engine, request.token_ids))
 
     async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
         return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))

@@ -220,7 +220,7 @@ class DecodeWorker:
 
     def on_step(self, result: StepResult) -> None:
         for reservation in result.reserved:
-            self._on_reserved(reservation.request, reservation.block_ids)
+            self._on_reserved(reservation.request, reservation.block_ids, reservation.cached_blocks)
         for preemption in result.preemptions:
             self._notify(preemption.request, Notice(preemption.mode.value, preemption.reason, "preempted"))
         for request in result.resumed:
@@ -234,7 +234,7 @@ class DecodeWorker:
         live = self._live.get(request.request_id)
         return live if live is not None and live.request is request else None
 
-    def _on_reserved(self, request: Request, block_ids: tuple[int, ...]) -> None:
+    def _on_reserved(self, request: Request, block_ids: tuple[int, ...], cached_blocks: int) -> None:
         live = self._owner(request)
         if live is None:
             return
@@ -242,10 +242,10 @@ class DecodeWorker:
         lease = self.leases.grant(LeaseKind.RESERVATION, f"Decode stream of {request.request_id}", len(block_ids),
                                   None, lambda reason: self._reservation_ended(live, reason))
         intake = Intake(transfer_id, request.request_id, block_ids, live.job.kv_timeout_s, lease,
-                        secrets.token_bytes(SECRET_BYTES))
+                        secrets.token_bytes(SECRET_BYTES), cached_blocks=cached_blocks)
         live.intake = intake
         self.intakes[transfer_id] = intake
-        live.session.push(Reserved(transfer_id, block_ids, intake.secret))
+        live.session.push(Reserved(transfer_id, block_ids, intake.secret, cached_blocks))
 
     def _reservation_ended(self, live: _Live, reason: Reclaim) -> None:
         """KV must keep arriving: at most kv_timeout between pieces and until CompleteKV. Before

@@ -17,6 +17,7 @@ from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.errors import PeerFault
 from pdserve.worker.events import ChunkDone, PrefillDone
+from pdserve.worker.prefix_probe import cached_prefix
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 
 
@@ -87,7 +88,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
                                       f"{self.transport!r}")
         return Target(check_id("transfer_id", t.transfer_id), check_kv_address(t.kv_address), tuple(t.block_ids),
                       t.block_size, t.block_nbytes, check_address("decode_endpoint", t.decode_endpoint),
-                      t.kv_secret, t.num_blocks)
+                      t.kv_secret, t.num_blocks, t.cached_blocks)
 
     def _observe(self, span, event) -> None:
         if isinstance(event, ChunkDone):
@@ -100,12 +101,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
         self.metrics.observe_kv_transfer(event.kv_seconds, event.kv_bytes)
 
     async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
-        longest = self.worker.engine.engine.limits.max_model_len
-        if len(request.token_ids) > longest:
-            raise InvalidRequestError(f"{len(request.token_ids)} token ids; a prompt holds at most {longest}")
-        ids = list(request.token_ids)
-        cached = await self.worker.engine.call(lambda e: e.scheduler.kv.probe(ids))
-        return wpb.MatchPrefixResponse(cached_tokens=cached)
+        return wpb.MatchPrefixResponse(cached_tokens=await cached_prefix(self.worker.engine, request.token_ids))
 
     async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
         return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))

@@ -56,6 +56,7 @@ class Target:
     decode_endpoint: str
     secret: bytes = field(repr=False)
     num_blocks: int
+    cached_blocks: int = 0  # leading blocks the decode worker holds already: never sent
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class PrefillWorker:
         if request_id in self.sessions:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
         session = self.sessions.open(request_id)
-        job = PrefillJob(request_id, len(prompt), target, session, kv_timeout_s)
+        job = PrefillJob(request_id, len(prompt), target, session, kv_timeout_s, sent_blocks=target.cached_blocks)
         self.jobs[request_id] = job
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": 1, "stop": ()})
         try:
@@ -200,7 +201,7 @@ class PrefillWorker:
     def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold: BlockHold | None, step_s: float) -> None:
         request = chunk.request
         job.cached_tokens = request.num_cached_tokens
-        if job.seq == 0 and job.sent_blocks == 0:
+        if job.seq == 0 and job.sent_blocks == job.target.cached_blocks:
             job.queue_seconds = max(0.0, (request.first_scheduled_time or request.arrival_time) - request.arrival_time)
         job.session.push(ChunkDone(chunk.start, chunk.num_tokens, request.num_cached_tokens, step_s))
         final = chunk.samples
@@ -290,10 +291,14 @@ class PrefillWorker:
 
 
 def _check_blocks(target: Target, needed: int) -> None:
-    """One distinct decode block per block of the prompt, each inside the pool it states."""
+    """One distinct decode block per block of the prompt, each inside the pool it states, and
+    at least the last one to send."""
     ids = target.block_ids
     if len(ids) != needed:
         raise InvalidRequestError(f"reservation of {len(ids)} blocks for a prompt of {needed} blocks")
+    if not 0 <= target.cached_blocks < len(ids):
+        raise InvalidRequestError(f"cached_blocks {target.cached_blocks} of a {len(ids)}-block reservation: the "
+                                  "last block is always sent")
     if len(set(ids)) != len(ids) or any(b >= target.num_blocks for b in ids):
         raise InvalidRequestError(f"reservation block ids repeated or outside the decode pool of "
                                   f"{target.num_blocks} blocks")

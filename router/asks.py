@@ -52,6 +52,9 @@ class Usage:
     preemptions: int = 0
     recompute_preemptions: int = 0
     swap_preemptions: int = 0
+    kv_transfer_bytes: int = 0
+    decode_cached_tokens: int = 0
+    local_prefill: bool = False
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class Reservation:
     decode_endpoint: str
     secret: bytes = field(repr=False)  # the decode worker's, for this reservation's prefill worker only
     num_blocks: int  # the decode worker's pool
+    cached_blocks: int = 0  # leading blocks the decode worker holds already: the prefill worker skips them
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,10 @@ class DecodeClient(abc.ABC):
     @abc.abstractmethod
     def open(self, job: WorkerJob, local_prefill: bool) -> Call:
         """Start decoding `job`: remote KV (first a Reservation), or prefilled locally."""
+
+    @abc.abstractmethod
+    async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
+        """Leading tokens whose KV this worker holds (its prefix cache); None when it did not answer."""
 
 
 class PrefillClient(abc.ABC):

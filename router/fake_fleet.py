@@ -66,6 +66,9 @@ class FakeDecodeClient(DecodeClient):
         await w.step(session, "last")
         yield Finished(FinishReason.LENGTH, 0, 0)
 
+    async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
+        return self.worker.cached_prefix(token_ids)
+
 
 class FakePrefillClient(PrefillClient):
     def __init__(self, worker: FakeWorker):
@@ -96,7 +99,7 @@ class FakePrefillClient(PrefillClient):
                          logprobs=first[0] if first else None)
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
-        return None if self.worker.killed or self.worker.stalled else 0
+        return self.worker.cached_prefix(token_ids)
 
 
 class FakeFleet(WorkerClients):

@@ -106,6 +106,13 @@ class FakeWorker:
         self.free = fleet.config.blocks
         self.epoch = 0
         self._ids = itertools.count()
+        self.cached: dict[tuple[int, ...], int] = {}  # a test's prefix-cache contents: prefix -> tokens held
+
+    def cached_prefix(self, token_ids: tuple[int, ...]) -> int | None:
+        """What MatchPrefix answers: the longest cached prefix set by a test; None while down."""
+        if self.killed or self.stalled:
+            return None
+        return max((n for prefix, n in self.cached.items() if tuple(token_ids[:len(prefix)]) == prefix), default=0)
 
     @property
     def active_blocks(self) -> int:

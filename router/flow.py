@@ -37,6 +37,7 @@ from router.clients import (
     WorkerFault,
     WorkerJob,
 )
+from router.local_prefill import LocalPrefillDecision, LocalPrefillPolicy
 from router.placement import NoWorker, choose_decode, choose_prefill
 from router.protocol import RequestProtocol, Signal
 from router.recovery import Action, Decision, RecoveryPolicy, charged_to
@@ -77,6 +78,9 @@ class Done:
     cached_tokens: int
     preemptions: int
     preemptions_by_mode: dict = field(default_factory=dict)  # "recompute" | "swap" -> count
+    kv_bytes: int = 0  # KV moved from prefill to decode workers, over every attempt
+    decode_cached_tokens: int = 0  # prompt tokens the (last) decode worker held already
+    local_prefill: bool = False  # the (last) decode worker prefilled the prompt itself
 
 
 @dataclass(frozen=True)
@@ -99,9 +103,13 @@ class FlowState:
     preemptions: int = 0
     by_mode: dict[str, int] = field(default_factory=dict)
     avoid: dict[str, set[str]] = field(default_factory=lambda: {"prefill": set(), "decode": set()})
+    kv_bytes: int = 0
+    decode_cached_tokens: int = 0
+    local_prefill: bool = False
 
     def done(self, reason: FinishReason, cached: int = 0) -> Done:
-        return Done(reason, self.cached_tokens or cached, self.preemptions, dict(self.by_mode))
+        return Done(reason, self.cached_tokens or cached, self.preemptions, dict(self.by_mode), self.kv_bytes,
+                    self.decode_cached_tokens, self.local_prefill)
 
 
 @dataclass(frozen=True)
@@ -109,8 +117,9 @@ class FlowConfig:
     colocated: bool = False
     kv_timeout_s: float = 30.0
     wait_for_worker_s: float = 30.0  # a request waits this long (within its deadline) for a usable worker
-    probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill workers
+    probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill and decode workers
     recovery: RecoveryPolicy = RecoveryPolicy()
+    local_prefill: LocalPrefillPolicy = LocalPrefillPolicy()
 
 
 class RequestFlow:
@@ -157,14 +166,16 @@ class RequestFlow:
     # ---- one attempt ----
 
     async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
-        local = self.config.colocated or bool(state.generated)
-        if not local:  # no decode blocks are reserved while no prefill worker could fill them
-            await self.pool.wait_usable("prefill", self._wait_until(job))
-        decode = await self._choose(job, state, "decode")
+        decode, cached = await self._choose_decode(job, state)
+        decision = await self._local_prefill(job, state, cached)
+        local = decision.local
+        state.local_prefill, state.decode_cached_tokens = local, cached if local else 0
         state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
         self.pool.placed(decode)
         call = Pumped(self.clients.decode(decode.address).open(self._worker_job(job, state), local), decode.address)
-        yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local})
+        yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local,
+                                      "pdserve.local_prefill.reason": decision.reason,
+                                      "pdserve.decode_cached_tokens": cached})
         try:
             if not local:
                 async for event in self._remote_prefill(job, state, call, decode):
@@ -194,12 +205,36 @@ class RequestFlow:
         if fault.kind != FaultKind.REFUSED and fault.culprit == Culprit.SELF:
             state.avoid[role].add(address)
 
-    async def _choose(self, job: Job, state: FlowState, role: str) -> Worker:
-        workers = await self.pool.wait_usable(role, self._wait_until(job))
+    async def _choose_decode(self, job: Job, state: FlowState) -> tuple[Worker, int]:
+        """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
+        workers = await self.pool.wait_usable("decode", self._wait_until(job))
+        prompt = (*job.prompt, *state.generated)
+        probed = [w for w in workers if w.address not in state.avoid["decode"]] or workers
+        cached = await self._cached_prefixes("decode", prompt, probed, always=not self.config.colocated)
         try:
-            if role == "decode":
-                return choose_decode(workers, state.avoid["decode"])
-            cached = await self._cached_prefixes(job.prompt, [w for w in workers if w.address not in state.avoid[role]])
+            decode = choose_decode(workers, cached, state.avoid["decode"])
+        except NoWorker as exc:
+            raise Unavailable(str(exc)) from None
+        return decode, cached.get(decode.address, 0)
+
+    async def _local_prefill(self, job: Job, state: FlowState, cached: int) -> LocalPrefillDecision:
+        """Colocated, a resume, or the policy's call; a remote prefill first waits for a usable
+        prefill worker (no decode blocks are reserved while none could fill them)."""
+        if self.config.colocated:
+            return LocalPrefillDecision(True, "colocated")
+        if state.generated:
+            return LocalPrefillDecision(True, "resume")
+        prefill = self.pool.of_role("prefill")
+        decision = self.config.local_prefill.decide(len(job.prompt), cached, prefill)
+        if not decision.local:
+            await self.pool.wait_usable("prefill", self._wait_until(job))
+        return decision
+
+    async def _choose_prefill(self, job: Job, state: FlowState) -> Worker:
+        workers = await self.pool.wait_usable("prefill", self._wait_until(job))
+        probed = [w for w in workers if w.address not in state.avoid["prefill"]]
+        cached = await self._cached_prefixes("prefill", job.prompt, probed)
+        try:
             return choose_prefill(workers, cached, state.avoid["prefill"])
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
@@ -208,10 +243,13 @@ class RequestFlow:
         until = time.monotonic() + self.config.wait_for_worker_s
         return until if job.deadline is None else min(until, job.deadline)
 
-    async def _cached_prefixes(self, prompt: tuple[int, ...], workers: list[Worker]) -> dict[str, int]:
-        if len(workers) < 2:
+    async def _cached_prefixes(self, role: str, prompt: tuple[int, ...], workers: list[Worker],
+                               always: bool = False) -> dict[str, int]:
+        """MatchPrefix of each worker (concurrently); with one worker only when `always`."""
+        if len(workers) < (1 if always else 2):
             return {}
-        counts = await asyncio.gather(*(self.clients.prefill(w.address).match_prefix(prompt, self.config.probe_timeout_s)
+        client = self.clients.decode if role == "decode" else self.clients.prefill
+        counts = await asyncio.gather(*(client(w.address).match_prefix(prompt, self.config.probe_timeout_s)
                                         for w in workers))
         return {w.address: n for w, n in zip(workers, counts) if n is not None}
 
@@ -223,7 +261,8 @@ class RequestFlow:
         if not isinstance(reservation, Reservation):
             raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "
                                                                 f"(sent {type(reservation).__name__} first)")
-        prefill = await self._choose(job, state, "prefill")
+        prefill = await self._choose_prefill(job, state)
+        state.decode_cached_tokens = reservation.cached_blocks * reservation.block_size
         state.protocol.advance(Signal.RESERVED, prefill.address)
         yield Milestone("placement.prefill", {"pdserve.prefill_worker": prefill.address,
                                               "pdserve.kv_blocks_reserved": len(reservation.block_ids)})
@@ -260,6 +299,7 @@ class RequestFlow:
             elif isinstance(event, FirstToken):
                 state.protocol.advance(Signal.FIRST_TOKEN)
                 state.cached_tokens = event.cached_tokens
+                state.kv_bytes += event.kv_bytes
                 yield Milestone("kv_transfer", {"bytes": event.kv_bytes, "blocks": event.kv_blocks,
                                                 "descriptors": event.kv_descriptors, "seconds": event.kv_seconds,
                                                 "queue_seconds": event.queue_seconds})

@@ -182,7 +182,8 @@ def _last(job: Job, done: Done, completion: int, ids: Sequence[int] = (), text: 
     by_mode = done.preemptions_by_mode or {}
     usage = Usage(prompt_tokens=len(job.prompt), completion_tokens=completion, cached_tokens=done.cached_tokens,
                   preemptions=done.preemptions, recompute_preemptions=by_mode.get("recompute", 0),
-                  swap_preemptions=by_mode.get("swap", 0))
+                  swap_preemptions=by_mode.get("swap", 0), kv_transfer_bytes=done.kv_bytes,
+                  decode_cached_tokens=done.decode_cached_tokens, local_prefill=done.local_prefill)
     return Output(tuple(ids), text, logprobs, Finish(done.reason, usage))
 
 

@@ -80,7 +80,7 @@ def _decode_event(event: wpb.DecodeEvent):
     if kind == "reserved":
         r = event.reserved
         return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
-                           r.block_nbytes, r.decode_endpoint, r.kv_secret, r.num_blocks)
+                           r.block_nbytes, r.decode_endpoint, r.kv_secret, r.num_blocks, r.cached_blocks)
     if kind == "preempted":
         p = event.preempted
         return Preempted(p.mode, p.reason, p.phase)
@@ -101,7 +101,8 @@ def _prefill_event(event: wpb.PrefillEvent):
 def _target(r: Reservation) -> wpb.KVReservation:
     return wpb.KVReservation(transfer_id=r.transfer_id, transport=r.transport, kv_address=r.kv_address,
                              block_ids=list(r.block_ids), block_size=r.block_size, block_nbytes=r.block_nbytes,
-                             decode_endpoint=r.decode_endpoint, kv_secret=r.secret, num_blocks=r.num_blocks)
+                             decode_endpoint=r.decode_endpoint, kv_secret=r.secret, num_blocks=r.num_blocks,
+                             cached_blocks=r.cached_blocks)
 
 
 class GrpcDecodeClient(DecodeClient):
@@ -113,6 +114,9 @@ class GrpcDecodeClient(DecodeClient):
         call = self._stub.Decode(wpb.DecodeRequest(request=_worker_request(job), local_prefill=local_prefill),
                                  metadata=job.metadata, timeout=job.timeout_s)
         return GrpcCall(call, self.address, _decode_event)
+
+    async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
+        return await _match_prefix(self._stub, token_ids, timeout_s)
 
 
 class GrpcPrefillClient(PrefillClient):
@@ -126,11 +130,15 @@ class GrpcPrefillClient(PrefillClient):
         return GrpcCall(call, self.address, _prefill_event)
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
-        try:
-            reply = await self._stub.MatchPrefix(wpb.MatchPrefixRequest(token_ids=list(token_ids)), timeout=timeout_s)
-        except grpc.aio.AioRpcError:
-            return None
-        return reply.cached_tokens
+        return await _match_prefix(self._stub, token_ids, timeout_s)
+
+
+async def _match_prefix(stub, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
+    try:
+        reply = await stub.MatchPrefix(wpb.MatchPrefixRequest(token_ids=list(token_ids)), timeout=timeout_s)
+    except grpc.aio.AioRpcError:
+        return None
+    return reply.cached_tokens
 
 
 class GrpcWorkerClients(WorkerClients):

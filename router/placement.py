@@ -22,9 +22,20 @@ def _candidates(workers: list[Worker], avoid: Collection[str], role: str) -> lis
     return preferred or workers
 
 
-def choose_decode(workers: list[Worker], avoid: Collection[str] = ()) -> Worker:
-    """Fewest requests in flight from this router, then most free KV blocks, then fewest running."""
-    return max(_candidates(workers, avoid, "decode"), key=lambda w: (-w.assigned, w.free_blocks, -w.running))
+DECODE_SLACK = 4  # requests in flight a decode worker may have beyond the least loaded one, for its cache
+
+
+def choose_decode(workers: list[Worker], cached: Mapping[str, int] | None = None, avoid: Collection[str] = (),
+                  slack: int = DECODE_SLACK) -> Worker:
+    """The longest cached prefix of the prompt (an earlier turn of the conversation decoded
+    there) among the workers within `slack` requests in flight of the least loaded; then fewest
+    in flight, most free KV blocks, fewest running. So a conversation stays where its KV is,
+    and no worker is flooded for its cache."""
+    candidates = _candidates(workers, avoid, "decode")
+    least = min(w.assigned for w in candidates)
+    near = [w for w in candidates if w.assigned <= least + slack]
+    cached = cached or {}
+    return max(near, key=lambda w: (cached.get(w.address, 0), -w.assigned, w.free_blocks, -w.running))
 
 
 def choose_prefill(workers: list[Worker], cached: Mapping[str, int], avoid: Collection[str] = ()) -> Worker:

@@ -58,5 +58,6 @@ def response_to_pb(request_id: str, output: Output) -> pb.GenerateResponse:
         response.usage.CopyFrom(pb.Usage(
             prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens, completion_tokens=u.completion_tokens,
             preemptions=u.preemptions, recompute_preemptions=u.recompute_preemptions,
-            swap_preemptions=u.swap_preemptions))
+            swap_preemptions=u.swap_preemptions, kv_transfer_bytes=u.kv_transfer_bytes,
+            decode_cached_tokens=u.decode_cached_tokens, local_prefill=u.local_prefill))
     return response

@@ -75,6 +75,10 @@ class RequestTrace:
 
     def _milestone(self, event: Milestone) -> None:
         attrs = {k: v for k, v in event.attributes.items() if v is not None}
+        if event.name == "placement":
+            self.span.set_attributes({"pdserve.local_prefill": bool(attrs.get("pdserve.local_prefill")),
+                                      "pdserve.local_prefill.reason": attrs.get("pdserve.local_prefill.reason", "")})
+            self.metrics.count_prefill_placement(attrs.get("pdserve.local_prefill.reason", "remote"))
         if event.name.startswith("placement"):
             self.tracer.start_span(f"pdserve.{event.name}", context=self.context, attributes=attrs,
                                    start_time=_ns(time.perf_counter() - self.timeline.arrival)).end()

@@ -11,7 +11,10 @@ from pdserve.bench.workloads import NAMES
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="gRPC load generator; --compare runs the policy experiment")
     p.add_argument("--target", default=None, help="HOST:PORT of a running router")
-    p.add_argument("--workload", default="mixed", choices=NAMES)
+    p.add_argument("--workload", default="mixed", choices=(*NAMES, "conversations"),
+                   help="conversations: multi-turn chats, reported per turn (--conversations, --turns)")
+    p.add_argument("--conversations", type=int, default=16, help="conversations workload: concurrent chats")
+    p.add_argument("--turns", type=int, default=6, help="conversations workload: turns of each")
     p.add_argument("--requests", type=int, default=None, help="requests in the workload (default: per workload)")
     p.add_argument("--rate", type=float, default=None, help="mean arrivals per second (default: per workload)")
     p.add_argument("--seed", type=int, default=0)
@@ -39,7 +42,26 @@ def run(args: argparse.Namespace) -> int:
     if not args.target:
         print("error: --target HOST:PORT is required (or --compare)", file=sys.stderr)
         return 2
+    if args.workload == "conversations":
+        return _run_conversations(args)
     return _run_one(args)
+
+
+def _run_conversations(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    from dataclasses import asdict
+
+    from pdserve.bench.conversations import ConversationSpec, run_conversations, turn_table
+
+    spec = ConversationSpec(args.conversations, args.turns, seed=args.seed)
+    records = asyncio.run(run_conversations(args.target, spec))
+    print(f"{spec.conversations} conversations x {spec.turns} turns (+{spec.conversations} suffix requests)")
+    print(turn_table(records))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in records], f)
+    return 0
 
 
 def _run_one(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import signal
 from pdserve.cli.options import add_engine_flags
 from pdserve.rpc.security import add_security_flags
 from router.limits import add_limit_flags
+from router.local_prefill import add_local_prefill_flags
 
 DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
 EXIT_ENGINE_FAILED = 70  # a supervisor restarts the process
@@ -70,6 +71,7 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="the model's name in the HTTP API (/v1/models, the `model` field; "
                         "default: its folder or file name)")
     add_limit_flags(p)
+    add_local_prefill_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,9 @@ class Usage:
     preemptions: int = 0
     recompute_preemptions: int = 0
     swap_preemptions: int = 0
+    kv_transfer_bytes: int = 0  # KV moved from prefill to decode workers for this request
+    decode_cached_tokens: int = 0  # prompt tokens the decode worker held already (an earlier turn)
+    local_prefill: bool = False  # the decode worker prefilled the prompt itself
 
 
 @dataclass(frozen=True)

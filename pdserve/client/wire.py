@@ -60,7 +60,7 @@ def chunk_of(response: pb.GenerateResponse) -> Chunk:
         return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs)
     u = response.usage
     usage = Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.preemptions, u.recompute_preemptions,
-                  u.swap_preemptions)
+                  u.swap_preemptions, u.kv_transfer_bytes, u.decode_cached_tokens, u.local_prefill)
     return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs,
                  _FINISH.get(response.finish_reason, "unknown"), usage)
 

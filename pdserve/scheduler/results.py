@@ -9,11 +9,13 @@ from pdserve.requests import Request
 
 
 class Reservation(NamedTuple):
-    """Device blocks allocated for a remote request: block i receives prompt positions
-    [i * block_size, (i + 1) * block_size) from the prefill worker."""
+    """Device blocks allocated for a remote request: block i holds prompt positions
+    [i * block_size, (i + 1) * block_size). The first `cached_blocks` are shared prefix-cache
+    hits (their KV is here already); the prefill worker writes the rest."""
 
     request: Request
     block_ids: tuple[int, ...]
+    cached_blocks: int = 0
 
 
 class SchedulerStats(NamedTuple):

@@ -100,7 +100,8 @@ class Steps:
         if head.group == Group.SWAPPED:
             return len(self._kv.host_blocks(request.request_id))
         if request.request_id in self._q.remote:
-            return self._kv.blocks_for(request.num_prompt_tokens)
+            match = self._kv.match_prompt(request)
+            return self._kv.admission_cost(match, request.num_prompt_tokens - match.num_tokens)
         match = self._kv.match(request)
         n = self._chunking.size(request.num_tokens - match.num_tokens, plan.budget_left, 0)
         return self._kv.admission_cost(match, n)
@@ -164,11 +165,13 @@ class Steps:
         return True
 
     def _reserve(self, plan: StepPlan, request: Request) -> bool:
-        result = self._kv.reserve(request, request.num_prompt_tokens, self.reserve_blocks(plan))
+        match = self._kv.match_prompt(request)
+        result = self._kv.reserve(request, match, self.reserve_blocks(plan))
         if isinstance(result, OutOfBlocks):
             return False
+        request.num_cached_tokens = match.num_tokens
         self._q.reserve(request)
-        plan.reserved.append(Reservation(request, result.blocks))
+        plan.reserved.append(Reservation(request, result.blocks, len(match.blocks)))
         plan.touched.add(request.request_id)
         return True
 

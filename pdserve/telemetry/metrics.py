@@ -117,6 +117,11 @@ class Metrics:
             "pdserve_tenant_requests_total", "Finished requests by tenant (names come from the tenants file).",
             ["tenant", "finish_reason"], registry=r,
         )
+        self.prefill_placements = Counter(
+            "pdserve_prefill_placements_total", "Where prompts were prefilled: reason remote (a prefill worker), "
+            "cached or prefill_busy (the decode worker itself, conditional disaggregation), colocated, resume.",
+            ["reason"], registry=r,
+        )
         self.lease_ends = Counter(
             "pdserve_lease_ends_total", "Leases ended, by kind and how (ended, settled, expired).",
             ["lease", "reason"], registry=r,
@@ -170,6 +175,9 @@ class Metrics:
 
     def count_tenant_request(self, tenant: str, finish_reason: Label) -> None:
         self.tenant_requests.labels(tenant=tenant, finish_reason=label(finish_reason)).inc()
+
+    def count_prefill_placement(self, reason: Label) -> None:
+        self.prefill_placements.labels(reason=label(reason)).inc()
 
     def count_preemption(self, mode: Label, n: int = 1) -> None:
         self.preemptions.labels(mode=label(mode)).inc(n)

@@ -13,6 +13,7 @@ class Reserved:
     transfer_id: str
     block_ids: tuple[int, ...]
     secret: bytes  # drawn for this reservation: whoever fills it must present it
+    cached_blocks: int = 0  # leading blocks the decode worker holds already: never sent
 
 
 @dataclass(frozen=True)

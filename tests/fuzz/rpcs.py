@@ -92,7 +92,8 @@ def _decode(ids: Ids, _) -> wpb.DecodeRequest:
 
 def kv_piece(target: wpb.KVReservation, seq: int) -> wpb.KVPiece:
     """Piece `seq` of a transfer into `target`, one block each (its data never comes)."""
-    return wpb.KVPiece(transfer_id=target.transfer_id, seq=seq, block_index=seq % len(target.block_ids),
+    writable = len(target.block_ids) - target.cached_blocks  # the decode worker's own hits are never written
+    return wpb.KVPiece(transfer_id=target.transfer_id, seq=seq, block_index=target.cached_blocks + seq % writable,
                        src_block_ids=[seq], timeout_s=1.0, kv_secret=target.kv_secret)
 
 

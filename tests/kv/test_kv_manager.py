@@ -119,10 +119,21 @@ def test_hold_outlives_free_until_released() -> None:
     kv.check_integrity()
 
 
-def test_reserve_allocates_fresh_blocks_without_prefix_hits() -> None:
+def test_reserve_shares_the_cached_prompt_prefix_and_allocates_the_rest() -> None:
     kv = manager()
     kv.free(computed(kv, "a", list(range(8))))
     r = Request("b", list(range(8)) + [5])
-    result = kv.reserve(r, 8)
-    assert isinstance(result, Allocated) and len(result.blocks) == 2
-    assert kv.stats().cached == 2
+    match = kv.match_prompt(r)
+    assert match.num_tokens == 8 and len(match.blocks) == 2
+    result = kv.reserve(r, match)
+    assert isinstance(result, Allocated) and len(result.blocks) == 3 and result.blocks[:2] == tuple(match.blocks)
+    assert kv.stats().cached == 0  # both cached blocks are in use again
+    kv.free(r)
+    kv.check_integrity()
+
+
+def test_reserve_never_matches_the_prompts_last_token() -> None:
+    kv = manager()
+    kv.free(computed(kv, "a", list(range(8))))
+    match = kv.match_prompt(Request("b", list(range(8))))
+    assert match.num_tokens == 4  # the last block holds the last token: the prefill worker sends it

@@ -19,7 +19,8 @@ EXPECTED_FIELDS = {
     "TopLogprob": {"token_id": 1, "logprob": 2},
     "TokenLogprobs": {"token_id": 1, "logprob": 2, "top": 3},
     "Usage": {"prompt_tokens": 1, "cached_tokens": 2, "completion_tokens": 3, "preemptions": 4,
-              "recompute_preemptions": 5, "swap_preemptions": 6},
+              "recompute_preemptions": 5, "swap_preemptions": 6, "kv_transfer_bytes": 7, "decode_cached_tokens": 8,
+              "local_prefill": 9},
     "AbortRequest": {"request_id": 1},
     "AbortResponse": {"found": 1},
 }

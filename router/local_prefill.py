@@ -1,0 +1,62 @@
+"""Conditional disaggregation: when a decode worker prefills a request itself instead of
+receiving its KV from a prefill worker. A policy: it reads numbers and never calls out.
+
+Two reasons to stay local, checked in order:
+- "cached": the decode worker already holds most of the prompt (an earlier turn of the
+  conversation) and the rest is short: computing the rest there costs less than a round trip
+  through a prefill worker, and nothing is sent.
+- "prefill_busy": every usable prefill worker has a queue (requests in flight from this router,
+  or waiting there by its last poll) of at least `busy_prefill_requests`, while the decode worker
+  would compute only a short remainder: the remote path would wait longer than the local one takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from router.workers import Worker
+
+
+@dataclass(frozen=True)
+class LocalPrefillDecision:
+    local: bool
+    reason: str  # "cached", "prefill_busy", or why not: "remote"
+
+
+REMOTE = LocalPrefillDecision(False, "remote")
+
+
+@dataclass(frozen=True)
+class LocalPrefillPolicy:
+    max_uncached_tokens: int = 256  # the most a decode worker computes of a prompt (0: never locally)
+    min_cached_fraction: float = 0.5  # of the prompt the decode worker must hold, for "cached"
+    busy_prefill_requests: int = 0  # a prefill worker's queue that makes it "busy" (0: never, the default)
+
+    def decide(self, prompt_tokens: int, decode_cached: int, prefill_workers: Sequence[Worker]) -> LocalPrefillDecision:
+        uncached = prompt_tokens - decode_cached
+        if self.max_uncached_tokens <= 0 or uncached > self.max_uncached_tokens:
+            return REMOTE
+        if decode_cached >= self.min_cached_fraction * prompt_tokens and decode_cached > 0:
+            return LocalPrefillDecision(True, "cached")
+        busy = self.busy_prefill_requests
+        if busy > 0 and prefill_workers and all(max(w.assigned, w.waiting) >= busy for w in prefill_workers):
+            return LocalPrefillDecision(True, "prefill_busy")
+        return REMOTE
+
+
+def add_local_prefill_flags(p) -> None:
+    """The router's flags for this policy (argparse); defaults from LocalPrefillPolicy."""
+    d = LocalPrefillPolicy()
+    g = p.add_argument_group("conditional disaggregation (the decode worker prefills a short remainder itself)")
+    g.add_argument("--local-prefill-max-uncached", type=int, default=d.max_uncached_tokens,
+                   help="most prompt tokens a decode worker computes itself (0: always a prefill worker)")
+    g.add_argument("--local-prefill-min-cached-fraction", type=float, default=d.min_cached_fraction,
+                   help="share of the prompt the decode worker must hold already (an earlier turn)")
+    g.add_argument("--local-prefill-busy-requests", type=int, default=d.busy_prefill_requests,
+                   help="a queue on every prefill worker that makes a short prompt stay local (0: never)")
+
+
+def local_prefill_from_args(args) -> LocalPrefillPolicy:
+    return LocalPrefillPolicy(args.local_prefill_max_uncached, args.local_prefill_min_cached_fraction,
+                              args.local_prefill_busy_requests)

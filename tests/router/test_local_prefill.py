@@ -1,0 +1,35 @@
+"""Conditional disaggregation and conversation-aware decode placement, as policies."""
+
+from __future__ import annotations
+
+from router.local_prefill import LocalPrefillPolicy
+from router.placement import choose_decode
+from router.workers import Worker
+
+
+def _w(address: str, assigned: int = 0, waiting: int = 0, role: str = "decode") -> Worker:
+    return Worker(address, role, ready=True, free_blocks=100, assigned=assigned, waiting=waiting)
+
+
+def test_a_mostly_cached_prompt_with_a_short_remainder_stays_on_the_decode_worker():
+    policy = LocalPrefillPolicy(max_uncached_tokens=256, min_cached_fraction=0.5)
+    assert policy.decide(1000, 900, [_w("p", role="prefill")]).reason == "cached"
+    assert policy.decide(1000, 700, [_w("p", role="prefill")]).reason == "remote"  # 300 uncached: too many
+    assert policy.decide(200, 50, [_w("p", role="prefill")]).reason == "remote"  # short, but mostly new
+    assert not LocalPrefillPolicy(max_uncached_tokens=0).decide(1000, 999, []).local
+
+
+def test_a_short_prompt_stays_local_only_while_every_prefill_worker_is_busy():
+    policy = LocalPrefillPolicy(busy_prefill_requests=4)
+    busy, idle = _w("p1", assigned=4, role="prefill"), _w("p2", waiting=1, role="prefill")
+    assert policy.decide(100, 0, [busy, _w("p3", waiting=5, role="prefill")]).reason == "prefill_busy"
+    assert policy.decide(100, 0, [busy, idle]).reason == "remote"
+    assert policy.decide(1000, 0, [busy]).reason == "remote"  # too long to compute on the decode worker
+    assert LocalPrefillPolicy(busy_prefill_requests=0).decide(100, 0, [busy]).reason == "remote"
+
+
+def test_decode_placement_follows_the_cache_within_a_load_slack():
+    a, b, c = _w("a", assigned=3), _w("b", assigned=0), _w("c", assigned=6)
+    assert choose_decode([a, b, c], {"a": 512, "b": 0, "c": 1024}, slack=4).address == "a"  # c is too loaded
+    assert choose_decode([a, b, c], {}, slack=4).address == "b"  # no cache anywhere: the least loaded
+    assert choose_decode([a, b, c], {"c": 1024}, avoid={"b"}, slack=10).address == "c"
