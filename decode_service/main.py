@@ -16,14 +16,14 @@ from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from pdserve.worker.leases import Leases
 from pdserve.worker.metrics_feed import MetricsFeed
 from pdserve.worker.observability import start_observability
-from pdserve.worker.runtime import build_runtime
+from pdserve.worker.runtime import RuntimeConfig, build_runtime
 from pdserve.worker.service import WorkerService
 
 
-async def start_decode(args: argparse.Namespace) -> WorkerService:
+async def start_decode(args: argparse.Namespace, runtime_config: RuntimeConfig) -> WorkerService:
     security = security_from_args(args)
     obs = start_observability("pdserve-decode", args)
-    runtime = build_runtime(args, hold_blocks=False)
+    runtime = build_runtime(runtime_config, hold_blocks=False)
     leases = Leases()
     feed = MetricsFeed(runtime.async_engine, obs.metrics, leases)
     receiver = make_transport("ucx").receiver(runtime.engine.kv.data) if args.transport == "ucx" else None

@@ -14,16 +14,16 @@ from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from pdserve.worker.leases import Leases
 from pdserve.worker.metrics_feed import MetricsFeed
 from pdserve.worker.observability import start_observability
-from pdserve.worker.runtime import build_runtime
+from pdserve.worker.runtime import RuntimeConfig, build_runtime
 from pdserve.worker.service import WorkerService
 from prefill_service.servicer import GrpcDecodePeer, PrefillServicer
 from prefill_service.worker import PrefillWorker
 
 
-async def start_prefill(args: argparse.Namespace) -> WorkerService:
+async def start_prefill(args: argparse.Namespace, runtime_config: RuntimeConfig) -> WorkerService:
     security = security_from_args(args)
     obs = start_observability("pdserve-prefill", args)
-    runtime = build_runtime(args, hold_blocks=True)
+    runtime = build_runtime(runtime_config, hold_blocks=True)
     leases = Leases()
     feed = MetricsFeed(runtime.async_engine, obs.metrics, leases)
     sender = make_transport("ucx").sender(runtime.engine.kv.data)

@@ -82,12 +82,16 @@ def run(args: argparse.Namespace) -> int:
 
 async def _start(args: argparse.Namespace):
     if args.role == "router":
-        from router.main import start_router as start
-    elif args.role == "prefill":
+        from router.main import start_router
+
+        return await start_router(args)
+    from pdserve.cli.options import runtime_config
+
+    if args.role == "prefill":
         from prefill_service.main import start_prefill as start
     else:
         from decode_service.main import start_decode as start
-    return await start(args)
+    return await start(args, runtime_config(args))
 
 
 class Stop(enum.Enum):

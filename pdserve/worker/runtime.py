@@ -42,8 +42,6 @@ class WorkerRuntime:
 
 def build_runtime(config: RuntimeConfig, hold_blocks: bool) -> WorkerRuntime:
     """The engine on its own thread, started on the running event loop."""
-    if not isinstance(config, RuntimeConfig):  # NOTE: transitional, see _from_cli_args
-        config = _from_cli_args(config)
     if config.threads:
         torch.set_num_threads(config.threads)
     engine = Engine(config.engine, hold_blocks=hold_blocks)
@@ -51,15 +49,6 @@ def build_runtime(config: RuntimeConfig, hold_blocks: bool) -> WorkerRuntime:
     async_engine = AsyncEngine(engine, faults=injector_from_env(os.environ))
     async_engine.start(asyncio.get_running_loop())
     return WorkerRuntime(engine, async_engine)
-
-
-def _from_cli_args(args) -> RuntimeConfig:
-    """Bridge for callers that still pass the parsed flags (the two services' main.py); goes
-    once they pass `pdserve.cli.options.runtime_config(args)`. tests/test_architecture.py
-    allows this one upward import and fails once it is no longer needed."""
-    from pdserve.cli.options import runtime_config
-
-    return runtime_config(args)
 
 
 def _quiet_gc() -> None:
