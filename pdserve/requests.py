@@ -61,6 +61,21 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a finished request cost, as the public API reports it."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from a prefix cache instead of computed
+    preemptions: int = 0
+    recompute_preemptions: int = 0
+    swap_preemptions: int = 0
+    kv_transfer_bytes: int = 0  # KV moved from prefill to decode workers
+    decode_cached_tokens: int = 0  # prompt tokens the decode worker held already (an earlier turn)
+    local_prefill: bool = False  # the decode worker prefilled the prompt itself
+
+
 @dataclass(eq=False)
 class Request:
     """One generation request as an engine sees it.

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pdserve.requests import FinishReason, Priority, SamplingParams
+from pdserve.requests import FinishReason, Priority, SamplingParams, Usage
 from pdserve.tokenizer import ChatMessage
 
 if TYPE_CHECKING:
@@ -42,19 +42,6 @@ class Ask:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     priority: Priority = Priority.NORMAL
     request_id: str = ""  # empty: the gateway makes one
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    preemptions: int = 0
-    recompute_preemptions: int = 0
-    swap_preemptions: int = 0
-    kv_transfer_bytes: int = 0
-    decode_cached_tokens: int = 0
-    local_prefill: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,23 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdserve.requests import Usage
 from pdserve.sampling.logprobs import TokenLogprobs
 from pdserve.tokenizer import ChatMessage as Message  # role (system, user or assistant) and content
 
 __all__ = ["Chunk", "Completion", "Message", "PdserveError", "Timings", "TokenLogprobs", "Usage"]
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    preemptions: int = 0
-    recompute_preemptions: int = 0
-    swap_preemptions: int = 0
-    kv_transfer_bytes: int = 0  # KV moved from prefill to decode workers for this request
-    decode_cached_tokens: int = 0  # prompt tokens the decode worker held already (an earlier turn)
-    local_prefill: bool = False  # the decode worker prefilled the prompt itself
 
 
 @dataclass(frozen=True)
