@@ -6,6 +6,15 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class DeadlineConfig:
+    """Time limits the router, the workers and the supervisor share (`pdserve up` passes them on)."""
+
+    kv_timeout_s: float = 30.0  # a request's KV between pieces and until CompleteKV; the wire's unset (0) means this
+    drain_timeout_s: float = 30.0  # on SIGTERM: how long work in flight may finish
+    quarantine_timeout_s: float = 60.0  # decode: longest blocks a withdrawn receive may write stay out of use
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
     num_blocks: int = 2048  # device KV blocks (the KV pool)

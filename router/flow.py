@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from pdserve.config import DeadlineConfig
 from pdserve.requests import FinishReason, Priority, SamplingParams
 from pdserve.rpc.errors import Unavailable
 from pdserve.sampling.logprobs import TokenLogprobs
@@ -115,7 +116,7 @@ class FlowState:
 @dataclass(frozen=True)
 class FlowConfig:
     colocated: bool = False
-    kv_timeout_s: float = 30.0
+    kv_timeout_s: float = DeadlineConfig().kv_timeout_s
     wait_for_worker_s: float = 30.0  # a request waits this long (within its deadline) for a usable worker
     probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill and decode workers
     recovery: RecoveryPolicy = RecoveryPolicy()

@@ -4,6 +4,8 @@ statistics exist once.
 - Nothing under pdserve/ but pdserve/cli/ imports pdserve.cli (the CLI sits on top: it parses
   flags and builds configs; everything else takes configs). Nothing in the services imports it either.
 - Percentiles, distributions and SLOs are defined only in pdserve/stats.py.
+- Defaults live in the frozen configs: a CLI flag with a config field takes its default from
+  it (never a literal), and each shared setting's value is written once in the tree.
 """
 
 from __future__ import annotations
@@ -21,6 +23,34 @@ STATS = REPO / "pdserve" / "stats.py"
 
 # NOTE: transitional, each with the reason; the test fails once an entry is no longer needed.
 PENDING_UPWARD: set[tuple[str, str]] = set()
+
+# Flags whose default is a config field (docs/ARCHITECTURE.md, "Where each default lives"): in
+# pdserve/cli/ their default is read from the config, never written as a literal.
+CONFIG_FLAGS = frozenset({
+    "--kv-timeout", "--wait-for-worker-s", "--drain-timeout-s", "--quarantine-timeout-s", "--kv-blocks",
+    "--host-kv-blocks", "--block-size", "--policy", "--device", "--dtype", "--attention-backend", "--max-model-len",
+    "--recompute-below-tokens", "--swap-above-tokens", "--top-p", "--top-k", "--min-p", "--port",
+})
+# NOTE: transitional, each with the reason; the test fails once an entry is no longer needed.
+PENDING_LITERAL_FLAGS: dict[tuple[str, str], str] = {
+    ("pdserve/cli/bench.py", "--kv-blocks"): "--compare's workers: CacheConfig().num_blocks, to be read from it",
+}
+# Each setting (a pattern searched in names) with its default value: bound to that value in one file only,
+# its home (a dataclass field, a constant, a parameter default, a keyword or a flag default).
+SETTING_HOMES = {
+    ("kv_timeout", 30.0): "pdserve/config.py",
+    ("drain_timeout", 30.0): "pdserve/config.py",
+    ("quarantine_timeout", 60.0): "pdserve/config.py",
+    ("wait_for_worker", 30.0): "router/flow.py",
+    ("max_active", 1024): "router/gateway.py",
+    ("max_(registered_)?workers", 256): "router/discovery.py",
+}
+# NOTE: transitional, as PENDING_UPWARD.
+PENDING_SETTING_COPIES: set[tuple[str, str]] = {
+    ("quarantine_timeout", "decode_service/worker.py"),  # DecodeWorker's parameter default; main.py passes the flag
+    ("max_active", "pdserve/cli/services.py"),  # --max-active: until the gateway's limit is a config field to read
+    ("max_(registered_)?workers", "pdserve/cli/services.py"),  # --max-registered-workers: the same, for the registry
+}
 
 STATISTIC_NAME = re.compile(r"percentile|quantile|^median$|^_?p\d\d$", re.IGNORECASE)
 STATISTIC_TYPES = {"Slo", "Percentiles", "Distribution"}
@@ -77,6 +107,96 @@ def statistics_defined() -> list[str]:
             elif isinstance(node, ast.ClassDef) and node.name in STATISTIC_TYPES:
                 found.append(f"{rel(path)}:{node.lineno} class {node.name}")
     return found
+
+
+def _number(node: ast.AST | None) -> float | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _number(node.operand)
+        return None if value is None else -value
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    return None
+
+
+def _flag_defaults(tree: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    """(--flag, the default's node) of every add_argument call with a default."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+            for kw in node.keywords:
+                if kw.arg == "default" and flags:
+                    yield flags[0], kw.value
+
+
+def literal_config_flags() -> set[tuple[str, str]]:
+    found = set()
+    for path in sorted(CLI.glob("*.py")):
+        for flag, default in _flag_defaults(ast.parse(path.read_text())):
+            literal = isinstance(default, ast.Constant) and default.value is not None or _number(default) is not None
+            if flag in CONFIG_FLAGS and literal:
+                found.add((rel(path), flag))
+    return found
+
+
+def _number_bindings(tree: ast.AST) -> Iterator[tuple[str, float]]:
+    """(name, number) of every literal number bound to a name: fields, constants, parameter and
+    keyword defaults, flag defaults (by the flag's name)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            yield node.target.id, _number(node.value)
+        elif isinstance(node, ast.Assign):
+            yield from ((t.id, _number(node.value)) for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.arguments):
+            positional = [*node.posonlyargs, *node.args]
+            yield from ((a.arg, _number(d)) for a, d in zip(positional[len(positional) - len(node.defaults):],
+                                                             node.defaults))
+            yield from ((a.arg, _number(d)) for a, d in zip(node.kwonlyargs, node.kw_defaults))
+        elif isinstance(node, ast.Call):
+            yield from ((kw.arg, _number(kw.value)) for kw in node.keywords if kw.arg)
+    for flag, default in _flag_defaults(tree):
+        yield flag.lstrip("-").replace("-", "_"), _number(default)
+
+
+def setting_copies() -> set[tuple[str, str]]:
+    """(setting, file) for each file but the setting's home that binds its default value."""
+    found = set()
+    for path in source_files():
+        bindings = set(_number_bindings(ast.parse(path.read_text(), filename=str(path))))
+        for (setting, value), home in SETTING_HOMES.items():
+            if rel(path) != home and any(re.search(setting, name) and number == value for name, number in bindings):
+                found.add((setting, rel(path)))
+    return found
+
+
+def test_cli_flags_take_their_defaults_from_the_configs():
+    found = literal_config_flags() - set(PENDING_LITERAL_FLAGS)
+    assert not found, f"flags with a config field must take its default (Config().field), not a literal: {found}"
+
+
+def test_every_pending_literal_flag_is_still_there():
+    stale = set(PENDING_LITERAL_FLAGS) - literal_config_flags()
+    assert not stale, f"no longer literal, remove from PENDING_LITERAL_FLAGS: {sorted(stale)}"
+
+
+def test_each_shared_default_is_written_once():
+    found = setting_copies() - PENDING_SETTING_COPIES
+    assert not found, f"defaults written outside their home (read them from it instead): {sorted(found)}"
+
+
+def test_every_pending_setting_copy_is_still_there():
+    stale = PENDING_SETTING_COPIES - setting_copies()
+    assert not stale, f"no longer a copy, remove from PENDING_SETTING_COPIES: {sorted(stale)}"
+
+
+def test_the_default_checks_see_what_they_look_for():
+    homes = {home: set(_number_bindings(ast.parse((REPO / home).read_text()))) for home in set(SETTING_HOMES.values())}
+    for (setting, value), home in SETTING_HOMES.items():
+        assert any(re.search(setting, name) and number == value for name, number in homes[home]), (setting, home)
+    tree = ast.parse('p.add_argument("--kv-timeout", type=float, default=30.0)\n'
+                     'def f(x, kv_timeout_s: float = 30.0, *, y=-1): ...\nFlow(kv_timeout_s=30)\n')
+    assert [(f, _number(d)) for f, d in _flag_defaults(tree)] == [("--kv-timeout", 30.0)]
+    assert {b for b in _number_bindings(tree) if b[1] is not None} == {
+        ("kv_timeout", 30.0), ("kv_timeout_s", 30.0), ("y", -1), ("default", 30.0)}
 
 
 def test_nothing_but_the_cli_imports_the_cli():

@@ -1,6 +1,7 @@
-"""Sends a workload to a router over grpc.aio (on uvloop) and records every streamed message.
+"""Sends a workload to a router with pdserve.client's AsyncClient (on uvloop) and records every
+streamed message.
 
-Each request is sent at its arrival time, on one shared channel. The run ends when every
+Each request is sent at its arrival time, on one shared client (one channel). The run ends when every
 request has finished or `duration_limit_s` has passed since the start; requests still streaming
 then are cancelled (UNFINISHED), those not yet due are never sent (NOT_SENT).
 """
@@ -12,16 +13,12 @@ import os
 import time
 from dataclasses import dataclass
 
-import grpc
-
 from pdserve.bench.progress import Progress
 from pdserve.bench.records import OK, UNFINISHED, RequestRecord
 from pdserve.bench.workloads import BenchRequest, Workload
-from pdserve.requests import Priority
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client import AsyncClient, Chunk, ClientOptions, PdserveError
 
-WIRE_PRIORITY = {Priority.VIP: pb.PRIORITY_VIP, Priority.NORMAL: pb.PRIORITY_NORMAL, Priority.BATCH: pb.PRIORITY_BATCH}
+WARM_UP_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -41,17 +38,17 @@ class RunResult:
     load_avg: tuple[float, float]  # the machine's 1-minute load average at the start and at the end
 
 
-def wire_request(request: BenchRequest) -> pb.GenerateRequest:
-    sampling = pb.SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature, ignore_eos=True,
-                                 seed=request.seed)
-    return pb.GenerateRequest(text=request.prompt, sampling=sampling, priority=WIRE_PRIORITY[request.priority])
+def finish_reason_name(reason: str) -> str:
+    """The client's "stop" / "length" / "abort" as the records name it: the wire enum's name
+    (FINISH_REASON_STOP, ...), so records read the same as before the client existed."""
+    return f"FINISH_REASON_{reason.upper()}"
 
 
 class _Run:
     """The state of one run: its clock, its records and its progress bar."""
 
-    def __init__(self, stub: generation_pb2_grpc.GenerationStub, workload: Workload, options: RunOptions):
-        self.stub = stub
+    def __init__(self, client: AsyncClient, workload: Workload, options: RunOptions):
+        self.client = client
         self.workload = workload
         self.records = {r.index: RequestRecord.of(r) for r in workload.requests}
         self.progress = Progress(len(workload.requests), options.label, enabled=options.progress)
@@ -66,27 +63,33 @@ class _Run:
         record = self.records[request.index]
         record.sent_s = self.now()
         try:
-            await self._stream(wire_request(request), record)
+            await self._stream(request, record)
             record.status = OK
-        except grpc.aio.AioRpcError as exc:
-            record.status, record.detail = exc.code().name, exc.details() or ""
+        except PdserveError as exc:
+            record.status, record.detail = exc.code, exc.details
         record.done_s = self.now()
         self.done += 1
         self.failed += not record.ok
         self.progress.update(self.done, self.failed, self.now())
 
-    async def _stream(self, request: pb.GenerateRequest, record: RequestRecord) -> None:
-        async for message in self.stub.Generate(request):
-            record.request_id = record.request_id or message.request_id
-            if message.token_ids:
-                record.token_times.append(self.now())
-                record.token_counts.append(len(message.token_ids))
-                record.token_ids.extend(message.token_ids)
-            if message.finish_reason:
-                record.finish_reason = pb.FinishReason.Name(message.finish_reason)
-                usage = message.usage
-                record.prompt_tokens, record.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-                record.completion_tokens, record.preemptions = usage.completion_tokens, usage.preemptions
+    async def _stream(self, request: BenchRequest, record: RequestRecord) -> None:
+        chunks = self.client.stream(request.prompt, priority=request.priority.name.lower(),
+                                    max_tokens=request.max_tokens, temperature=request.temperature,
+                                    ignore_eos=True, seed=request.seed)
+        async for chunk in chunks:
+            self._record(chunk, record)
+
+    def _record(self, chunk: Chunk, record: RequestRecord) -> None:
+        record.request_id = record.request_id or chunk.request_id
+        if chunk.token_ids:
+            record.token_times.append(self.now())
+            record.token_counts.append(len(chunk.token_ids))
+            record.token_ids.extend(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            record.finish_reason = finish_reason_name(chunk.finish_reason)
+            usage = chunk.usage
+            record.prompt_tokens, record.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+            record.completion_tokens, record.preemptions = usage.completion_tokens, usage.preemptions
 
     async def tick(self) -> None:
         while True:
@@ -95,8 +98,8 @@ class _Run:
 
 
 async def run_async(target: str, workload: Workload, options: RunOptions = RunOptions()) -> RunResult:
-    async with grpc.aio.insecure_channel(target) as channel:
-        run = _Run(generation_pb2_grpc.GenerationStub(channel), workload, options)
+    async with AsyncClient(target) as client:
+        run = _Run(client, workload, options)
         started_at, load_before = time.time(), os.getloadavg()[0]
         tasks = [asyncio.create_task(run.send(r)) for r in workload.requests]
         ticker = asyncio.create_task(run.tick())
@@ -124,13 +127,10 @@ def run(target: str, workload: Workload, options: RunOptions = RunOptions()) -> 
 
 
 async def _warm_up_async(target: str, count: int) -> None:
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
+    async with AsyncClient(target, ClientOptions(timeout_s=WARM_UP_TIMEOUT_S)) as client:
         for i in range(count):
-            request = pb.GenerateRequest(text=f"Warm-up request number {i}: say something short.",
-                                         sampling=pb.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-            async for _ in stub.Generate(request, timeout=300):
-                pass
+            await client.generate(f"Warm-up request number {i}: say something short.", max_tokens=4,
+                                  temperature=0.0, ignore_eos=True)
 
 
 def warm_up(target: str, count: int = 2) -> None:

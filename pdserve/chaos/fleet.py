@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdserve.config import DeadlineConfig
+
 ROLES = ("prefill", "decode")
 
 
@@ -25,7 +27,7 @@ class FleetSpec:
     host_kv_blocks: int = 64
     token_budget: int = 256
     max_chunk_tokens: int = 128
-    kv_timeout_s: float = 30.0
+    kv_timeout_s: float = DeadlineConfig().kv_timeout_s
     drain_timeout_s: float = 10.0
     restart_delay_s: float = 1.0  # separate fleet: from a worker's exit to its restart
     ready_timeout_s: float = 300.0

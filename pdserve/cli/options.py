@@ -12,34 +12,42 @@ if TYPE_CHECKING:
     from pdserve.worker.runtime import RuntimeConfig
 
 
+CPU_TOKEN_BUDGET = 512  # --token-budget's default without a GPU (with one: SchedulerConfig's)
+
+
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """Defaults from EngineConfig and the configs inside it."""
+    e, cache, sched, pre = EngineConfig(), CacheConfig(), SchedulerConfig(), PreemptionConfig()
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
-    g.add_argument("--device", default="cpu")
-    g.add_argument("--dtype", default="float32")
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "flashinfer", "torch-batched"],
+    g.add_argument("--model", default=e.model, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
+    g.add_argument("--device", default=e.device)
+    g.add_argument("--dtype", default=e.dtype)
+    g.add_argument("--attention-backend", default=e.attention_backend,
+                   choices=["auto", "torch", "flashinfer", "torch-batched"],
                    help="auto: flashinfer on a CUDA device with a half-precision pool, else torch (the reference); "
                         "torch-batched: decode attention read from the KV pool in place (CPU, float32; faster "
                         "at large decode batches)")
-    g.add_argument("--kv-blocks", type=int, default=2048, help="device KV blocks")
-    g.add_argument("--host-kv-blocks", type=int, default=2048, help="host swap blocks")
-    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-blocks", type=int, default=cache.num_blocks, help="device KV blocks")
+    g.add_argument("--host-kv-blocks", type=int, default=cache.num_host_blocks, help="host swap blocks")
+    g.add_argument("--block-size", type=int, default=cache.block_size)
     g.add_argument("--token-budget", type=int, default=None,
-                   help="tokens per step, 256-8192 (default: 2048 on a GPU, 512 on a CPU)")
+                   help=f"tokens per step, 256-8192 (default: {sched.token_budget} on a GPU, "
+                        f"{CPU_TOKEN_BUDGET} on a CPU)")
     g.add_argument("--max-chunk-tokens", type=int, default=None,
                    help="one request's share of a step's prefill (default: half the budget)")
-    g.add_argument("--policy", default="chunked", choices=["chunked", "fcfs", "decode-first"])
+    g.add_argument("--policy", default=sched.policy, choices=["chunked", "fcfs", "decode-first"])
     g.add_argument("--no-prefix-cache", action="store_true")
-    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=e.max_model_len)
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    g.add_argument("--recompute-below-tokens", type=int, default=2048,
+    g.add_argument("--recompute-below-tokens", type=int, default=pre.recompute_below_tokens,
                    help="a preempted request shorter than this is always recomputed")
-    g.add_argument("--swap-above-tokens", type=int, default=16384,
+    g.add_argument("--swap-above-tokens", type=int, default=pre.swap_above_tokens,
                    help="a preempted request longer than this is swapped to host memory when there is room")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    budget = args.token_budget or (2048 if args.device.startswith("cuda") else 512)
+    gpu = args.device.startswith("cuda")
+    budget = args.token_budget or (SchedulerConfig().token_budget if gpu else CPU_TOKEN_BUDGET)
     if not 256 <= budget <= 8192:
         raise SystemExit(f"--token-budget must be within 256-8192, got {budget}")
     chunk = min(args.max_chunk_tokens or budget // 2, budget)
@@ -61,14 +69,20 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(engine_config(args), threads=args.threads)
 
 
+CLI_MAX_TOKENS = 128  # `pdserve generate` asks for fewer tokens than the API's default, and greedy
+CLI_TEMPERATURE = 0.0
+
+
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """Defaults from SamplingParams, but for max tokens and temperature (the CLI's own, above)."""
+    d = SamplingParams()
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=int, default=CLI_MAX_TOKENS)
+    g.add_argument("--temperature", type=float, default=CLI_TEMPERATURE)
+    g.add_argument("--top-p", type=float, default=d.top_p)
+    g.add_argument("--top-k", type=int, default=d.top_k)
+    g.add_argument("--min-p", type=float, default=d.min_p)
+    g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--stop", action="append", default=[])
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--priority", default="normal", choices=["vip", "normal", "batch"])

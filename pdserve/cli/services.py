@@ -15,7 +15,9 @@ import os
 import signal
 
 from pdserve.cli.options import add_engine_flags
+from pdserve.config import DeadlineConfig
 from pdserve.rpc.security import add_security_flags
+from router.flow import FlowConfig
 from router.limits import add_limit_flags
 from router.local_prefill import add_local_prefill_flags
 
@@ -24,13 +26,15 @@ EXIT_ENGINE_FAILED = 70  # a supervisor restarts the process
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    deadlines = DeadlineConfig()
     p = sub.add_parser(name, help=f"run the {name} service")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
     p.add_argument("--port", type=int, default=DEFAULT_PORTS[name])
     p.add_argument("--health-port", type=int, default=None, help="extra plaintext port serving only grpc.health.v1")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: any free port)")
     p.add_argument("--otlp-traces-endpoint", default=None, help="OTLP endpoint for traces (else OTEL_* env)")
-    p.add_argument("--drain-timeout-s", type=float, default=float(os.environ.get("PDSERVE_DRAIN_TIMEOUT_S", 30)))
+    p.add_argument("--drain-timeout-s", type=float,
+                   default=float(os.environ.get("PDSERVE_DRAIN_TIMEOUT_S", deadlines.drain_timeout_s)))
     p.add_argument("--ready-file", default=None, help="write the bound ports here (JSON) once serving")
     add_security_flags(p, api_token=name == "router")
     if name == "router":
@@ -41,12 +45,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         p.add_argument("--advertise-host", default=None, help="host other services dial (default: --host)")
         p.add_argument("--register-with", default="",
                        help="router internal host:port,... (its --internal-port) to register with (heartbeat)")
-        p.add_argument("--quarantine-timeout-s", type=float, default=60.0,
+        p.add_argument("--quarantine-timeout-s", type=float, default=deadlines.quarantine_timeout_s,
                        help="decode: longest that KV blocks a withdrawn receive may write stay out of use")
     p.set_defaults(run=run, role=name)
 
 
 def _router_flags(p: argparse.ArgumentParser) -> None:
+    flow = FlowConfig()
     p.add_argument("--model", default=None, help="the workers' model (tokenizer and limits)")
     p.add_argument("--prefill-workers", default="", help="host:port,... of prefill workers")
     p.add_argument("--decode-workers", default="", help="host:port,... of decode workers")
@@ -60,8 +65,8 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="registered workers at most; a new address beyond it is refused with RESOURCE_EXHAUSTED")
     p.add_argument("--colocated", action="store_true", help="decode workers prefill themselves")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
-    p.add_argument("--kv-timeout", type=float, default=30.0, help="seconds for a request's KV to arrive")
-    p.add_argument("--wait-for-worker-s", type=float, default=30.0,
+    p.add_argument("--kv-timeout", type=float, default=flow.kv_timeout_s, help="seconds for a request's KV to arrive")
+    p.add_argument("--wait-for-worker-s", type=float, default=flow.wait_for_worker_s,
                    help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")
     p.add_argument("--max-active", type=int, default=1024, help="requests in flight before RESOURCE_EXHAUSTED")
     p.add_argument("--kv-capacity-tokens", type=int, default=None)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pdserve.cli.fleet import Fleet
 from pdserve.cli.options import add_engine_flags
+from pdserve.cli.services import DEFAULT_PORTS
+from pdserve.config import DeadlineConfig
 from pdserve.procs.health import wait_serving
 from pdserve.procs.supervisor import Supervisor
 from pdserve.rpc.security import write_cluster_token
@@ -32,8 +34,9 @@ ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_bud
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    deadlines = DeadlineConfig()
     p = sub.add_parser(name, help="start the whole service on this machine")
-    p.add_argument("--port", type=int, default=50051, help="the router's gRPC API")
+    p.add_argument("--port", type=int, default=DEFAULT_PORTS["router"], help="the router's gRPC API")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the router's OpenAI-compatible HTTP API (0: any free port; -1: none)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the HTTP API")
@@ -42,10 +45,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
     p.add_argument("--otlp-traces-endpoint", default=None)
     p.add_argument("--demo", action="store_true", help="run a short demo once serving, then keep serving")
-    p.add_argument("--kv-timeout", type=float, default=30.0, help="router: seconds allowed between KV pieces")
+    p.add_argument("--kv-timeout", type=float, default=deadlines.kv_timeout_s,
+                   help="router: seconds allowed between KV pieces")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
     p.add_argument("--ready-timeout", type=float, default=300.0)
-    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+    p.add_argument("--drain-timeout-s", type=float, default=deadlines.drain_timeout_s,
                    help="on SIGTERM: how long the router, then each worker, may finish work in flight")
     p.add_argument("--api-token-file", default=None, help="the router's tenants file (see `pdserve router --help`)")
     p.add_argument("--anonymous-max-priority", default=None, choices=["vip", "normal", "batch"],

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 import re
 
+from pdserve.config import DeadlineConfig
 from pdserve.engine.errors import InvalidRequestError
 
 MAX_TIMEOUT_S = 600.0
-DEFAULT_KV_TIMEOUT_S = 30.0
+DEFAULT_KV_TIMEOUT_S = DeadlineConfig().kv_timeout_s
 MAX_ID_CHARS = 1024  # request and transfer ids: the router's own ids with attempt suffixes fit
 MAX_ADDRESS_CHARS = 255
 MAX_KV_ADDRESS_BYTES = 4096  # a UCX worker address is a few hundred bytes

@@ -1,0 +1,54 @@
+"""The flags' defaults, now read from the configs, keep the values they had as literals."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdserve.cli import main
+from pdserve.cli.options import engine_config
+
+ENGINE = {"model": None, "device": "cpu", "dtype": "float32", "attention_backend": "auto", "kv_blocks": 2048,
+          "host_kv_blocks": 2048, "block_size": 16, "token_budget": None, "max_chunk_tokens": None,
+          "policy": "chunked", "max_model_len": None, "recompute_below_tokens": 2048, "swap_above_tokens": 16384}
+
+
+def _defaults(argv: list[str], monkeypatch) -> dict:
+    monkeypatch.delenv("PDSERVE_DRAIN_TIMEOUT_S", raising=False)
+    return vars(main.build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_worker_defaults(role, monkeypatch):
+    args = _defaults([role], monkeypatch)
+    assert {k: args[k] for k in ENGINE} == ENGINE
+    assert (args["drain_timeout_s"], args["quarantine_timeout_s"]) == (30.0, 60.0)
+    assert args["port"] == {"prefill": 50061, "decode": 50071}[role]
+
+
+def test_router_defaults(monkeypatch):
+    args = _defaults(["router"], monkeypatch)
+    assert (args["kv_timeout"], args["wait_for_worker_s"], args["drain_timeout_s"]) == (30.0, 30.0, 30.0)
+    assert (args["port"], args["max_active"], args["max_registered_workers"]) == (50051, 1024, 256)
+
+
+def test_router_drain_default_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PDSERVE_DRAIN_TIMEOUT_S", "7")
+    assert main.build_parser().parse_args(["router"]).drain_timeout_s == 7.0
+
+
+def test_up_defaults(monkeypatch):
+    args = _defaults(["up"], monkeypatch)
+    assert {k: args[k] for k in ENGINE} == ENGINE
+    assert (args["port"], args["kv_timeout"], args["drain_timeout_s"]) == (50051, 30.0, 30.0)
+
+
+def test_generate_sampling_defaults(monkeypatch):
+    args = _defaults(["generate", "hello"], monkeypatch)
+    assert (args["max_tokens"], args["temperature"], args["top_p"], args["top_k"], args["min_p"], args["seed"]) == \
+        (128, 0.0, 1.0, 0, 0.0, None)
+
+
+@pytest.mark.parametrize("device, budget", [("cpu", 512), ("cuda", 2048)])
+def test_token_budget_by_device(device, budget, monkeypatch):
+    config = engine_config(main.build_parser().parse_args(["decode", "--device", device]))
+    assert (config.scheduler.token_budget, config.scheduler.max_chunk_tokens) == (budget, budget // 2)
