@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from decode_service.intake import Intake, Unsafe
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
+from pdserve.config import DeadlineConfig
 from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRequestError
 from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import RequestOutput, StepResult
@@ -70,7 +71,7 @@ class _Live:
 
 class DecodeWorker:
     def __init__(self, engine: AsyncEngine, receiver: KVReceiver | None, leases: Leases,
-                 quarantine_timeout_s: float = 60.0):
+                 quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s):
         """`quarantine_timeout_s`: the longest blocks stay quarantined when the transport never
         says the withdrawn receive that may write them is over."""
         self.engine = engine

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 ROLES = ("prefill", "decode")
 
 
+MAX_REGISTERED_WORKERS = 256  # --max-registered-workers
+
 class DnsDiscovery:
     """Every address NAME resolves to is a worker of `role`; re-resolved every refresh_s."""
 
@@ -62,7 +64,7 @@ class RegistryServicer(worker_pb2_grpc.RegistryServicer):
     """Workers started with --register-with call Register as a heartbeat. At most `max_workers`
     come from here; an address keeps the role it joined with."""
 
-    def __init__(self, pool: WorkerPool, max_workers: int = 256, heartbeat_s: float = 2.0):
+    def __init__(self, pool: WorkerPool, max_workers: int = MAX_REGISTERED_WORKERS, heartbeat_s: float = 2.0):
         self.pool = pool
         self.max_workers = max_workers
         self.heartbeat_s = heartbeat_s

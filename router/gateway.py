@@ -36,6 +36,7 @@ from router.telemetry import RequestTrace
 from router.tenants import ANONYMOUS, Tenant, Tenants, open_tenants
 
 Metadata = Sequence[tuple[str, str]]
+MAX_ACTIVE = 1024  # requests in flight before RESOURCE_EXHAUSTED (--max-active)
 TraceFactory = Callable[[Metadata], RequestTrace]
 
 
@@ -53,7 +54,7 @@ class Generation:
 
 class Gateway:
     def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, drain: Drain,
-                 max_active: int = 1024, tenants: Tenants = open_tenants()):
+                 max_active: int = MAX_ACTIVE, tenants: Tenants = open_tenants()):
         self.frontend = frontend
         self.flow = flow
         self.traces = traces

@@ -32,9 +32,7 @@ CONFIG_FLAGS = frozenset({
     "--recompute-below-tokens", "--swap-above-tokens", "--top-p", "--top-k", "--min-p", "--port",
 })
 # NOTE: transitional, each with the reason; the test fails once an entry is no longer needed.
-PENDING_LITERAL_FLAGS: dict[tuple[str, str], str] = {
-    ("pdserve/cli/bench.py", "--kv-blocks"): "--compare's workers: CacheConfig().num_blocks, to be read from it",
-}
+PENDING_LITERAL_FLAGS: dict[tuple[str, str], str] = {}
 # Each setting (a pattern searched in names) with its default value: bound to that value in one file only,
 # its home (a dataclass field, a constant, a parameter default, a keyword or a flag default).
 SETTING_HOMES = {
@@ -46,11 +44,7 @@ SETTING_HOMES = {
     ("max_(registered_)?workers", 256): "router/discovery.py",
 }
 # NOTE: transitional, as PENDING_UPWARD.
-PENDING_SETTING_COPIES: set[tuple[str, str]] = {
-    ("quarantine_timeout", "decode_service/worker.py"),  # DecodeWorker's parameter default; main.py passes the flag
-    ("max_active", "pdserve/cli/services.py"),  # --max-active: until the gateway's limit is a config field to read
-    ("max_(registered_)?workers", "pdserve/cli/services.py"),  # --max-registered-workers: the same, for the registry
-}
+PENDING_SETTING_COPIES: set[tuple[str, str]] = set()
 
 STATISTIC_NAME = re.compile(r"percentile|quantile|^median$|^_?p\d\d$", re.IGNORECASE)
 STATISTIC_TYPES = {"Slo", "Percentiles", "Distribution"}
@@ -163,7 +157,7 @@ def setting_copies() -> set[tuple[str, str]]:
     for path in source_files():
         bindings = set(_number_bindings(ast.parse(path.read_text(), filename=str(path))))
         for (setting, value), home in SETTING_HOMES.items():
-            if rel(path) != home and any(re.search(setting, name) and number == value for name, number in bindings):
+            if rel(path) != home and any(re.search(setting, name, re.IGNORECASE) and number == value for name, number in bindings):
                 found.add((setting, rel(path)))
     return found
 
@@ -191,7 +185,7 @@ def test_every_pending_setting_copy_is_still_there():
 def test_the_default_checks_see_what_they_look_for():
     homes = {home: set(_number_bindings(ast.parse((REPO / home).read_text()))) for home in set(SETTING_HOMES.values())}
     for (setting, value), home in SETTING_HOMES.items():
-        assert any(re.search(setting, name) and number == value for name, number in homes[home]), (setting, home)
+        assert any(re.search(setting, name, re.IGNORECASE) and number == value for name, number in homes[home]), (setting, home)
     tree = ast.parse('p.add_argument("--kv-timeout", type=float, default=30.0)\n'
                      'def f(x, kv_timeout_s: float = 30.0, *, y=-1): ...\nFlow(kv_timeout_s=30)\n')
     assert [(f, _number(d)) for f, d in _flag_defaults(tree)] == [("--kv-timeout", 30.0)]

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from pdserve.bench.workloads import NAMES
+from pdserve.config import CacheConfig
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -26,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     g = p.add_argument_group("compare")
     g.add_argument("--compare", action="store_true", help="start each configuration and run the experiment")
     g.add_argument("--out-dir", default="benchmarks/compare_results", help="--compare: JSON and PNG go here")
-    g.add_argument("--kv-blocks", type=int, default=2048, help="--compare: device KV blocks per worker")
+    g.add_argument("--kv-blocks", type=int, default=CacheConfig().num_blocks,
+                   help="--compare: device KV blocks per worker")
     g.add_argument("--token-budget", type=int, default=256, help="--compare: tokens per step")
     g.add_argument("--max-chunk-tokens", type=int, default=128, help="--compare: prefill chunk (chunked policy)")
     g.add_argument("--shared-requests", type=int, default=None, help="--compare: shared-prefix requests")

@@ -18,6 +18,8 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.config import DeadlineConfig
 from pdserve.rpc.security import add_security_flags
 from router.flow import FlowConfig
+from router.discovery import MAX_REGISTERED_WORKERS
+from router.gateway import MAX_ACTIVE
 from router.limits import add_limit_flags
 from router.local_prefill import add_local_prefill_flags
 
@@ -61,14 +63,14 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--internal-port", type=int, default=None,
                    help="serve pdserve.v1.Registry (workers' --register-with) and health here, never on --port; "
                         "guarded by the cluster token (0: any free port; default: no registry)")
-    p.add_argument("--max-registered-workers", type=int, default=256,
+    p.add_argument("--max-registered-workers", type=int, default=MAX_REGISTERED_WORKERS,
                    help="registered workers at most; a new address beyond it is refused with RESOURCE_EXHAUSTED")
     p.add_argument("--colocated", action="store_true", help="decode workers prefill themselves")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
     p.add_argument("--kv-timeout", type=float, default=flow.kv_timeout_s, help="seconds for a request's KV to arrive")
     p.add_argument("--wait-for-worker-s", type=float, default=flow.wait_for_worker_s,
                    help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")
-    p.add_argument("--max-active", type=int, default=1024, help="requests in flight before RESOURCE_EXHAUSTED")
+    p.add_argument("--max-active", type=int, default=MAX_ACTIVE, help="requests in flight before RESOURCE_EXHAUSTED")
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
     p.add_argument("--http-port", type=int, default=None,
                    help="serve the OpenAI-compatible HTTP API here (0: any free port; default: gRPC only)")
