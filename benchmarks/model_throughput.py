@@ -174,17 +174,18 @@ def decode_row(args, loaded: LoadedModel, reference, roofline: Roofline, size: i
     return Row(f"decode b{size} ctx{context}", ours, theirs, roofline.bound(size, context + args.steps // 2))
 
 
-def print_table(args, loaded: LoadedModel, roofline: Roofline, rows: list[Row]) -> None:
+def print_header(args, loaded: LoadedModel) -> None:
     backends = args.backends.split(",")
     print(f"model {loaded.config.name}, fp32, {args.threads} threads, {args.steps} steps, best of {args.repeats}, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs{', random KV' if args.random_kv else ''}")
+    print(f"{'tokens/s':<24}" + "".join(f"{b:>14}" for b in backends) + f"{'transformers':>14}{'ratio':>8}"
+          f"{'bound':>10}{'by':>5}" + "".join(f"{b + '/bound':>20}" for b in backends), flush=True)
+
+
+def print_roofline(roofline: Roofline) -> None:
     rates = ", ".join(f"b{b} {rate / 1e9:.0f}" for b, rate in roofline.measured_rates().items())
     print(f"roofline: read bandwidth {roofline.bandwidth / 1e9:.1f} GB/s; matmul GFLOP/s on the model's "
-          f"projections: {rates}")
-    print(f"{'tokens/s':<24}" + "".join(f"{b:>14}" for b in backends) + f"{'transformers':>14}{'ratio':>8}"
-          f"{'bound':>10}{'by':>5}" + "".join(f"{b + '/bound':>20}" for b in backends))
-    for row in rows:
-        print(row.line())
+          f"projections: {rates}; load average now {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:
@@ -206,11 +207,13 @@ def main() -> None:
     loaded = load_model(args.model)
     reference = None if args.no_transformers else load_reference(loaded.source_path)
     roofline = Roofline(loaded.model, loaded.config)
-    rows = [] if args.no_prefill else [prefill_row(args, loaded, reference)]
+    print_header(args, loaded)
+    if not args.no_prefill:
+        print(prefill_row(args, loaded, reference).line(), flush=True)
     for context in (int(c) for c in args.contexts.split(",")):
         for size in (int(b) for b in args.batches.split(",")):
-            rows.append(decode_row(args, loaded, reference, roofline, size, context))
-    print_table(args, loaded, roofline, rows)
+            print(decode_row(args, loaded, reference, roofline, size, context).line(), flush=True)
+    print_roofline(roofline)
 
 
 def prefill_row(args, loaded: LoadedModel, reference) -> Row:
