@@ -50,7 +50,7 @@ class EngineConfig:
     model: str | None = None  # HF folder or .gguf file; None = the embedded SmolLM2
     device: str = "cpu"
     dtype: str = "float32"
-    attention_backend: str = "auto"  # auto | torch | flashinfer
+    attention_backend: str = "auto"  # auto | torch | torch-batched | flashinfer
     max_model_len: int | None = None  # default: the model's max positions
     seed: int = 0
     calibrate: bool = False  # measure prefill speed and host link at start for the preemption cost model
