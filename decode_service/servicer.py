@@ -10,15 +10,16 @@ from pdserve.rpc.bounds import check_id, kv_timeout
 from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import PermissionDenied
-from pdserve.rpc.stats import stats_to_pb
+from pdserve.rpc.worker_rpcs import CommonWorkerRpcs
 from pdserve.telemetry import extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
-from pdserve.worker.prefix_probe import cached_prefix
 
 
-class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
+class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
+    role = "decode"
+
     def __init__(self, worker: DecodeWorker, transport: str, kv_address: bytes, endpoint: str,
                  block_size: int, block_nbytes: int, num_blocks: int, tracer: trace.Tracer, draining: Drain):
         self.worker = worker
@@ -85,16 +86,6 @@ class DecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
         if not self.worker.presented(transfer_id, secret):
             raise PermissionDenied(f"transfer {transfer_id!r}: wrong kv_secret (only the reservation's holder "
                                    f"may write it)")
-
-    async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
-        return wpb.MatchPrefixResponse(cached_tokens=await cached_prefix(self.worker.engine, request.token_ids))
-
-    async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
-        return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
-
-    async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
-        stats = self.worker.engine.stats
-        return stats_to_pb("decode", stats, self.draining.draining)
 
 
 def _trace_event(span, event) -> None:

@@ -11,13 +11,12 @@ from pdserve.rpc.bounds import check_address, check_id, check_kv_address, kv_tim
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
-from pdserve.rpc.stats import stats_to_pb
+from pdserve.rpc.worker_rpcs import CommonWorkerRpcs
 from pdserve.telemetry import Metrics, extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.errors import PeerFault
 from pdserve.worker.events import ChunkDone, PrefillDone
-from pdserve.worker.prefix_probe import cached_prefix
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 
 
@@ -51,8 +50,10 @@ def _peer_fault(method: str, endpoint: str, exc: grpc.aio.AioRpcError) -> PeerFa
     return PeerFault(f"{method} on decode worker {endpoint}: {exc.code().name}: {exc.details() or ''}")
 
 
-class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
+class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
     """`transport`: the only kind of reservation this worker's sender can fill."""
+
+    role = "prefill"
 
     def __init__(self, worker: PrefillWorker, tracer: trace.Tracer, metrics: Metrics, draining: Drain,
                  transport: str):
@@ -99,16 +100,6 @@ class PrefillServicer(worker_pb2_grpc.PrefillWorkerServicer):
                              "pdserve.kv.descriptors": event.kv_descriptors, "pdserve.kv.seconds": event.kv_seconds,
                              "pdserve.cached_tokens": event.cached_tokens})
         self.metrics.observe_kv_transfer(event.kv_seconds, event.kv_bytes)
-
-    async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
-        return wpb.MatchPrefixResponse(cached_tokens=await cached_prefix(self.worker.engine, request.token_ids))
-
-    async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
-        return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
-
-    async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
-        stats = self.worker.engine.stats
-        return stats_to_pb("prefill", stats, self.draining.draining)
 
 
 def _event_to_pb(event) -> wpb.PrefillEvent:
