@@ -79,7 +79,8 @@ class Driver:
         """Remote KV arrives two steps after the reservation; the executor writes it."""
         for reservation in self.s.take_reserved():
             r = reservation.request
-            self.ex._write(r.prompt_token_ids, reservation.block_ids, 0, r.num_prompt_tokens)
+            cached = reservation.cached_blocks * self.s.kv.block_size  # shared hits: never written again
+            self.ex._write(r.prompt_token_ids, reservation.block_ids, cached, r.num_prompt_tokens)
             self.receiving_since[r.request_id] = self.step_no
         for rid, since in list(self.receiving_since.items()):
             if self.step_no - since >= 2:

@@ -9,10 +9,10 @@ from pdserve.scheduler import NotReceivingError
 from tests.scheduler.fakes import build, request, run_until_idle, step
 
 
-def deliver(ex, reservation) -> None:
-    """What the transport does: the prompt's KV lands in the reserved blocks."""
+def deliver(ex, reservation, block_size: int = 4) -> None:
+    """What the transport does: the prompt's KV lands in the reserved blocks past the cached ones."""
     r = reservation.request
-    ex._write(r.prompt_token_ids, reservation.block_ids, 0, r.num_prompt_tokens)
+    ex._write(r.prompt_token_ids, reservation.block_ids, reservation.cached_blocks * block_size, r.num_prompt_tokens)
 
 
 def test_remote_request_reserves_prompt_blocks_then_decodes_once_received() -> None:
@@ -150,3 +150,21 @@ def test_quarantine_keeps_only_the_unsafe_blocks_of_an_aborted_reservation() -> 
     s.release_hold(quarantined)
     assert s.stats().kv.active == 0 and s.stats().kv.quarantined == 0
     s.check_integrity()
+
+
+def test_a_remote_prompt_shares_the_cached_prefix_and_only_the_rest_is_written() -> None:
+    s, ex, _ = build()
+    first = request("first", prompt=list(range(1, 13)), max_tokens=2)
+    s.add(first)
+    run_until_idle(s, ex)  # its prompt's blocks stay in the prefix cache
+    turn = request("turn", prompt=[*range(1, 13), 50, 51, 52, 53, 54], max_tokens=3)
+    s.add_remote(turn)
+    step(s, ex)
+    (reservation,) = s.take_reserved()
+    assert reservation.cached_blocks == 3 and turn.num_cached_tokens == 12
+    assert s.stats().kv.cached == 0  # the three cached blocks are this request's now, shared
+    deliver(ex, reservation, s.kv.block_size)  # blocks 3 and 4 only: the executor checks every read
+    s.mark_received("turn", first_token=9)
+    run_until_idle(s, ex)
+    assert turn.finish_reason == FinishReason.LENGTH and len(turn.output_token_ids) == 3
+    assert s.stats().kv.active == 0
