@@ -66,3 +66,29 @@ def test_tiny_qwen2_greedy_through_the_service_equals_transformers(tiny, target)
             results = list(pool.map(run, PROMPTS))
     for result, want in zip(results, expected):
         assert list(result.token_ids) == want
+
+
+def test_tiny_qwen2_conversation_turns_reuse_the_decode_workers_kv_and_equal_transformers(tiny, target):
+    """Turn k's prompt is turn k-1's prompt, its answer and new ids: a short new part is
+    prefilled on the decode worker over its cached prefix, a long one by the prefill worker,
+    which sends only the blocks past it; every turn equals transformers on its whole prompt."""
+    from transformers import AutoModelForCausalLM
+
+    from pdserve.client import Client
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    prompt = [(7 * i) % 90 + 3 for i in range(80)]
+    seen = []
+    with Client(target) as client:
+        for new in ([41, 42, 43], [(5 * i) % 80 + 4 for i in range(300)], [8, 9]):
+            answer = client.generate(token_ids=prompt, max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+            assert answer.token_ids == hf_greedy(model, prompt, NEW_TOKENS)
+            seen.append(answer.usage)
+            prompt = [*prompt, *answer.token_ids, *new]
+    first, short, long = seen
+    assert first.decode_cached_tokens == 0 and not first.local_prefill
+    assert short.local_prefill and short.kv_transfer_bytes == 0 and short.decode_cached_tokens >= 80 // 16 * 16
+    assert not long.local_prefill and long.decode_cached_tokens >= short.prompt_tokens // 16 * 16
+    per_block = first.kv_transfer_bytes / 5  # 80 prompt tokens in blocks of 16 (the workers' default)
+    new_blocks = -(-(long.prompt_tokens - long.decode_cached_tokens) // 16)
+    assert 0 < long.kv_transfer_bytes <= (new_blocks + 1) * per_block
