@@ -139,3 +139,49 @@ def test_the_only_prefill_worker_stalled_the_request_waits_for_it_and_finishes()
             assert not any((await settle(h.fleet)).values())
 
     asyncio.run(main())
+
+
+LOCAL_POINTS = ("open", "token", "last")  # a decode worker prefilling itself never reserves
+LOCAL_CASES = [(p, m) for p in LOCAL_POINTS for m in MODES]
+
+
+@pytest.mark.parametrize("point,mode", LOCAL_CASES, ids=[f"d0-{p}-{m.value}" for p, m in LOCAL_CASES])
+def test_a_fault_on_a_decode_worker_prefilling_from_its_cache_ends_with_the_full_output(point, mode):
+    """Conditional disaggregation: d0 holds most of the prompt, so it prefills the rest itself;
+    a fault there still ends with every token once and no block held anywhere."""
+    from tests.router.flow_harness import PROMPT
+
+    async def main():
+        async with harness() as h:
+            _on_workers(h, "d0")
+            h.fleet.workers["d0"].cached[tuple(PROMPT[:-1])] = len(PROMPT) - 1
+            h.fleet.triggers.append(Trigger("d0", point, mode, seconds=0.6))
+            tokens, done, milestones = await collect(h.flow, job())
+            _on_workers_reset(h)
+            assert h.fleet.triggers[0].fired
+            assert tokens == expected() and done is not None, milestones
+            if mode == Mode.SLOW:
+                assert done.local_prefill  # no fault: the cached worker prefilled it to the end
+            else:
+                assert {"retry", "resume", "complete"} & set(milestones)
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
+
+
+def test_a_stalled_decode_probe_counts_as_nothing_cached_and_the_request_goes_on():
+    from tests.router.flow_harness import PROMPT
+
+    async def main():
+        async with harness() as h:
+            for w in h.fleet.workers.values():
+                w.cached[tuple(PROMPT[:-1])] = len(PROMPT) - 1
+            h.fleet.triggers.append(Trigger("d1", "open", Mode.STALL, seconds=0.6))
+            h.fleet.workers["d1"].running.clear()  # stalled: its MatchPrefix does not answer
+            _on_workers(h, "d0")
+            tokens, done, _ = await collect(h.flow, job())
+            h.fleet.workers["d1"].running.set()
+            assert tokens == expected() and done is not None
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
