@@ -211,7 +211,8 @@ class RequestFlow:
         workers = await self.pool.wait_usable("decode", self._wait_until(job))
         prompt = (*job.prompt, *state.generated)
         probed = [w for w in workers if w.address not in state.avoid["decode"]] or workers
-        cached = await self._cached_prefixes("decode", prompt, probed, always=not self.config.colocated)
+        local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
+        cached = await self._cached_prefixes("decode", prompt, probed, always=local_rule)
         try:
             decode = choose_decode(workers, cached, state.avoid["decode"])
         except NoWorker as exc:

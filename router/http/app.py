@@ -76,8 +76,8 @@ class HttpApi:
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
         asked: list[OpenAIRequest] = []
 
-        def build_ask(limits):
-            asked.append(self._checked(parse(body, request.headers, limits, self.settings.model)))
+        def build_ask(_limits):  # the gateway checks sizes on the ask; JSON is parsed already
+            asked.append(self._checked(parse(body, request.headers, self.settings.model)))
             return asked[0].ask
 
         try:

@@ -4,6 +4,7 @@ Sampling defaults are the gRPC API's (max_tokens 256, temperature 1.0, ...), so 
 answer a request alike. pdserve's own settings are extra body fields, as vLLM takes them:
 `top_k`, `min_p`, `ignore_eos`, `priority` ("vip", "normal", "batch"), `request_id`,
 `stop_token_ids`. The `x-pdserve-priority` header, set by a gateway, wins over the body's.
+Sizes (messages, token ids, stop strings) are the gateway's to check, as for the gRPC door.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pdserve.requests import Priority, SamplingParams
 from pdserve.tokenizer import ChatMessage
 from router.asks import Ask, ChatPrompt, Prompt, TextPrompt, TokenPrompt
 from router.http.fields import Body, boolean, integer, integers, number, string, strings, unsupported
-from router.limits import InputLimits
 
 PRIORITY_HEADER = "x-pdserve-priority"
 REQUEST_ID_HEADER = "x-request-id"
@@ -35,27 +35,26 @@ class OpenAIRequest:
     logprobs: bool = False
 
 
-def chat_request(body: Body, headers, limits: InputLimits, model: str) -> OpenAIRequest:
+def chat_request(body: Body, headers, model: str) -> OpenAIRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("messages must be a non-empty list")
-    limits.check_messages(len(messages))
     top = integer(body, "top_logprobs", None)
     logprobs = boolean(body, "logprobs", False)
     if top is not None and not logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true")
     max_tokens = integer(body, "max_completion_tokens", integer(body, "max_tokens", None))
     prompt = ChatPrompt([_message(i, m) for i, m in enumerate(messages)])
-    return _request(body, headers, limits, model, prompt, max_tokens, (top or 0) if logprobs else None, chat=True)
+    return _request(body, headers, model, prompt, max_tokens, (top or 0) if logprobs else None, chat=True)
 
 
-def completion_request(body: Body, headers, limits: InputLimits, model: str) -> OpenAIRequest:
+def completion_request(body: Body, headers, model: str) -> OpenAIRequest:
     logprobs = integer(body, "logprobs", None)
-    return _request(body, headers, limits, model, _completion_prompt(body.get("prompt"), limits),
+    return _request(body, headers, model, _completion_prompt(body.get("prompt")),
                     integer(body, "max_tokens", None), logprobs, chat=False)
 
 
-def _request(body: Body, headers, limits: InputLimits, model: str, prompt: Prompt, max_tokens: int | None,
+def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | None,
              logprobs: int | None, chat: bool) -> OpenAIRequest:
     if not isinstance(body, dict):
         raise InvalidRequestError("the body must be a JSON object")
@@ -64,7 +63,6 @@ def _request(body: Body, headers, limits: InputLimits, model: str, prompt: Promp
         raise InvalidRequestError("n must be 1: one choice per request")
     stop = strings(body, "stop")
     stop_ids = integers(body, "stop_token_ids")
-    limits.check_stops(stop, len(stop_ids))
     d = SamplingParams()
     sampling = SamplingParams(
         max_tokens=d.max_tokens if max_tokens is None else max_tokens,
@@ -106,14 +104,13 @@ def _content(index: int, content) -> str:
     raise InvalidRequestError(f"messages[{index}].content must be a string or a list of text parts")
 
 
-def _completion_prompt(prompt, limits: InputLimits) -> Prompt:
+def _completion_prompt(prompt) -> Prompt:
     """A string, a list of token ids, or a list of one of either (one prompt per request)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
         return TextPrompt(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        limits.check_token_ids(len(prompt))
         return TokenPrompt(prompt)
     if isinstance(prompt, list) and len(prompt) > 1:
         raise InvalidRequestError("prompt: one prompt per request (a string or a list of token ids)")

@@ -10,13 +10,9 @@ from pdserve.sampling.logprobs import TokenLogprobs
 from router.asks import ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
 from router.http.openai_requests import chat_request, completion_request
 from router.http.openai_responses import Reply
-from router.limits import InputLimits
-
-LIMITS = InputLimits()
-
 
 def _chat(body, headers=None):
-    return chat_request({"messages": [{"role": "user", "content": "hi"}], **body}, headers or {}, LIMITS, "m")
+    return chat_request({"messages": [{"role": "user", "content": "hi"}], **body}, headers or {}, "m")
 
 
 def test_a_chat_body_becomes_an_ask():
@@ -26,7 +22,7 @@ def test_a_chat_body_becomes_an_ask():
         {"role": "assistant", "content": None}],
         "max_completion_tokens": 7, "temperature": 0, "stop": "x", "seed": 3, "top_k": 5, "priority": "batch",
         "stream": True, "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 4,
-        "user": "ignored"}, {}, LIMITS, "m")
+        "user": "ignored"}, {}, "m")
     assert isinstance(r.ask.prompt, ChatPrompt)
     assert [(m.role, m.content) for m in r.ask.prompt.messages] == [("system", "be brief"), ("user", "ab"),
                                                                     ("assistant", "")]
@@ -48,7 +44,7 @@ def test_the_priority_header_wins_and_the_request_id_header_names_it():
 @pytest.mark.parametrize("prompt,kind", [("text", TextPrompt), (["text"], TextPrompt), ([1, 2, 3], TokenPrompt),
                                          ([[1, 2]], TokenPrompt)])
 def test_a_completion_prompt_is_text_or_token_ids(prompt, kind):
-    r = completion_request({"prompt": prompt, "logprobs": 2}, {}, LIMITS, "m")
+    r = completion_request({"prompt": prompt, "logprobs": 2}, {}, "m")
     assert isinstance(r.ask.prompt, kind) and r.ask.sampling.logprobs == 2 and not r.chat
 
 
@@ -73,7 +69,7 @@ def test_malformed_chat_bodies_are_refused_naming_the_field(body, needle):
 @pytest.mark.parametrize("prompt", [None, [], [["a"], ["b"]], ["a", "b"], [True], 3])
 def test_malformed_completion_prompts_are_refused(prompt):  # (an empty text: the gateway refuses it)
     with pytest.raises(InvalidRequestError):
-        completion_request({"prompt": prompt}, {}, LIMITS, "m")
+        completion_request({"prompt": prompt}, {}, "m")
 
 
 def _outputs():
