@@ -51,6 +51,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     attention_backend: str = "auto"  # auto | torch | torch-batched | flashinfer
+    tensor_parallel_size: int = 1  # ranks (processes) sharing the model's heads, one device each
     max_model_len: int | None = None  # default: the model's max positions
     seed: int = 0
     calibrate: bool = False  # measure prefill speed and host link at start for the preemption cost model
