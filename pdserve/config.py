@@ -49,7 +49,7 @@ class SchedulerConfig:
 class EngineConfig:
     model: str | None = None  # HF folder or .gguf file; None = the embedded SmolLM2
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 without bf16 support), float32 on CPU
     attention_backend: str = "auto"  # auto | torch | torch-batched | flashinfer
     tensor_parallel_size: int = 1  # ranks (processes) sharing the model's heads, one device each
     max_model_len: int | None = None  # default: the model's max positions
