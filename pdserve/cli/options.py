@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from pdserve.config import CacheConfig, EngineConfig, PreemptionConfig, SchedulerConfig
+from pdserve.model.dtypes import DTYPE_NAMES
 from pdserve.requests import Priority, SamplingParams
 
 if TYPE_CHECKING:
@@ -21,7 +22,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=e.model, help="HF model folder or .gguf file (default: embedded SmolLM2-135M)")
     g.add_argument("--device", default=e.device)
-    g.add_argument("--dtype", default=e.dtype)
+    g.add_argument("--dtype", default=e.dtype, choices=DTYPE_NAMES,
+                   help="weights and KV pool; auto: bfloat16 on CUDA (float16 where the GPU lacks bfloat16), "
+                        "float32 on CPU")
     g.add_argument("--attention-backend", default=e.attention_backend,
                    choices=["auto", "torch", "flashinfer", "torch-batched"],
                    help="auto: flashinfer on a CUDA device with a half-precision pool, else torch (the reference); "

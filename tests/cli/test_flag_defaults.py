@@ -7,7 +7,7 @@ import pytest
 from pdserve.cli import main
 from pdserve.cli.options import engine_config
 
-ENGINE = {"model": None, "device": "cpu", "dtype": "float32", "attention_backend": "auto", "kv_blocks": 2048,
+ENGINE = {"model": None, "device": "cpu", "dtype": "auto", "attention_backend": "auto", "kv_blocks": 2048,
           "host_kv_blocks": 2048, "block_size": 16, "token_budget": None, "max_chunk_tokens": None,
           "policy": "chunked", "max_model_len": None, "recompute_below_tokens": 2048, "swap_above_tokens": 16384}
 
