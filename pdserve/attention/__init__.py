@@ -3,38 +3,45 @@ torch-batched (decode attention read from the pool in place; CPU, float32)."""
 
 from __future__ import annotations
 
-import importlib.util
+import logging
 
 import torch
 
 from pdserve.attention.base import AttentionBackend
+from pdserve.attention.selection import (
+    BACKEND_NAMES,
+    AttentionBackendUnavailable,
+    BackendChoice,
+    choose_backend,
+    flashinfer_problem,
+)
 
-BACKEND_NAMES = ("auto", "torch", "flashinfer", "torch-batched")
-
-
-class AttentionBackendUnavailable(RuntimeError):
-    """The named backend cannot run here (no CUDA, flashinfer not installed, unsupported dtype)."""
+log = logging.getLogger(__name__)
 
 
 def make_attention_backend(
     name: str, device: str | torch.device, dtype: torch.dtype | None = None
 ) -> AttentionBackend:
-    """`auto` picks flashinfer on a CUDA device with a half-precision pool when flashinfer is
-    installed, else torch. `dtype` is the KV pool's dtype (None: not known, assume half)."""
-    if name not in BACKEND_NAMES:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
-    if name == "torch-batched":
+    """`auto` picks flashinfer on a CUDA device with a half-precision pool when flashinfer
+    imports, else torch (on CUDA with a warning naming why). `dtype` is the KV pool's dtype
+    (None: not known, assume half)."""
+    problem = flashinfer_problem(device, dtype) if name in ("auto", "flashinfer") else None
+    choice = choose_backend(name, torch.device(device).type, problem)
+    if choice.fallback is not None:
+        log.warning("attention backend auto: torch, not flashinfer: %s", choice.fallback)
+    return _build(choice, device, dtype)
+
+
+def _build(choice: BackendChoice, device: str | torch.device, dtype: torch.dtype | None) -> AttentionBackend:
+    if choice.name == "torch-batched":
         return _batched(device, dtype)
-    if name == "torch" or (name == "auto" and _flashinfer_problem(device, dtype) is not None):
-        from pdserve.attention.torch_backend import TorchAttentionBackend
+    if choice.name == "flashinfer":
+        from pdserve.attention.flashinfer_backend import FlashInferBackend
 
-        return TorchAttentionBackend()
-    problem = _flashinfer_problem(device, dtype)
-    if problem is not None:
-        raise AttentionBackendUnavailable(f"flashinfer attention unavailable: {problem}; use --attention-backend torch")
-    from pdserve.attention.flashinfer_backend import FlashInferBackend
+        return FlashInferBackend(device)
+    from pdserve.attention.torch_backend import TorchAttentionBackend
 
-    return FlashInferBackend(device)
+    return TorchAttentionBackend()
 
 
 def _batched(device: str | torch.device, dtype: torch.dtype | None) -> AttentionBackend:
@@ -48,20 +55,11 @@ def _batched(device: str | torch.device, dtype: torch.dtype | None) -> Attention
     return BatchedTorchBackend()
 
 
-def _flashinfer_problem(device: str | torch.device, dtype: torch.dtype | None) -> str | None:
-    if torch.device(device).type != "cuda":
-        return f"device {device} is not CUDA"
-    if not torch.cuda.is_available():
-        return "CUDA is not available"
-    if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
-        return f"it computes in float16/bfloat16, not {dtype}"
-    if importlib.util.find_spec("flashinfer") is None:
-        return "the flashinfer package is not installed (pip install 'pdserve[gpu]')"
-    try:
-        import flashinfer  # noqa: F401
-    except (ImportError, OSError, RuntimeError) as exc:
-        return f"importing flashinfer failed: {exc}"
-    return None
-
-
-__all__ = ["AttentionBackend", "AttentionBackendUnavailable", "make_attention_backend", "BACKEND_NAMES"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionBackendUnavailable",
+    "BackendChoice",
+    "make_attention_backend",
+    "BACKEND_NAMES",
+    "choose_backend",
+]

@@ -22,9 +22,10 @@ import torch
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch
+from pdserve.attention.selection import HALF_DTYPES
 from pdserve.kv.kv_cache import KVCache
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = HALF_DTYPES
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
 
