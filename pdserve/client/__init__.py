@@ -8,14 +8,17 @@
         for chunk in client.stream("Once upon a time", max_tokens=40):
             print(chunk.text, end="", flush=True)
 
-`AsyncClient` has the same methods as coroutines (`stream` an async iterator). Errors are
-`PdserveError` with the gRPC status name and the server's message.
+`stream` sends the request at once and returns a `Stream` of chunks that can also be cancelled
+(pdserve.client.calls). `AsyncClient` has the same methods as coroutines, but `stream`, which
+returns an `AsyncStream` (an async iterator). Errors are `PdserveError` with the gRPC status
+name and the server's message.
 """
 
 from pdserve.client.aio import AsyncClient
+from pdserve.client.calls import AsyncStream, Stream
 from pdserve.client.options import ClientOptions
 from pdserve.client.sync import Client
 from pdserve.client.types import Chunk, Completion, Message, PdserveError, Timings, TokenLogprobs, Usage
 
-__all__ = ["AsyncClient", "Chunk", "Client", "ClientOptions", "Completion", "Message", "PdserveError", "Timings",
-           "TokenLogprobs", "Usage"]
+__all__ = ["AsyncClient", "AsyncStream", "Chunk", "Client", "ClientOptions", "Completion", "Message", "PdserveError",
+           "Stream", "Timings", "TokenLogprobs", "Usage"]

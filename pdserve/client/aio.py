@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pdserve.client.calls import AsyncStream
 from pdserve.client.options import ClientOptions
-from pdserve.client.results import Collector
-from pdserve.client.types import Chunk, Completion, Message
-from pdserve.client.wire import chunk_of, error_of, request_of
+from pdserve.client.types import Completion, Message
+from pdserve.client.wire import error_of, request_of
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 
@@ -24,25 +23,16 @@ class AsyncClient:
                          else grpc.aio.insecure_channel(target, options.channel_options()))
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
 
-    async def stream(self, prompt: str | None = None, *, messages: Sequence[Message | Mapping] | None = None,
-                     token_ids: Sequence[int] | None = None, priority: str | None = None,
-                     request_id: str | None = None, **sampling) -> AsyncIterator[Chunk]:
-        """Chunks as the server sends them; leaving the loop early cancels the request."""
+    def stream(self, prompt: str | None = None, *, messages: Sequence[Message | Mapping] | None = None,
+               token_ids: Sequence[int] | None = None, priority: str | None = None, request_id: str | None = None,
+               timeout_s: float | None = None, **sampling) -> AsyncStream:
+        """As Client.stream: the request is sent at once (call it on the running loop)."""
         request = request_of(prompt, messages, token_ids, priority, request_id, sampling)
-        call = self._stub.Generate(request, timeout=self.options.timeout_s, metadata=self.options.metadata())
-        try:
-            async for response in call:
-                yield chunk_of(response)
-        except grpc.RpcError as exc:
-            raise error_of(exc) from None
-        finally:
-            call.cancel()
+        return AsyncStream(self._stub.Generate(request, timeout=self.options.deadline(timeout_s),
+                                               metadata=self.options.metadata()))
 
     async def generate(self, prompt: str | None = None, **kwargs) -> Completion:
-        collector = Collector(time.perf_counter())
-        async for chunk in self.stream(prompt, **kwargs):
-            collector.add(chunk, time.perf_counter())
-        return collector.completion
+        return await self.stream(prompt, **kwargs).collect()
 
     async def abort(self, request_id: str) -> bool:
         try:

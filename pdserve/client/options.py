@@ -29,6 +29,10 @@ class ClientOptions:
         named = (("grpc.ssl_target_name_override", self.server_name),) if self.server_name else ()
         return (*CHANNEL_OPTIONS, *named)
 
+    def deadline(self, timeout_s: float | None) -> float | None:
+        """One call's deadline: its own, else these options' one."""
+        return self.timeout_s if timeout_s is None else timeout_s
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The token, and the caller's current trace context (W3C traceparent), if any."""
         carrier: dict[str, str] = {}

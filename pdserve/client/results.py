@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from pdserve.client.types import Chunk, Completion
+
+
+def now() -> float:
+    """The clock the timings are read on."""
+    return time.perf_counter()
 
 
 @dataclass

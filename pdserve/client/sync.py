@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pdserve.client.calls import Stream
 from pdserve.client.options import ClientOptions
-from pdserve.client.results import Collector
-from pdserve.client.types import Chunk, Completion, Message
-from pdserve.client.wire import chunk_of, error_of, request_of
+from pdserve.client.types import Completion, Message
+from pdserve.client.wire import error_of, request_of
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 
@@ -26,24 +25,16 @@ class Client:
 
     def stream(self, prompt: str | None = None, *, messages: Sequence[Message | Mapping] | None = None,
                token_ids: Sequence[int] | None = None, priority: str | None = None, request_id: str | None = None,
-               **sampling) -> Iterator[Chunk]:
-        """Chunks as the server sends them; closing the iterator early cancels the request."""
+               timeout_s: float | None = None, **sampling) -> Stream:
+        """Sends the request now; the Stream yields its chunks as the server sends them (see
+        pdserve.client.calls). `timeout_s`: this call's deadline, instead of the options' one."""
         request = request_of(prompt, messages, token_ids, priority, request_id, sampling)
-        call = self._stub.Generate(request, timeout=self.options.timeout_s, metadata=self.options.metadata())
-        try:
-            for response in call:
-                yield chunk_of(response)
-        except grpc.RpcError as exc:
-            raise error_of(exc) from None
-        finally:
-            call.cancel()
+        return Stream(self._stub.Generate(request, timeout=self.options.deadline(timeout_s),
+                                          metadata=self.options.metadata()))
 
     def generate(self, prompt: str | None = None, **kwargs) -> Completion:
-        """The whole answer, with what the client saw of its timing."""
-        collector = Collector(time.perf_counter())
-        for chunk in self.stream(prompt, **kwargs):
-            collector.add(chunk, time.perf_counter())
-        return collector.completion
+        """The whole answer, with what the client saw of its timing (`stream`'s arguments)."""
+        return self.stream(prompt, **kwargs).collect()
 
     def abort(self, request_id: str) -> bool:
         """Whether a running request of that id was found (and is now aborted)."""
