@@ -112,34 +112,42 @@ def _lenient(deserialize: Callable | None) -> Callable | None:
     return parse
 
 
+class _Ends:
+    """`with _Ends(context):` around a handler's body: an exception from it ends the call with
+    its Failure, an abort passes through, cancellation (not an Exception) propagates."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self.context = context
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if not isinstance(exc, Exception) or isinstance(exc, grpc.aio.AbortError):
+            return False
+        failure_of(exc).end(self.context)
+        return True
+
+
+def _parsed(request):
+    if isinstance(request, Undecodable):
+        raise request.refusal()
+    return request
+
+
 def _wrap_unary(fn: Callable) -> Callable:
     async def handler(request, context):
-        try:
-            if isinstance(request, Undecodable):
-                raise request.refusal()
-            return await fn(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            failure = failure_of(exc)
-        failure.end(context)
+        with _Ends(context):
+            return await fn(_parsed(request), context)
 
     return handler
 
 
 def _wrap_stream(fn: Callable) -> Callable:
     async def handler(request, context):
-        try:
-            if isinstance(request, Undecodable):
-                raise request.refusal()
-            async for item in fn(request, context):
+        with _Ends(context):
+            async for item in fn(_parsed(request), context):
                 yield item
-            return
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            failure = failure_of(exc)
-        failure.end(context)
 
     return handler
 
