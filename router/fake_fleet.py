@@ -11,22 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from pdserve.requests import FinishReason
-from router.clients import (
-    Call,
-    Chunk,
-    Culprit,
-    DecodeClient,
-    FaultKind,
-    Finished,
-    FirstToken,
-    PrefillClient,
-    Reservation,
-    Tokens,
-    WorkerClients,
-    WorkerFault,
-    WorkerJob,
-    WorkerSnapshot,
-)
+from router.clients import Call, Chunk, DecodeClient, Finished, FirstToken, PrefillClient, Reservation, Tokens
+from router.clients import Culprit, FaultKind, WorkerClients, WorkerFault, WorkerJob, WorkerSnapshot
 from router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, _Session, logprobs_at, token_at
 
 

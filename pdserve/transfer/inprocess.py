@@ -18,19 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pdserve.transfer.base import (
-    CancelResult,
-    KVReceiver,
-    KVSender,
-    KVTransport,
-    Pairs,
-    TransferCancelled,
-    TransferError,
-    TransferRejected,
-    TransferResult,
-    TransferTimeout,
-    pool_bytes,
-)
+from pdserve.transfer.base import CancelResult, KVReceiver, KVSender, KVTransport, Pairs, TransferResult, pool_bytes
+from pdserve.transfer.base import TransferCancelled, TransferError, TransferRejected, TransferTimeout
 from pdserve.transfer.descriptors import BlockRun, check_bounds, merge_runs, split_runs, total_blocks
 from pdserve.transfer.ledger import Ledger
 from pdserve.transfer.wire import check_secret
