@@ -30,6 +30,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="auto: flashinfer on a CUDA device with a half-precision pool, else torch (the reference); "
                         "torch-batched: decode attention read from the KV pool in place (CPU, float32; faster "
                         "at large decode batches)")
+    g.add_argument("--tensor-parallel-size", type=int, default=e.tensor_parallel_size,
+                   help="ranks (one process and one device each) splitting the model's heads; must divide "
+                        "its KV heads")
     g.add_argument("--kv-blocks", type=int, default=cache.num_blocks, help="device KV blocks")
     g.add_argument("--host-kv-blocks", type=int, default=cache.num_host_blocks, help="host swap blocks")
     g.add_argument("--block-size", type=int, default=cache.block_size)
@@ -41,7 +44,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", default=sched.policy, choices=["chunked", "fcfs", "decode-first"])
     g.add_argument("--no-prefix-cache", action="store_true")
     g.add_argument("--max-model-len", type=int, default=e.max_model_len)
-    g.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    g.add_argument("--threads", type=int, default=None, help="torch threads of each rank (default: all cores)")
     g.add_argument("--recompute-below-tokens", type=int, default=pre.recompute_below_tokens,
                    help="a preempted request shorter than this is always recomputed")
     g.add_argument("--swap-above-tokens", type=int, default=pre.swap_above_tokens,
@@ -56,6 +59,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     chunk = min(args.max_chunk_tokens or budget // 2, budget)
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
+        tensor_parallel_size=args.tensor_parallel_size,
         max_model_len=args.max_model_len, calibrate=True,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,
                           num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache),

@@ -24,7 +24,7 @@ from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
 from pdserve.engine.validation import Limits, validate_request, validate_resumed
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
-from pdserve.model.loader import LoadedModel, load_model
+from pdserve.model.loader import LoadedModel, load_engine_model
 from pdserve.requests import FinishReason, Priority, Request, SamplingParams
 from pdserve.kv.manager import BlockHold
 from pdserve.scheduler import AdmissionError as SchedulerAdmissionError
@@ -42,7 +42,7 @@ class Engine:
         self.clock = clock
         self.hold_blocks = hold_blocks
         dtype = serving_dtype(config.dtype, config.device)
-        self.loaded = loaded or load_model(config.model, device=config.device, dtype=dtype)
+        self.loaded = loaded or load_engine_model(config)
         self.model_config = self.loaded.config
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)

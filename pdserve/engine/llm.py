@@ -3,6 +3,9 @@
     llm = LLM(EngineConfig())                      # the embedded SmolLM2
     for piece in llm.stream("What is the capital of France?", SamplingParams(temperature=0)):
         print(piece.text, end="")
+
+    with LLM(EngineConfig(tensor_parallel_size=3)) as llm:   # ranks 1 and 2 stop on leaving
+        ...
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ class LLM:
         self.engine = engine or Engine(config)
         self.tokenizer = tokenizer or load_tokenizer(config.model)
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the engine's other tensor-parallel ranks (nothing to do at size 1)."""
+        self.engine.loaded.ranks.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -10,6 +10,7 @@ from pdserve.attention.base import AttentionBackend
 from pdserve.engine.batch_builder import build_forward_batch
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.loader import LoadedModel
+from pdserve.parallel.plan import SwapPlan
 from pdserve.sampling.logprobs import TokenLogprobs, token_logprobs
 from pdserve.sampling.sampler import Sampler
 from pdserve.scheduler.output import SchedulerOutput
@@ -34,6 +35,7 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, kv: KVCache, host_kv: KVCache, attn: AttentionBackend, seed: int):
         self.model = loaded.model
+        self.ranks = loaded.ranks  # tensor parallelism: the other ranks repeat every swap
         self.kv = kv
         self.host_kv = host_kv
         self.attn = attn
@@ -64,6 +66,7 @@ class ModelRunner:
         GPU the copies run on a side stream; the forward pass waits for them on the device only."""
         if not (output.swap_out or output.swap_in):
             return
+        self.ranks.announce(SwapPlan(tuple(output.swap_out), tuple(output.swap_in)))
         if self.swap_stream is None:
             self._copy_swaps(output)
             return

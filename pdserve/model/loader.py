@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from pdserve.model.config import ModelConfig
+from pdserve.model.dtypes import serving_dtype
 from pdserve.model.embedded import embedded_model_path
 from pdserve.model.errors import ModelLoadError
 from pdserve.model.gguf_loader import load_gguf_model
 from pdserve.model.hf_loader import load_hf_model
 from pdserve.model.llama import LlamaForCausalLM
+from pdserve.parallel.ranks import Alone, RankGroup
+
+if TYPE_CHECKING:
+    from pdserve.config import EngineConfig
+    from pdserve.parallel.communicator import Communicator
 
 
 @dataclass(frozen=True)
 class LoadedModel:
+    """`config` is what this process's model computes: with tensor parallelism, its rank's share
+    of the heads (the KV pool is built from it); `ranks` the worker's other ranks."""
+
     config: ModelConfig
     model: LlamaForCausalLM
     source_path: Path  # the .gguf file or the checkpoint folder
+    ranks: RankGroup = field(default_factory=Alone)
 
 
 def resolve_model_path(path: str | None) -> Path:
@@ -43,3 +54,27 @@ def load_model(path: str | None, device: str | torch.device = "cpu", dtype: torc
     else:
         raise ModelLoadError(f"{source}: expected a .gguf file or a folder with config.json and *.safetensors")
     return LoadedModel(config, model, source)
+
+
+def load_model_shard(path: str | None, device: str | torch.device, dtype: torch.dtype,
+                     comm: "Communicator") -> LoadedModel:
+    """Rank `comm.rank`'s tensor-parallel shard: read on the CPU, split, then moved to `device`
+    (the device holds the shard only)."""
+    return shard_loaded(load_model(path, "cpu", dtype), comm, device)
+
+
+def shard_loaded(full: LoadedModel, comm: "Communicator", device: str | torch.device) -> LoadedModel:
+    from pdserve.parallel.shard import shard_model
+
+    model = shard_model(full.model, comm).to(device)
+    return LoadedModel(model.config, model, full.source_path)
+
+
+def load_engine_model(config: "EngineConfig") -> LoadedModel:
+    """The model an engine runs: the whole model, or at tensor_parallel_size > 1 rank 0's shard
+    with the follower ranks started (LoadedModel.ranks; close them with `ranks.close()`)."""
+    if config.tensor_parallel_size == 1:
+        return load_model(config.model, device=config.device, dtype=serving_dtype(config.dtype, config.device))
+    from pdserve.parallel.leader import start_leader
+
+    return start_leader(config)

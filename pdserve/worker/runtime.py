@@ -17,7 +17,8 @@ from pdserve.engine.faults import injector_from_env
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """What a worker process runs: its engine, and how many torch threads (None: all cores)."""
+    """What a worker process runs: its engine, and how many torch threads each of its ranks
+    uses (None: all cores)."""
 
     engine: EngineConfig
     threads: int | None = None
@@ -37,11 +38,17 @@ class WorkerRuntime:
         return self.engine.kv.block_nbytes
 
     def stop(self) -> None:
+        """The engine thread, then the other tensor-parallel ranks (every rank exits)."""
         self.async_engine.stop()
+        self.engine.loaded.ranks.close()
 
 
 def build_runtime(config: RuntimeConfig, hold_blocks: bool) -> WorkerRuntime:
-    """The engine on its own thread, started on the running event loop."""
+    """The engine on its own thread, started on the running event loop. A prefill worker
+    (`hold_blocks`) runs on one rank: its KV sender sends the pool of rank 0's heads only."""
+    if hold_blocks and config.engine.tensor_parallel_size > 1:
+        raise ValueError(f"a prefill worker runs at tensor parallel size 1, not {config.engine.tensor_parallel_size}: "
+                         "its KV transfer sends one rank's heads")
     if config.threads:
         torch.set_num_threads(config.threads)
     engine = Engine(config.engine, hold_blocks=hold_blocks)

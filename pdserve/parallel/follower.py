@@ -1,0 +1,128 @@
+"""A follower rank: `python -m pdserve.parallel.follower`, started by rank 0 (leader.py).
+
+    stdin:  a FollowerSpec, then plans (plan.py), pickled, until end-of-file
+    loop:   plan = next(stdin); plan.run(state)        # its own shard, its own heads' KV pools
+
+It exits when rank 0 closes the pipe, when rank 0's process is gone (end-of-file, or its parent
+changed), or when a collective fails or times out; never waits on a dead rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import BinaryIO
+
+import torch
+
+from pdserve.config import EngineConfig
+from pdserve.parallel.config import TensorParallelConfig
+
+EXIT_PARENT_GONE = 3
+PARENT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class FollowerSpec:
+    engine: EngineConfig
+    rank: int
+    store_port: int
+    threads: int
+    parallel: TensorParallelConfig
+
+
+@dataclass
+class FollowerState:
+    model: torch.nn.Module
+    kv: "KVCache"  # noqa: F821
+    host_kv: "KVCache"  # noqa: F821
+    attn: "AttentionBackend"  # noqa: F821
+    device: torch.device
+
+
+def rank_device(device: str, rank: int) -> torch.device:
+    """cpu -> cpu; cuda[:k] -> cuda:(k + rank): one GPU per rank."""
+    base = torch.device(device)
+    if base.type != "cuda":
+        return base
+    return torch.device("cuda", (base.index or 0) + rank)
+
+
+def store_key(stage: str, rank: int) -> str:
+    """The rendezvous keys a follower sets: 'joining' before it joins the group, 'ready' after loading."""
+    return f"pdserve-tp/{stage}/{rank}"
+
+
+def build_state(spec: FollowerSpec, comm) -> FollowerState:
+    from pdserve.attention import make_attention_backend
+    from pdserve.kv.kv_cache import KVCache
+    from pdserve.model.dtypes import serving_dtype
+    from pdserve.model.loader import load_model_shard
+
+    cfg, device = spec.engine, rank_device(spec.engine.device, spec.rank)
+    dtype = serving_dtype(cfg.dtype, device)
+    loaded = load_model_shard(cfg.model, device, dtype, comm)
+    shape = loaded.config.kv_shape(cfg.cache.block_size)
+    kv = KVCache(shape, cfg.cache.num_blocks, dtype, device)
+    host_kv = KVCache(shape, cfg.cache.num_host_blocks, dtype, "cpu", pin_memory=device.type == "cuda")
+    attn = make_attention_backend(cfg.attention_backend, device, dtype)
+    return FollowerState(loaded.model, kv, host_kv, attn, device)
+
+
+def serve(spec: FollowerSpec, plans: BinaryIO) -> None:
+    from torch.distributed import TCPStore
+
+    from pdserve.parallel.communicator import join_group
+
+    torch.set_num_threads(spec.threads)
+    tp, world = spec.parallel, spec.engine.tensor_parallel_size
+    store = TCPStore(tp.host, spec.store_port, world, is_master=False, timeout=timedelta(seconds=tp.start_timeout_s))
+    store.set(store_key("joining", spec.rank), "1")
+    device = rank_device(spec.engine.device, spec.rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    comm = join_group(store, spec.rank, world, device, tp.collective_timeout_s)
+    try:
+        state = build_state(spec, comm)
+        store.set(store_key("ready", spec.rank), "1")
+        _follow(plans, state)
+    finally:
+        comm.close()
+
+
+def _follow(plans: BinaryIO, state: FollowerState) -> None:
+    with torch.inference_mode():
+        while True:
+            try:
+                plan = pickle.load(plans)
+            except EOFError:
+                return
+            plan.run(state)
+
+
+def _watch_parent(parent: int) -> None:
+    """Rank 0's process gone (this process re-parented): exit at once, whatever this rank waits on."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(EXIT_PARENT_GONE)
+
+
+def main() -> None:
+    """SIGTERM and SIGINT reach the whole process group (a supervisor's stop, Ctrl-C): rank 0
+    drains or stops and then closes the followers, which therefore ignore both."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
+    plans = sys.stdin.buffer
+    spec = pickle.load(plans)
+    serve(spec, plans)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Rank 0 of a tensor-parallel worker: starts the follower ranks, joins them, and runs the
+engine's model as the ranks' one model.
+
+    start:  check the split on the model's config (before any process starts), spawn ranks
+            1..n-1 (`python -m pdserve.parallel.follower`, rendezvous at a TCPStore on a free
+            localhost port), load on the CPU meanwhile, wait until each joined, join, shard,
+            wait until each loaded its shard
+    step:   LeaderModel.forward announces the batch, then runs rank 0's shard (the collectives
+            meet the followers'); the model runner announces swaps the same way
+
+A follower that dies before it is ready fails the start at once (RankFailed), not at a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import torch
+from torch import nn
+
+from pdserve.attention.base import AttentionBackend
+from pdserve.attention.batch import ForwardBatch
+from pdserve.config import EngineConfig
+from pdserve.kv.kv_cache import KVCache
+from pdserve.model.dtypes import serving_dtype
+from pdserve.model.loader import LoadedModel, load_model, shard_loaded
+from pdserve.model.metadata import read_model_config
+from pdserve.parallel.config import TensorParallelConfig
+from pdserve.parallel.follower import FollowerSpec, rank_device, store_key
+from pdserve.parallel.plan import ForwardPlan, batch_on
+from pdserve.parallel.ranks import Followers, RankFailed, RankGroup
+from pdserve.parallel.shard import check_tensor_parallel
+
+
+class LeaderModel(nn.Module):
+    """Rank 0's shard behind the model's interface: each forward is announced first."""
+
+    def __init__(self, shard: nn.Module, ranks: RankGroup):
+        super().__init__()
+        self.shard = shard
+        self.ranks = ranks
+        self.config = shard.config
+
+    def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend) -> torch.Tensor:
+        self.ranks.announce(ForwardPlan(batch_on(batch, "cpu")))
+        return self.shard.forward(batch, kv, attn)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shard.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.shard.device
+
+
+def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallelConfig()) -> LoadedModel:
+    """Rank 0's LoadedModel (its model a LeaderModel, its `ranks` the followers). Raises
+    TensorParallelError (a size that does not divide), ModelLoadError, RankFailed."""
+    from torch.distributed import TCPStore
+
+    from pdserve.parallel.communicator import join_group
+
+    world, device = config.tensor_parallel_size, rank_device(config.device, 0)
+    check_tensor_parallel(read_model_config(config.model), world)
+    store = TCPStore(tp.host, 0, world, is_master=True, timeout=timedelta(seconds=tp.start_timeout_s),
+                     wait_for_workers=False)
+    procs = [_spawn(FollowerSpec(config, rank, store.port, torch.get_num_threads(), tp)) for rank in range(1, world)]
+    comm = None
+    followers = Followers(procs, lambda: comm.close() if comm is not None else None, tp.stop_grace_s)
+    try:
+        full = load_model(config.model, "cpu", serving_dtype(config.dtype, device))
+        _wait_for(store, followers, "joining", tp)
+        comm = join_group(store, 0, world, device, tp.collective_timeout_s)
+        loaded = shard_loaded(full, comm, device)
+        _wait_for(store, followers, "ready", tp)
+    except BaseException:
+        followers.close()
+        raise
+    return LoadedModel(loaded.config, LeaderModel(loaded.model, followers), loaded.source_path, followers)
+
+
+def _spawn(spec: FollowerSpec) -> subprocess.Popen:
+    import pickle
+
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.parallel.follower"], stdin=subprocess.PIPE,
+                            env=dict(os.environ))
+    proc.stdin.write(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
+    proc.stdin.flush()
+    return proc
+
+
+def _wait_for(store, followers: Followers, stage: str, tp: TensorParallelConfig) -> None:
+    """Until every follower set its `stage` key; RankFailed as soon as one exited."""
+    keys = [store_key(stage, rank) for rank in range(1, len(followers.procs) + 1)]
+    deadline = time.monotonic() + tp.start_timeout_s
+    while not store.check(keys):
+        if gone := followers.gone():
+            raise RankFailed(f"tensor-parallel rank failed to start: {'; '.join(gone)}")
+        if time.monotonic() > deadline:
+            raise RankFailed(f"tensor-parallel ranks not {stage} after {tp.start_timeout_s:.0f} s")
+        time.sleep(tp.poll_s)

@@ -1,0 +1,101 @@
+"""Rank 0's view of the other ranks of its worker: told every plan, watched, stopped together.
+
+    Alone       tensor parallel size 1: nothing to tell
+    Followers   one process per other rank; plans pickled down each one's stdin pipe
+
+NOTE: plans travel over pipes, not collectives: a follower waits for the next step as long as the
+worker is idle (no collective timeout between steps), and reads end-of-file the moment rank 0's
+process is gone. The collectives inside a step have the timeout (TensorParallelConfig).
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from pdserve.parallel.plan import Plan
+
+
+class RankFailed(RuntimeError):
+    """A follower rank's process is gone: the worker's ranks can no longer compute a step."""
+
+
+class RankGroup(ABC):
+    @abstractmethod
+    def announce(self, plan: Plan) -> None:
+        """Send `plan` to every other rank before rank 0 runs it. Raises RankFailed when one is gone."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop the other ranks and leave the group; idempotent."""
+
+
+class Alone(RankGroup):
+    def announce(self, plan: Plan) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class Followers(RankGroup):
+    """`procs[i]` is rank i + 1. Any one found gone fails the next announce, after every other
+    follower was stopped: the ranks fail as one."""
+
+    def __init__(self, procs: Sequence[subprocess.Popen], leave_group, stop_grace_s: float):
+        """`leave_group()`: rank 0 leaves the collectives' group (after the followers stopped)."""
+        self.procs = list(procs)
+        self._leave_group = leave_group
+        self._grace_s = stop_grace_s
+        self._closed = False
+
+    def announce(self, plan: Plan) -> None:
+        data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+        for rank, proc in enumerate(self.procs, start=1):
+            self._send(rank, proc, data)
+
+    def gone(self) -> list[str]:
+        """'rank r (pid p) exited with code c' for each follower no longer running."""
+        return [f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
+                for rank, proc in enumerate(self.procs, start=1) if proc.poll() is not None]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for proc in self.procs:
+            _close_pipe(proc)
+        for proc in self.procs:
+            _reap(proc, self._grace_s)
+        self._leave_group()
+
+    def _send(self, rank: int, proc: subprocess.Popen, data: bytes) -> None:
+        if self._closed:
+            raise RankFailed("the worker's ranks were stopped")
+        try:
+            if proc.poll() is not None:
+                raise BrokenPipeError
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            proc.poll()
+            gone = self.gone() or [f"rank {rank} (pid {proc.pid}) stopped reading"]
+            self.close()
+            raise RankFailed(f"tensor-parallel rank lost: {'; '.join(gone)}") from None
+
+
+def _close_pipe(proc: subprocess.Popen) -> None:
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+
+
+def _reap(proc: subprocess.Popen, grace_s: float) -> None:
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
