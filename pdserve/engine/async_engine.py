@@ -3,10 +3,14 @@
     event loop (gRPC handlers)            engine thread
     ---------------------------            -------------
     call(fn) -------- command queue ---->  fn(engine) between two steps
-    stream(rid) <---- call_soon_threadsafe  step() results, per request
+    query(fn) ------- a thread, under engine.lock: read-only, during a forward pass too
+    stream(rid) <---- call_soon_threadsafe  step() results, per request (reservations as
+                                            soon as they are allocated, before the forward)
 
 The scheduler is single-threaded by design: every mutation (add, abort, finish, hand-over of
-KV) runs on the engine thread between steps, through `call`.
+KV) runs on the engine thread between steps, through `call`. The engine thread holds the
+engine's lock while it changes the scheduler's state and releases it for the forward pass, so
+a `query` (the router's prefix probe) waits for a scheduling decision, never for the model.
 
 Failure is loud. A RequestFault in a step aborts that request only (request fault listeners
 hear of it). Any other exception in a step ends the engine thread: every pending and later
@@ -28,6 +32,7 @@ from pdserve.engine.errors import EngineFailed
 from pdserve.engine.faults import FaultInjector, NoFaults, RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
+from pdserve.scheduler.results import Reservation
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -100,6 +105,19 @@ class AsyncEngine:
             self._fail_pending()
         return await asyncio.wrap_future(future)
 
+    async def query(self, fn: Callable[[Engine], T]) -> T:
+        """Run a read-only fn(engine) now, on a thread of its own under the engine's lock: it
+        waits at most for a scheduling decision in progress, never for a forward pass (unlike
+        `call`, which waits for the step to end). fn must not change the engine."""
+        if self._ended is not None:
+            raise EngineFailed(self._ended)
+
+        def locked() -> T:
+            with self.engine.lock:
+                return fn(self.engine)
+
+        return await asyncio.to_thread(locked)
+
     def call_nowait(self, fn: Callable[[Engine], object]) -> None:
         """Queue fn(engine) without waiting; dropped once the engine thread is over."""
         if self._ended is None:
@@ -146,7 +164,7 @@ class AsyncEngine:
         """One engine step; a RequestFault aborts its request and yields what the abort freed."""
         try:
             self._faults.check()
-            return self.engine.step()
+            return self.engine.step(self._publish_reserved)
         except RequestFault as fault:
             log.warning("%s; the request is aborted", fault)
             aborted = self.engine.abort(fault.request_id)
@@ -162,7 +180,8 @@ class AsyncEngine:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(fn(self.engine))
+                with self.engine.lock:
+                    future.set_result(fn(self.engine))
             except BaseException as exc:  # handed to the caller
                 future.set_exception(exc)
 
@@ -179,6 +198,10 @@ class AsyncEngine:
                 return
             if future.set_running_or_notify_cancel():
                 future.set_exception(EngineFailed(self._ended))
+
+    def _publish_reserved(self, reserved: tuple[Reservation, ...]) -> None:
+        """Reservations go out before the step's forward pass: the prefill worker can start."""
+        self._publish(StepResult((), (), (), (), 0, 0.0, reserved))
 
     def _publish(self, result: StepResult) -> None:
         assert self._loop is not None

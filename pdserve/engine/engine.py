@@ -10,6 +10,7 @@ Token level only; text in and out lives in pdserve/engine/llm.py and in the rout
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -31,6 +32,9 @@ from pdserve.scheduler import AdmissionError as SchedulerAdmissionError
 from pdserve.scheduler import DuplicateRequestError as SchedulerDuplicateError
 from pdserve.scheduler import QueueFullError, make_scheduler
 from pdserve.scheduler.output import SchedulerOutput
+from pdserve.scheduler.results import Reservation
+
+ReservedListener = Callable[[tuple[Reservation, ...]], None]
 
 
 class Engine:
@@ -41,6 +45,7 @@ class Engine:
         self.config = config
         self.clock = clock
         self.hold_blocks = hold_blocks
+        self.lock = threading.Lock()  # held while the scheduler's state changes (see step)
         dtype = serving_dtype(config.dtype, config.device)
         self.loaded = loaded or load_engine_model(config)
         self.model_config = self.loaded.config
@@ -124,16 +129,27 @@ class Engine:
         cache = self.config.cache
         return Limits(self.model_config.vocab_size, self.max_model_len, cache.num_blocks * cache.block_size)
 
-    def step(self) -> StepResult:
+    def step(self, on_reserved: ReservedListener | None = None) -> StepResult:
+        """One step. The scheduler's state changes only under `self.lock` (schedule, update),
+        never during the forward pass, so a read-only query holding the lock (a prefix probe)
+        waits for a scheduling decision, not for the model. Blocks reserved for remote
+        requests are reported once: to `on_reserved` as soon as they are allocated, before the
+        forward pass, when it is given; else in StepResult.reserved."""
         started = time.perf_counter()
-        output = self.scheduler.schedule()
+        with self.lock:
+            output = self.scheduler.schedule()
+            reserved = tuple(self.scheduler.take_reserved())
         self._stamp_first_scheduled(output)
+        if on_reserved is not None and reserved:
+            on_reserved(reserved)
+            reserved = ()
         sampled = self.runner.execute(output)
-        finished = self.scheduler.update(output, sampled.tokens)
+        with self.lock:
+            finished = self.scheduler.update(output, sampled.tokens)
+            holds = self._holds(output)
         outputs = self._outputs(output, sampled, finished)
         return StepResult(outputs, output.preempted, output.resumed, output.chunks, output.num_tokens,
-                          time.perf_counter() - started, tuple(self.scheduler.take_reserved()),
-                          self._holds(output))
+                          time.perf_counter() - started, reserved, holds)
 
     def _holds(self, output: SchedulerOutput) -> dict:
         """Finished requests' holds, and with hold_blocks a hold on every request still

@@ -17,4 +17,4 @@ async def cached_prefix(engine: AsyncEngine, token_ids: Sequence[int]) -> int:
     if len(token_ids) > longest:
         raise InvalidRequestError(f"{len(token_ids)} token ids; a prompt holds at most {longest}")
     ids = list(token_ids)
-    return await engine.call(lambda e: e.scheduler.kv.probe(ids))
+    return await engine.query(lambda e: e.scheduler.kv.probe(ids))

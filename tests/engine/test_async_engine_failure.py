@@ -28,11 +28,12 @@ class BrokenEngine:
         self.stepping = threading.Event()
         self.go = threading.Event()
         self.aborted: list[str] = []
+        self.lock = threading.Lock()
 
     def has_unfinished(self) -> bool:
         return self.armed.is_set()
 
-    def step(self) -> StepResult:
+    def step(self, on_reserved=None) -> StepResult:
         self.stepping.set()
         self.go.wait(10)
         raise self.error
