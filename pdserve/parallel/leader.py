@@ -66,12 +66,15 @@ def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallel
     from pdserve.parallel.communicator import join_group
 
     world, device = config.tensor_parallel_size, rank_device(config.device, 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     check_tensor_parallel(read_model_config(config.model), world)
     store = TCPStore(tp.host, 0, world, is_master=True, timeout=timedelta(seconds=tp.start_timeout_s),
                      wait_for_workers=False)
     procs = [_spawn(FollowerSpec(config, rank, store.port, torch.get_num_threads(), tp)) for rank in range(1, world)]
     comm = None
-    followers = Followers(procs, lambda: comm.close() if comm is not None else None, tp.stop_grace_s)
+    followers = Followers(procs, lambda: comm.close() if comm is not None else None, tp.stop_grace_s,
+                          tp.collective_timeout_s)
     try:
         full = load_model(config.model, "cpu", serving_dtype(config.dtype, device))
         _wait_for(store, followers, "joining", tp)

@@ -10,8 +10,11 @@ process is gone. The collectives inside a step have the timeout (TensorParallelC
 
 from __future__ import annotations
 
+import os
 import pickle
+import select
 import subprocess
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -44,12 +47,16 @@ class Followers(RankGroup):
     """`procs[i]` is rank i + 1. Any one found gone fails the next announce, after every other
     follower was stopped: the ranks fail as one."""
 
-    def __init__(self, procs: Sequence[subprocess.Popen], leave_group, stop_grace_s: float):
-        """`leave_group()`: rank 0 leaves the collectives' group (after the followers stopped)."""
+    def __init__(self, procs: Sequence[subprocess.Popen], leave_group, stop_grace_s: float, send_timeout_s: float):
+        """`leave_group()`: rank 0 leaves the collectives' group (after the followers stopped).
+        A follower that takes no plan for `send_timeout_s` (stalled, its pipe full) counts as lost."""
         self.procs = list(procs)
         self._leave_group = leave_group
         self._grace_s = stop_grace_s
+        self._send_timeout_s = send_timeout_s
         self._closed = False
+        for proc in self.procs:
+            os.set_blocking(proc.stdin.fileno(), False)
 
     def announce(self, plan: Plan) -> None:
         data = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
@@ -77,13 +84,22 @@ class Followers(RankGroup):
         try:
             if proc.poll() is not None:
                 raise BrokenPipeError
-            proc.stdin.write(data)
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
+            _write_all(proc.stdin.fileno(), data, time.monotonic() + self._send_timeout_s)
+        except (BrokenPipeError, OSError, ValueError, TimeoutError):
             proc.poll()
-            gone = self.gone() or [f"rank {rank} (pid {proc.pid}) stopped reading"]
+            gone = self.gone() or [f"rank {rank} (pid {proc.pid}) took no plan for {self._send_timeout_s:.0f} s"]
             self.close()
             raise RankFailed(f"tensor-parallel rank lost: {'; '.join(gone)}") from None
+
+
+def _write_all(fd: int, data: bytes, deadline: float) -> None:
+    """Write `data` to a non-blocking pipe; TimeoutError when the reader takes none of it until `deadline`."""
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([], [fd], [], left)[1]:
+            raise TimeoutError
+        view = view[os.write(fd, view):]
 
 
 def _close_pipe(proc: subprocess.Popen) -> None:

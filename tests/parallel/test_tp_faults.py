@@ -98,3 +98,26 @@ def test_followers_exit_when_rank0_is_killed_while_stepping(tiny_model_dirs):
     finally:
         rank0.kill()
         rank0.wait(10)
+
+
+def test_a_stalled_follower_fails_the_step_at_the_collective_timeout(tiny_model_dirs):
+    """SIGSTOPped: rank 0's collective (or its plan, once the pipe is full) gives up after the
+    timeout instead of waiting for ever."""
+    from pdserve.parallel.config import TensorParallelConfig
+    from pdserve.parallel.leader import start_leader
+
+    config = tp_config(tiny_model_dirs["llama_gqa_llama3"], 2)
+    loaded = start_leader(config, TensorParallelConfig(collective_timeout_s=3.0))
+    engine = Engine(config, loaded=loaded)
+    follower = loaded.ranks.procs[0]
+    try:
+        engine.add_request("r", tiny_prompt(40, 384, seed=1), LONG)
+        engine.step()
+        follower.send_signal(signal.SIGSTOP)
+        with pytest.raises((RankFailed, CollectiveError)):
+            while engine.has_unfinished():
+                engine.step()
+    finally:
+        follower.send_signal(signal.SIGCONT)
+        loaded.ranks.close()
+    assert follower.poll() is not None
