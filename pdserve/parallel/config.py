@@ -12,3 +12,4 @@ class TensorParallelConfig:
     start_timeout_s: float = 300.0  # every follower rank joined and loaded its shard
     stop_grace_s: float = 5.0  # followers told to stop are killed after this
     poll_s: float = 0.05  # how often start-up looks at the followers' processes
+    watch_s: float = 0.5  # how often rank 0 looks for a lost follower, and a follower for a lost rank 0

@@ -25,7 +25,6 @@ from pdserve.config import EngineConfig
 from pdserve.parallel.config import TensorParallelConfig
 
 EXIT_PARENT_GONE = 3
-PARENT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -106,10 +105,10 @@ def _follow(plans: BinaryIO, state: FollowerState) -> None:
             plan.run(state)
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, interval_s: float) -> None:
     """Rank 0's process gone (this process re-parented): exit at once, whatever this rank waits on."""
     while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
+        time.sleep(interval_s)
     os._exit(EXIT_PARENT_GONE)
 
 
@@ -118,9 +117,10 @@ def main() -> None:
     drains or stops and then closes the followers, which therefore ignore both."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
-    plans = sys.stdin.buffer
+    parent, plans = os.getppid(), sys.stdin.buffer
     spec = pickle.load(plans)
+    threading.Thread(target=_watch_parent, args=(parent, spec.parallel.watch_s), name="parent-watch",
+                     daemon=True).start()
     serve(spec, plans)
 
 

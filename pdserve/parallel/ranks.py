@@ -31,6 +31,10 @@ class RankGroup(ABC):
         """Send `plan` to every other rank before rank 0 runs it. Raises RankFailed when one is gone."""
 
     @abstractmethod
+    def gone(self) -> list[str]:
+        """A line for each other rank whose process is no longer running."""
+
+    @abstractmethod
     def close(self) -> None:
         """Stop the other ranks and leave the group; idempotent."""
 
@@ -38,6 +42,9 @@ class RankGroup(ABC):
 class Alone(RankGroup):
     def announce(self, plan: Plan) -> None:
         return None
+
+    def gone(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         return None
@@ -64,7 +71,8 @@ class Followers(RankGroup):
             self._send(rank, proc, data)
 
     def gone(self) -> list[str]:
-        """'rank r (pid p) exited with code c' for each follower no longer running."""
+        """'rank r (pid p) exited with code c' for each follower no longer running (after
+        `close`, those it stopped too)."""
         return [f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
                 for rank, proc in enumerate(self.procs, start=1) if proc.poll() is not None]
 

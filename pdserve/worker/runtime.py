@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,6 +14,8 @@ from pdserve.config import EngineConfig
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.engine.faults import injector_from_env
+from pdserve.parallel.config import TensorParallelConfig
+from pdserve.parallel.watch import RankWatch
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class RuntimeConfig:
 class WorkerRuntime:
     engine: Engine
     async_engine: AsyncEngine
+    watches: list[RankWatch] = field(default_factory=list)
 
     @property
     def block_size(self) -> int:
@@ -37,8 +41,20 @@ class WorkerRuntime:
     def block_nbytes(self) -> int:
         return self.engine.kv.block_nbytes
 
+    def on_failure(self, listener: Callable[[BaseException], None]) -> None:
+        """`listener(exc)` runs on the event loop when the engine died (once), and when one of
+        its other tensor-parallel ranks was lost, idle or not (once more at most)."""
+        self.async_engine.add_failure_listener(listener)
+        if self.engine.config.tensor_parallel_size > 1:
+            loop = asyncio.get_running_loop()
+            watch = RankWatch(self.engine.loaded.ranks, TensorParallelConfig().watch_s,
+                              lambda exc: _call_on(loop, listener, exc))
+            self.watches.append(watch.start())
+
     def stop(self) -> None:
         """The engine thread, then the other tensor-parallel ranks (every rank exits)."""
+        for watch in self.watches:
+            watch.stop()
         self.async_engine.stop()
         self.engine.loaded.ranks.close()
 
@@ -56,6 +72,13 @@ def build_runtime(config: RuntimeConfig, hold_blocks: bool) -> WorkerRuntime:
     async_engine = AsyncEngine(engine, faults=injector_from_env(os.environ))
     async_engine.start(asyncio.get_running_loop())
     return WorkerRuntime(engine, async_engine)
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, listener: Callable[[BaseException], None], exc: BaseException) -> None:
+    try:
+        loop.call_soon_threadsafe(listener, exc)
+    except RuntimeError:  # the loop is closed: the worker is stopping anyway
+        pass
 
 
 def _quiet_gc() -> None:

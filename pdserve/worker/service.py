@@ -51,8 +51,9 @@ class WorkerService:
         return await self.drainer.wait_idle(self.in_flight, timeout_s)
 
     def on_engine_failure(self, listener: Callable[[BaseException], None]) -> None:
-        """`listener(exc)` runs once on the event loop when this worker's engine died."""
-        self.runtime.async_engine.add_failure_listener(listener)
+        """`listener(exc)` runs on the event loop when this worker's engine died or one of its
+        tensor-parallel ranks was lost."""
+        self.runtime.on_failure(listener)
 
     async def give_up(self, flush_s: float = FLUSH_S) -> None:
         """The engine failed: leave rotation (NOT_SERVING, out of the registry) and give the
