@@ -17,18 +17,25 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import torch
 
 from pdserve.config import EngineConfig
 from pdserve.parallel.config import TensorParallelConfig
 
+if TYPE_CHECKING:
+    from pdserve.attention.base import AttentionBackend
+    from pdserve.kv.kv_cache import KVCache
+    from pdserve.parallel.communicator import Communicator
+
 EXIT_PARENT_GONE = 3
 
 
 @dataclass(frozen=True)
 class FollowerSpec:
+    """What rank 0 tells a follower first: the engine it mirrors, and where to meet."""
+
     engine: EngineConfig
     rank: int
     store_port: int
@@ -38,10 +45,12 @@ class FollowerSpec:
 
 @dataclass
 class FollowerState:
+    """A follower's shard and the pools of its heads, built as rank 0's engine builds its own."""
+
     model: torch.nn.Module
-    kv: "KVCache"  # noqa: F821
-    host_kv: "KVCache"  # noqa: F821
-    attn: "AttentionBackend"  # noqa: F821
+    kv: KVCache
+    host_kv: KVCache
+    attn: AttentionBackend
     device: torch.device
 
 
@@ -58,7 +67,7 @@ def store_key(stage: str, rank: int) -> str:
     return f"pdserve-tp/{stage}/{rank}"
 
 
-def build_state(spec: FollowerSpec, comm) -> FollowerState:
+def build_state(spec: FollowerSpec, comm: Communicator) -> FollowerState:
     from pdserve.attention import make_attention_backend
     from pdserve.kv.kv_cache import KVCache
     from pdserve.model.dtypes import serving_dtype
