@@ -6,6 +6,8 @@ statistics exist once.
 - Percentiles, distributions and SLOs are defined only in pdserve/stats.py.
 - Defaults live in the frozen configs: a CLI flag with a config field takes its default from
   it (never a literal), and each shared setting's value is written once in the tree.
+- End-to-end tests call the router through pdserve.client: only the tests whose point is the
+  wire itself import the public API's generated stubs.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ SETTING_HOMES = {
 }
 # NOTE: transitional, as PENDING_UPWARD.
 PENDING_SETTING_COPIES: set[tuple[str, str]] = set()
+
+# End-to-end tests and their helpers, and those of them that speak the public API's wire: each with the reason.
+END_TO_END = ("tests/e2e", "tests/procs", "tests/helpers")
+WIRE_TESTS = {
+    "tests/e2e/test_input_limits.py": "requests of wire-level sizes (a 60 MB text, 8M ids), refused on their size",
+    "tests/e2e/test_internal_plane.py": "worker requests on the internal plane carry the public sampling types",
+    "tests/e2e/test_up_supervisor.py": "a decode worker called directly, with a worker request",
+}
+# NOTE: transitional, as PENDING_UPWARD.
+PENDING_WIRE_TESTS = {"tests/e2e/test_multi_turn.py": "a turn cancelled midway is sent as a raw GenerateRequest"}
 
 STATISTIC_NAME = re.compile(r"percentile|quantile|^median$|^_?p\d\d$", re.IGNORECASE)
 STATISTIC_TYPES = {"Slo", "Percentiles", "Distribution"}
@@ -162,6 +174,30 @@ def setting_copies() -> set[tuple[str, str]]:
     return found
 
 
+def is_public_wire(module: str) -> bool:
+    return module.startswith("pdserve.v1.generation_pb2")
+
+
+def wire_speaking_tests() -> set[str]:
+    """End-to-end test files that import the public API's generated stubs."""
+    found = set()
+    for root in END_TO_END:
+        for path in sorted((REPO / root).rglob("*.py")):
+            if any(is_public_wire(m) for m in imported_modules(ast.parse(path.read_text(), filename=str(path)))):
+                found.add(rel(path))
+    return found
+
+
+def test_end_to_end_tests_call_the_router_through_the_client():
+    found = wire_speaking_tests() - set(WIRE_TESTS) - set(PENDING_WIRE_TESTS)
+    assert not found, f"use pdserve.client (typed results), not generation_pb2, or add a reason to WIRE_TESTS: {found}"
+
+
+def test_every_listed_wire_test_still_speaks_the_wire():
+    stale = (set(WIRE_TESTS) | set(PENDING_WIRE_TESTS)) - wire_speaking_tests()
+    assert not stale, f"no longer imports generation_pb2, remove from WIRE_TESTS/PENDING_WIRE_TESTS: {sorted(stale)}"
+
+
 def test_cli_flags_take_their_defaults_from_the_configs():
     found = literal_config_flags() - set(PENDING_LITERAL_FLAGS)
     assert not found, f"flags with a config field must take its default (Config().field), not a literal: {found}"
@@ -216,3 +252,7 @@ def test_the_checks_see_what_they_look_for():
                      "from pdserve.client import Client\n")
     assert sorted(m for m in imported_modules(tree) if is_cli(m)) == [
         "pdserve.cli", "pdserve.cli", "pdserve.cli.up", "pdserve.cli.up.x"]
+    wire = ast.parse("from pdserve.v1 import generation_pb2 as pb\nimport pdserve.v1.generation_pb2_grpc\n"
+                     "from pdserve.v1 import worker_pb2\nfrom pdserve.client import Client\n")
+    assert sorted(m for m in imported_modules(wire) if is_public_wire(m)) == [
+        "pdserve.v1.generation_pb2", "pdserve.v1.generation_pb2_grpc"]

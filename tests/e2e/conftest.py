@@ -8,11 +8,13 @@ import grpc
 import pytest
 
 from pdserve.cli.supervisor import Supervisor
+from pdserve.client import Client, ClientOptions
 from pdserve.cli.up import wait_serving
 from tests.helpers.cluster import cluster_flags
 
 WORKER_FLAGS = ["--kv-blocks", "192", "--host-kv-blocks", "128", "--threads", "1", "--token-budget", "256",
                 "--max-chunk-tokens", "64"]
+CALL_TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +40,10 @@ def service():
 def channel(service):
     with grpc.insecure_channel(service["target"]) as ch:
         yield ch
+
+
+@pytest.fixture(scope="session")
+def client(service):
+    """pdserve.client on the service's router, each call with a deadline of CALL_TIMEOUT_S."""
+    with Client(service["target"], ClientOptions(timeout_s=CALL_TIMEOUT_S)) as c:
+        yield c

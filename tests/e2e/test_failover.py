@@ -5,18 +5,17 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
-import time
 
-import grpc
 import pytest
 
-from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client import Client, ClientOptions, Completion, PdserveError
+from pdserve.client.results import Collector, now
 from tests.helpers.cluster import cluster_flags
-from tests.helpers.waiting import wait_until
+from tests.helpers.outcomes import outcome
+from tests.helpers.waiting import wait_for, wait_until
+from tests.helpers.worker_stats import worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -40,9 +39,7 @@ def _start(failover: str):
     return sup, target, children
 
 
-def _request(text: str) -> pb.GenerateRequest:
-    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                                    ignore_eos=True))
+GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -60,23 +57,24 @@ TOKENS_OUT_BEFORE_KILL = 3  # of MAX_TOKENS: the victim dies mid-stream, with to
 
 
 class _Counting:
-    """A Generate stub that counts the tokens its one stream delivered so far."""
+    """One stream, read to its end, counting the tokens it delivered so far."""
 
-    def __init__(self, stub):
-        self.stub, self.tokens = stub, 0
+    def __init__(self, client: Client, prompt: str):
+        self.client, self.prompt, self.tokens = client, prompt, 0
 
-    def Generate(self, request, timeout=None):
-        for message in self.stub.Generate(request, timeout=timeout):
-            self.tokens += len(message.token_ids)
-            yield message
+    def run(self) -> Completion:
+        collector = Collector(now())
+        for chunk in self.client.stream(self.prompt, **GREEDY):
+            collector.add(chunk, now())
+            self.tokens += len(chunk.token_ids)
+        return collector.completion
 
 
 def _run_and_kill(target: str, victim) -> list:
-    with grpc.insecure_channel(target) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        counted = [_Counting(stub) for _ in PROMPTS]
+    with Client(target, ClientOptions(timeout_s=400)) as client:
+        counted = [_Counting(client, p) for p in PROMPTS]
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(_safe_stream, c, _request(p)) for c, p in zip(counted, PROMPTS)]
+            futures = [pool.submit(outcome, c.run) for c in counted]
             _wait_running(victim, 2)
             wait_until(lambda: all(c.tokens >= TOKENS_OUT_BEFORE_KILL for c in counted), 300,
                        f"{TOKENS_OUT_BEFORE_KILL} tokens out on every stream")
@@ -86,24 +84,8 @@ def _run_and_kill(target: str, victim) -> list:
 
 def _wait_running(worker, count: int, timeout_s: float = 120.0) -> None:
     """Until the worker decodes `count` requests: placement spreads them over both decode workers."""
-    from pdserve.v1 import worker_pb2 as wpb
-    from pdserve.v1 import worker_pb2_grpc
-
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
-        stub = worker_pb2_grpc.DecodeWorkerStub(channel)
-        while time.monotonic() < deadline:
-            if stub.Stats(wpb.StatsRequest(), timeout=5).requests_running >= count:
-                return
-            time.sleep(0.1)
-    raise AssertionError(f"{worker.name} never ran {count} requests")
-
-
-def _safe_stream(stub, request):
-    try:
-        return stream(stub, request, timeout=400)
-    except grpc.RpcError as exc:
-        return exc
+    wait_until(lambda: worker_stats(f"127.0.0.1:{worker.port}", "decode").requests_running >= count, timeout_s,
+               f"{worker.name} running {count} requests")
 
 
 def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(reference):
@@ -111,9 +93,9 @@ def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(refe
     try:
         results = _run_and_kill(target, children[2])
         for result, expected in zip(results, reference):
-            assert not isinstance(result, grpc.RpcError), result
+            assert not isinstance(result, PdserveError), result
             assert tuple(result.token_ids) == tuple(expected)
-            assert result.finish_reason == "FINISH_REASON_LENGTH"
+            assert result.finish_reason == "length"
     finally:
         sup.stop()
 
@@ -122,14 +104,13 @@ def test_killed_decode_worker_fails_its_streams_unavailable_others_finish():
     sup, target, children = _start("fail")
     try:
         results = _run_and_kill(target, children[2])
-        failed = [r for r in results if isinstance(r, grpc.RpcError)]
-        finished = [r for r in results if not isinstance(r, grpc.RpcError)]
+        failed = [r for r in results if isinstance(r, PdserveError)]
+        finished = [r for r in results if not isinstance(r, PdserveError)]
         assert len(failed) == 2 and len(finished) == 2
-        assert all(r.code() == grpc.StatusCode.UNAVAILABLE for r in failed)
+        assert all(r.code == "UNAVAILABLE" for r in failed)
         assert all(len(r.token_ids) == MAX_TOKENS for r in finished)
-        with grpc.insecure_channel(target) as channel:
-            after = stream(generation_pb2_grpc.GenerationStub(channel), _request("Hello"), timeout=200)
-        assert len(after.token_ids) == MAX_TOKENS
+        with Client(target, ClientOptions(timeout_s=200)) as client:
+            assert len(client.generate("Hello", **GREEDY).token_ids) == MAX_TOKENS
     finally:
         sup.stop()
 
@@ -155,14 +136,13 @@ def test_killed_prefill_worker_is_retried_on_another():
                                       "--decode-workers", f"127.0.0.1:{ports[2]}", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
-        with grpc.insecure_channel(target) as channel:
-            stub = generation_pb2_grpc.GenerationStub(channel)
+        with Client(target, ClientOptions(timeout_s=400)) as client:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                future = pool.submit(_safe_stream, stub, _request(LONG_PROMPT))
+                future = pool.submit(outcome, client.generate, LONG_PROMPT, **GREEDY)
                 victim = _busy_prefill(children[:2])
                 os.killpg(victim.process.pid, signal.SIGKILL)
                 result = future.result()
-        assert not isinstance(result, grpc.RpcError), result
+        assert not isinstance(result, PdserveError), result
         assert tuple(result.token_ids) == tuple(expected)
     finally:
         sup.stop()
@@ -170,15 +150,10 @@ def test_killed_prefill_worker_is_retried_on_another():
 
 def _busy_prefill(workers, timeout_s: float = 120.0):
     """The prefill worker that holds the request (16-token chunks keep it busy for a few steps)."""
-    from pdserve.v1 import worker_pb2 as wpb
-    from pdserve.v1 import worker_pb2_grpc
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for worker in workers:
-            with grpc.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
-                stats = worker_pb2_grpc.PrefillWorkerStub(channel).Stats(wpb.StatsRequest(), timeout=5)
-            if stats.requests_running or stats.requests_waiting:
-                return worker
-        time.sleep(0.02)
-    raise AssertionError("no prefill worker took the request")
+    def busy(worker) -> bool:
+        stats = worker_stats(f"127.0.0.1:{worker.port}", "prefill")
+        return stats.requests_running + stats.requests_waiting > 0
+
+    return wait_for(lambda: next((w for w in workers if busy(w)), None), timeout_s,
+                    "a prefill worker taking the request", interval_s=0.02)

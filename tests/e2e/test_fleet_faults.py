@@ -10,17 +10,16 @@ import random
 import signal
 import time
 
-import grpc
 import pytest
 
-from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client import Client, ClientOptions, PdserveError
 from pdserve.v1 import worker_pb2 as wpb
-from pdserve.v1 import worker_pb2_grpc
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.outcomes import outcome, succeeded
+from tests.helpers.waiting import wait_until
+from tests.helpers.worker_stats import worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -52,9 +51,7 @@ class Fleet:
         self.children[name] = child
 
     def stats(self, name: str) -> wpb.WorkerStats:
-        stub_cls = worker_pb2_grpc.PrefillWorkerStub if ROLES[name] == "prefill" else worker_pb2_grpc.DecodeWorkerStub
-        with grpc.insecure_channel(f"127.0.0.1:{self.ports[name]}") as channel:
-            return stub_cls(channel).Stats(wpb.StatsRequest(), timeout=5)
+        return worker_stats(f"127.0.0.1:{self.ports[name]}", ROLES[name])
 
     def wait_idle(self, timeout_s: float = 30.0) -> dict[str, int]:
         """Until every worker reports zero active blocks (or the timeout): what each reports."""
@@ -66,10 +63,7 @@ class Fleet:
             time.sleep(0.2)
 
     def wait_running(self, name: str, count: int, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.stats(name).requests_running < count:
-            assert time.monotonic() < deadline, f"{name} never ran {count} requests"
-            time.sleep(0.05)
+        wait_until(lambda: self.stats(name).requests_running >= count, timeout_s, f"{name} running {count} requests")
 
 
 @pytest.fixture(scope="module")
@@ -81,36 +75,26 @@ def fleet():
         sup.stop()
 
 
-def _greedy(text: str, max_tokens: int, request_id: str = "") -> pb.GenerateRequest:
-    return pb.GenerateRequest(text=text, request_id=request_id, sampling=pb.SamplingParams(
-        max_tokens=max_tokens, temperature=0, ignore_eos=True))
-
-
-def _safe(fn, *args, **kw):
-    try:
-        return fn(*args, **kw)
-    except grpc.RpcError as exc:
-        return exc
+GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
 def test_generate_racing_abort_ends_every_stream(fleet):
-    with grpc.insecure_channel(fleet.target) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
+    with Client(fleet.target, ClientOptions(timeout_s=120)) as client:
 
         def pair(i: int):
-            call = stub.Generate(_greedy(f"Tell me about the number {i}.", 24, f"race-{i}"), timeout=120)
+            call = client.stream(f"Tell me about the number {i}.", max_tokens=24, request_id=f"race-{i}", **GREEDY)
             time.sleep(random.Random(i).uniform(0, 0.05))
-            found = stub.Abort(pb.AbortRequest(request_id=f"race-{i}"), timeout=10).found
+            found = client.abort(f"race-{i}")
             started = time.monotonic()
-            outcome = _safe(lambda: list(call))
-            return found, time.monotonic() - started, outcome
+            result = outcome(call.collect)
+            return found, time.monotonic() - started, result
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             results = list(pool.map(pair, range(48)))
-    for found, seconds, outcome in results:
-        assert not isinstance(outcome, grpc.RpcError), outcome
+    for found, seconds, result in results:
+        assert not isinstance(result, PdserveError), result
         if found:  # aborted: the stream ends at once, with ABORT (an Abort that came first finds nothing)
-            assert seconds < 5 and outcome[-1].finish_reason == pb.FINISH_REASON_ABORT
+            assert seconds < 5 and result.finish_reason == "abort"
     assert sum(found for found, _, _ in results) >= len(results) // 2
     assert not any(fleet.wait_idle().values())
 
@@ -118,15 +102,15 @@ def test_generate_racing_abort_ends_every_stream(fleet):
 def test_cancel_and_resubmit_one_id(fleet):
     rng = random.Random(7)
     statuses = []
-    with grpc.insecure_channel(fleet.target) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
+    with Client(fleet.target, ClientOptions(timeout_s=60)) as client:
         for i in range(20):
-            call = stub.Generate(_greedy(f"Write a poem about the sea, verse {i}.", 40, "same-id"), timeout=60)
+            call = client.stream(f"Write a poem about the sea, verse {i}.", max_tokens=40, request_id="same-id",
+                                 **GREEDY)
             time.sleep(rng.uniform(0, 0.3))
             call.cancel()
-            result = _safe(stream, stub, _greedy("Say hello.", 6, "same-id"), timeout=60)
-            statuses.append(result.code() if isinstance(result, grpc.RpcError) else len(result.token_ids))
-    assert all(s == 6 or s == grpc.StatusCode.ALREADY_EXISTS for s in statuses), statuses
+            result = outcome(client.generate, "Say hello.", max_tokens=6, request_id="same-id", **GREEDY)
+            statuses.append(result.code if isinstance(result, PdserveError) else len(result.token_ids))
+    assert all(s == 6 or s == "ALREADY_EXISTS" for s in statuses), statuses
     assert statuses.count(6) >= len(statuses) // 2, statuses
     assert not any(fleet.wait_idle().values())
 
@@ -135,19 +119,16 @@ PROMPTS = [f"Write a short story about a robot named Unit {i}." for i in range(8
 
 
 def _run_all(fleet, max_tokens: int, during=None) -> list:
-    with grpc.insecure_channel(fleet.target) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
+    with Client(fleet.target, ClientOptions(timeout_s=300)) as client:
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(_safe, stream, stub, _greedy(p, max_tokens), timeout=300) for p in PROMPTS]
+            futures = [pool.submit(outcome, client.generate, p, max_tokens=max_tokens, **GREEDY) for p in PROMPTS]
             if during is not None:
                 during()
             return [f.result() for f in futures]
 
 
 def _tokens(results) -> list:
-    for r in results:
-        assert not isinstance(r, grpc.RpcError), r
-    return [tuple(r.token_ids) for r in results]
+    return [tuple(r.token_ids) for r in succeeded(results)]
 
 
 def test_a_stalled_decode_worker_is_seen_and_its_streams_resume(fleet):
@@ -174,12 +155,8 @@ def test_a_killed_decode_worker_under_load_loses_nothing_and_is_taken_back(fleet
     assert _tokens(_run_all(fleet, 32, kill)) == baseline
     fleet.restart("decode-0")
     os.killpg(fleet.children["decode-1"].process.pid, signal.SIGKILL)  # only the restarted worker is left
-    with grpc.insecure_channel(fleet.target) as channel:
-        after = stream(generation_pb2_grpc.GenerationStub(channel), _greedy(PROMPTS[0], 32), timeout=120)
+    with Client(fleet.target, ClientOptions(timeout_s=120)) as client:
+        after = client.generate(PROMPTS[0], max_tokens=32, **GREEDY)
     assert tuple(after.token_ids) == baseline[0]
-    active = {n: fleet.stats(n).blocks_active for n in ("prefill-0", "decode-0")}
-    deadline = time.monotonic() + 30
-    while any(active.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        active = {n: fleet.stats(n).blocks_active for n in ("prefill-0", "decode-0")}
-    assert not any(active.values())
+    wait_until(lambda: not any(fleet.stats(n).blocks_active for n in ("prefill-0", "decode-0")), 30,
+               "zero active blocks on the workers left")

@@ -5,8 +5,6 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
 from tests.helpers.grpcurl import Grpcurl, grpcurl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -40,17 +38,16 @@ def test_describe_shows_the_request_message_and_the_streaming_method(cli):
 
 
 # grpcurl 1.8.6 prints the proto field names (token_ids), not protojson's camelCase.
-def test_generate_streams_json_with_the_tokens_a_python_client_gets(cli, channel):
+def test_generate_streams_json_with_the_tokens_a_python_client_gets(cli, client):
     result = cli.run(GENERATE, data={"text": PROMPT, "sampling": {"max_tokens": 5, "temperature": 0}})
     assert result.returncode == 0, result.stderr
     messages = result.messages()
-    request = pb.GenerateRequest(text=PROMPT, sampling=pb.SamplingParams(max_tokens=5, temperature=0))
-    reference = list(generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120))
+    reference = client.generate(PROMPT, max_tokens=5, temperature=0)
     assert len(messages) >= 2  # streamed: at least one token message and the final one
     tokens = [t for m in messages for t in m.get("token_ids", [])]
     assert len(tokens) == 5
-    assert tokens == [t for r in reference for t in r.token_ids]
-    assert "".join(m.get("text", "") for m in messages) == "".join(r.text for r in reference)
+    assert tokens == reference.token_ids
+    assert "".join(m.get("text", "") for m in messages) == reference.text
     assert messages[-1]["finish_reason"] == "FINISH_REASON_LENGTH"
     assert messages[-1]["usage"]["completion_tokens"] == 5
     assert all("finish_reason" not in m for m in messages[:-1])
@@ -63,10 +60,13 @@ def test_health_check_says_serving(cli, service_name):
     assert result.messages() == [{"status": "SERVING"}]
 
 
+# Also what pdserve.client refuses to send: no prompt at all, a priority outside the enum.
 @pytest.mark.parametrize(("request_", "message"), [
     ({"text": ""}, "the prompt is empty"),
     ({"messages": {"messages": [{"role": "hacker", "content": "hi"}]}}, "chat message 0 has role 'hacker'"),
-], ids=["empty-prompt", "unknown-role"])
+    ({"sampling": {"max_tokens": 2}}, "no prompt"),
+    ({"text": "hi", "priority": 7}, "unknown priority value 7"),
+], ids=["empty-prompt", "unknown-role", "no-prompt", "unknown-priority"])
 def test_an_invalid_request_exits_non_zero_with_invalid_argument(cli, request_, message):
     result = cli.run(GENERATE, data=request_)
     assert result.returncode == GRPCURL_EXIT_BASE + grpc.StatusCode.INVALID_ARGUMENT.value[0]

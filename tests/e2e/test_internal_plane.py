@@ -9,18 +9,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 
 import grpc
 import pytest
 
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
+from pdserve.client import Client, ClientOptions
 from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from tests.helpers.cluster import cluster_flags, cluster_metadata
+from tests.helpers.worker_stats import wait_no_active_blocks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -67,10 +67,8 @@ def _a_reservation(fleet) -> wpb.KVReservation:
 
 
 def _generate(target: str) -> list[int]:
-    request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=PROMPT), sampling=GREEDY)
-    with grpc.insecure_channel(target) as channel:
-        return [t for m in generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120)
-                for t in m.token_ids]
+    with Client(target, ClientOptions(timeout_s=120)) as client:
+        return client.generate(token_ids=PROMPT, max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True).token_ids
 
 
 def _code(call) -> grpc.StatusCode:
@@ -89,23 +87,11 @@ def _worker_request(request_id: str, **fields) -> wpb.WorkerRequest:
     return wpb.WorkerRequest(request_id=request_id, **values)
 
 
-def _blocks_active(fleet) -> dict[str, int]:
-    stubs = {"decode": worker_pb2_grpc.DecodeWorkerStub, "prefill": worker_pb2_grpc.PrefillWorkerStub}
-    active = {}
-    for role, stub_cls in stubs.items():
-        with grpc.insecure_channel(fleet[role]) as channel:  # Stats needs no token
-            active[role] = stub_cls(channel).Stats(wpb.StatsRequest(), timeout=10).blocks_active
-    return active
-
-
 def _still_serving(fleet) -> None:
     """Every process up, the canary unchanged, no block held anywhere."""
     assert not [c.name for c in fleet["sup"].children if c.exited()]
     assert _generate(fleet["router"]) == fleet["canary"]
-    deadline = time.monotonic() + 30
-    while (active := _blocks_active(fleet)) != {"decode": 0, "prefill": 0} and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert active == {"decode": 0, "prefill": 0}
+    wait_no_active_blocks(fleet)
 
 
 def test_services_refuse_to_start_open_unless_insecure(tmp_path):

@@ -7,21 +7,17 @@ from __future__ import annotations
 import asyncio
 import time
 
-import grpc
 import pytest
 
 from pdserve.requests import Priority, SamplingParams
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.security import Security
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
-from pdserve.v1 import worker_pb2 as wpb
-from pdserve.v1 import worker_pb2_grpc
 from router.clients import Finished, Tokens, WorkerJob
 from router.flow import FlowConfig, Job, NewTokens, RequestFlow
 from router.grpc_clients import GrpcWorkerClients
 from router.workers import WorkerPool
 from tests.helpers.cluster import cluster_token_file
+from tests.helpers.worker_stats import wait_no_active_blocks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -67,20 +63,6 @@ def _assert_close(got, expected) -> None:
         assert [v for _, v in mine.top] == pytest.approx([v for _, v in ref.top], abs=TOLERANCE)
 
 
-def _wait_idle(service, timeout_s: float = 30.0) -> None:
-    deadline, active = time.monotonic() + timeout_s, None
-    while time.monotonic() < deadline:
-        active = []
-        for role, stub in (("decode", worker_pb2_grpc.DecodeWorkerStub),
-                           ("prefill", worker_pb2_grpc.PrefillWorkerStub)):
-            with grpc.insecure_channel(service[role]) as ch:
-                active.append(stub(ch).Stats(wpb.StatsRequest(), timeout=5).blocks_active)
-        if not any(active):
-            return
-        time.sleep(0.2)
-    assert not any(active), active
-
-
 def test_flow_events_carry_logprobs_for_every_token_including_the_first(service, reference):
     prompt, expected = reference
 
@@ -96,7 +78,7 @@ def test_flow_events_carry_logprobs_for_every_token_including_the_first(service,
     got = [lp for e in events for lp in e.logprobs]
     assert all(lp.top[0] == (lp.token_id, lp.logprob) for lp in got), "greedy: the sampled token is the maximum"
     _assert_close(got, expected.logprobs)
-    _wait_idle(service)
+    wait_no_active_blocks(service)
 
 
 def test_a_resume_on_a_decode_worker_continues_the_logprobs_without_repeating(service, reference):
@@ -121,17 +103,15 @@ def test_a_resume_on_a_decode_worker_continues_the_logprobs_without_repeating(se
     events = asyncio.run(_with_clients(service, body))
     assert tuple(t for e in events for t in e.token_ids) == expected.token_ids[done:]
     _assert_close([lp for e in events for lp in e.logprobs], expected.logprobs[done:])
-    _wait_idle(service)
+    wait_no_active_blocks(service)
 
 
-def test_generate_responses_carry_one_logprobs_entry_per_token(channel, reference):
+def test_generate_responses_carry_one_logprobs_entry_per_token(client, reference):
     prompt, expected = reference
-    stub = generation_pb2_grpc.GenerationStub(channel)
-    request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=list(prompt)), sampling=pb.SamplingParams(
-        max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=K))
-    responses = list(stub.Generate(request, timeout=120))
-    assert all(len(r.logprobs) == len(r.token_ids) for r in responses)
-    got = [lp for r in responses for lp in r.logprobs]
+    chunks = list(client.stream(token_ids=list(prompt), max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True,
+                                logprobs=K))
+    assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
+    got = [lp for c in chunks for lp in c.logprobs]
     assert [lp.token_id for lp in got] == list(expected.token_ids)
     assert [len(lp.top) for lp in got] == [K] * MAX_TOKENS
     assert [lp.logprob for lp in got] == pytest.approx([lp.logprob for lp in expected.logprobs], abs=TOLERANCE)

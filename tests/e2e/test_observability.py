@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib.util
 import os
 import socket
@@ -10,15 +11,12 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client import Client, ClientOptions
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.otlp_receivers import GrpcReceiver
 from tests.helpers.waiting import wait_for, wait_until
@@ -71,14 +69,27 @@ def traced(collector):
                                       "--decode-workers", f"127.0.0.1:{d}"])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
-        yield {"target": target, "receiver": receiver, "children": {c.name: c for c in sup.children}}
+        with Client(target, ClientOptions(timeout_s=300)) as client:
+            yield {"client": client, "receiver": receiver, "children": {c.name: c for c in sup.children}}
     finally:
         sup.stop()
 
 
-def _request(text: str, max_tokens: int) -> pb.GenerateRequest:
-    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0,
-                                                                    ignore_eos=True))
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@contextlib.contextmanager
+def _client_span(trace_id: str, span_id: str):
+    """The caller's own span, current while the block runs: the client sends it as traceparent."""
+    from opentelemetry import context, trace
+
+    span = trace.NonRecordingSpan(trace.SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                                                    trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
+    token = context.attach(trace.set_span_in_context(span))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def _spans_of(receiver, trace_id: str, names: set[str], timeout: float = 20.0):
@@ -90,12 +101,9 @@ def _spans_of(receiver, trace_id: str, names: set[str], timeout: float = 20.0):
 
 
 def test_one_trace_across_three_services_under_the_client_span(traced):
-    with grpc.insecure_channel(traced["target"]) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        call = stub.Generate(_request("The capital of France is", 8),
-                             metadata=[("traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")], timeout=120)
-        messages = list(call)
-    assert messages[-1].usage.completion_tokens == 8
+    with _client_span(CLIENT_TRACE, CLIENT_SPAN):
+        usage = traced["client"].generate("The capital of France is", max_tokens=8, **GREEDY).usage
+    assert usage.completion_tokens == 8
     spans = _spans_of(traced["receiver"], CLIENT_TRACE, {"pdserve.generate", "pdserve.prefill", "pdserve.decode"})
     by_name = {s.name: s for s in spans}
     services = {s.resource["service.name"] for s in spans}
@@ -103,7 +111,7 @@ def test_one_trace_across_three_services_under_the_client_span(traced):
     root = by_name["pdserve.generate"]
     assert root.parent_span_id == CLIENT_SPAN
     a = root.attributes
-    assert a["gen_ai.usage.prompt_tokens"] == messages[-1].usage.prompt_tokens
+    assert a["gen_ai.usage.prompt_tokens"] == usage.prompt_tokens
     assert a["gen_ai.usage.completion_tokens"] == 8
     assert 0 < a["gen_ai.latency.time_to_first_token"] <= a["gen_ai.latency.e2e"]
     assert a["gen_ai.latency.kv_cache_transfer_time"] > 0
@@ -119,10 +127,8 @@ def test_one_trace_across_three_services_under_the_client_span(traced):
 
 def test_forced_preemption_shows_as_an_event_with_its_mode(traced):
     prompts = [f"Story number {i}: once upon a time there was a lighthouse keeper who" for i in range(4)]
-    with grpc.insecure_channel(traced["target"]) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(lambda t: stream(stub, _request(t, 150), timeout=300), prompts))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda t: traced["client"].generate(t, max_tokens=150, **GREEDY), prompts))
     assert sum(r.usage.preemptions for r in results) > 0
     events = wait_for(lambda: [e for s in traced["receiver"].sink.spans if s.name == "pdserve.decode"
                                for e in s.events if e[0] == "preemption"], 20, "a preemption event on a decode span")
@@ -138,10 +144,8 @@ def _metrics(port: int) -> dict:
 def test_metrics_count_requests_and_blocks_return_to_zero(traced):
     children = traced["children"]
     before = _metrics(children["router"].metrics_port).get("pdserve_time_to_first_token_seconds_count[]", 0)
-    with grpc.insecure_channel(traced["target"]) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        for i in range(3):
-            stream(stub, _request(f"Question {i}: what is", 4), timeout=120)
+    for i in range(3):
+        traced["client"].generate(f"Question {i}: what is", max_tokens=4, **GREEDY)
     router = _metrics(children["router"].metrics_port)
     assert router["pdserve_time_to_first_token_seconds_count[]"] - before == 3
     assert router["pdserve_e2e_request_latency_seconds_count[]"] >= 3

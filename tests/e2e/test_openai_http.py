@@ -10,12 +10,10 @@ import shutil
 import subprocess
 
 import aiohttp
-import grpc
 import openai
 import pytest
 
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client import Client, ClientOptions, Completion
 from tests.helpers.worker_stats import wait_no_active_blocks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -34,12 +32,10 @@ def model(client) -> str:
     return client.models.list().data[0].id
 
 
-def _grpc(service, **request) -> tuple[list[int], str, pb.Usage]:
-    with grpc.insecure_channel(service["target"]) as channel:
-        responses = list(generation_pb2_grpc.GenerationStub(channel).Generate(pb.GenerateRequest(**request),
-                                                                               timeout=120))
-    ids = [t for r in responses for t in r.token_ids]
-    return ids, "".join(r.text for r in responses), responses[-1].usage
+def _grpc(service, prompt: str | None = None, **request) -> Completion:
+    """The same request over the router's gRPC door."""
+    with Client(service["target"], ClientOptions(timeout_s=120)) as grpc_client:
+        return grpc_client.generate(prompt, **request)
 
 
 def test_models_lists_the_served_model(client, model):
@@ -48,12 +44,12 @@ def test_models_lists_the_served_model(client, model):
 
 def test_a_greedy_chat_equals_grpc_generate_token_for_token(service, client, model):
     reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=24, temperature=0)
-    ids, text, usage = _grpc(service, messages=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in CHAT]),
-                             sampling=pb.SamplingParams(max_tokens=24, temperature=0))
-    assert reply.choices[0].message.content == text and reply.choices[0].message.role == "assistant"
+    answer = _grpc(service, messages=CHAT, max_tokens=24, temperature=0)
+    usage = answer.usage
+    assert reply.choices[0].message.content == answer.text and reply.choices[0].message.role == "assistant"
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (usage.prompt_tokens, usage.completion_tokens)
-    assert reply.usage.completion_tokens == len(ids)
+    assert reply.usage.completion_tokens == len(answer.token_ids)
     assert reply.usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
@@ -72,12 +68,10 @@ def test_streaming_yields_the_same_text_and_usage(client, model):
 def test_completions_take_text_and_token_ids(service, client, model):
     prompt = "The three primary colours are"
     text = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
-    ids, grpc_text, _ = _grpc(service, text=prompt, sampling=pb.SamplingParams(max_tokens=12, temperature=0))
-    assert text.choices[0].text == grpc_text
+    assert text.choices[0].text == _grpc(service, prompt, max_tokens=12, temperature=0).text
     prompt_ids = [504, 1462, 2314, 7201, 359]
     by_ids = client.completions.create(model=model, prompt=prompt_ids, max_tokens=8, temperature=0)
-    _, expected, _ = _grpc(service, token_ids=pb.TokenIds(ids=prompt_ids),
-                           sampling=pb.SamplingParams(max_tokens=8, temperature=0))
+    expected = _grpc(service, token_ids=prompt_ids, max_tokens=8, temperature=0).text
     assert by_ids.choices[0].text == expected and by_ids.usage.prompt_tokens == len(prompt_ids)
 
 
@@ -213,11 +207,7 @@ def test_logprobs_through_both_endpoints_match_grpc(service, client, model):
     for entry in entries:
         assert len(entry.top_logprobs) == 3 and entry.logprob == max(t.logprob for t in entry.top_logprobs) <= 0
     assert "".join(e.token for e in entries) == reply.choices[0].message.content
-    with grpc.insecure_channel(service["target"]) as channel:
-        responses = list(generation_pb2_grpc.GenerationStub(channel).Generate(pb.GenerateRequest(
-            messages=pb.ChatMessages(messages=[pb.ChatMessage(**m) for m in CHAT]),
-            sampling=pb.SamplingParams(max_tokens=8, temperature=0, logprobs=3)), timeout=120))
-    grpc_logprobs = [e.logprob for r in responses for e in r.logprobs]
+    grpc_logprobs = [e.logprob for e in _grpc(service, messages=CHAT, max_tokens=8, temperature=0, logprobs=3).logprobs]
     assert [e.logprob for e in entries] == pytest.approx(grpc_logprobs, abs=1e-6)
     completion = client.completions.create(model=model, prompt="One, two, three,", max_tokens=5, temperature=0,
                                            logprobs=2)

@@ -8,17 +8,14 @@ import os
 import random
 import time
 
-import grpc
 import pytest
 
-from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
-from pdserve.v1 import worker_pb2 as wpb
-from pdserve.v1 import worker_pb2_grpc
+from pdserve.client import Client, ClientOptions
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.waiting import wait_until
+from tests.helpers.worker_stats import worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -44,7 +41,8 @@ def cluster():
                                       "--decode-workers", ",".join(d), "--kv-timeout", "10", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(target, 60)
-        yield {"target": target, "prefill": p, "decode": d}
+        with Client(target, ClientOptions(timeout_s=600)) as client:
+            yield {"client": client, "prefill": p, "decode": d}
     finally:
         sup.stop()
 
@@ -60,16 +58,13 @@ def reference():
                                                                       ignore_eos=True))]
 
 
-def _request(text: str, max_tokens: int = MAX_TOKENS) -> pb.GenerateRequest:
-    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0,
-                                                                    ignore_eos=True))
+GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
 def test_preemption_of_both_kinds_keeps_greedy_outputs_identical(cluster, reference):
-    with grpc.insecure_channel(cluster["target"]) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            results = list(pool.map(lambda p: stream(stub, _request(p), timeout=600), PROMPTS))
+    client = cluster["client"]
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(lambda p: client.generate(p, max_tokens=MAX_TOKENS, **GREEDY), PROMPTS))
     for result, expected in zip(results, reference):
         assert tuple(result.token_ids) == tuple(expected)
     assert sum(r.usage.preemptions for r in results) >= 2
@@ -77,28 +72,19 @@ def test_preemption_of_both_kinds_keeps_greedy_outputs_identical(cluster, refere
 
 
 def test_hundred_random_cancellations_leave_no_active_block(cluster):
-    rng = random.Random(7)
-    with grpc.insecure_channel(cluster["target"]) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
+    rng, client = random.Random(7), cluster["client"]
 
-        def cancel_after(i: int) -> None:
-            call = stub.Generate(_request(f"Cancellation {i}: " + "word " * rng.randrange(5, 120), 60), timeout=120)
-            time.sleep(rng.uniform(0.0, 2.5))
-            call.cancel()
+    def cancel_after(i: int) -> None:
+        call = client.stream(f"Cancellation {i}: " + "word " * rng.randrange(5, 120), max_tokens=60, timeout_s=120,
+                             **GREEDY)
+        time.sleep(rng.uniform(0.0, 2.5))
+        call.cancel()
 
-        with concurrent.futures.ThreadPoolExecutor(10) as pool:
-            list(pool.map(cancel_after, range(100)))
-        deadline = time.monotonic() + 60
-        while _active_blocks(cluster) != [0, 0, 0, 0] and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _active_blocks(cluster) == [0, 0, 0, 0]
-        assert len(stream(stub, _request("Still serving?", 4), timeout=300).token_ids) == 4
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        list(pool.map(cancel_after, range(100)))
+    wait_until(lambda: _active_blocks(cluster) == [0, 0, 0, 0], 60, "every worker back to zero active blocks")
+    assert len(client.generate("Still serving?", max_tokens=4, timeout_s=300, **GREEDY).token_ids) == 4
 
 
 def _active_blocks(cluster) -> list[int]:
-    counts = []
-    for address, stub_cls in [*((a, worker_pb2_grpc.PrefillWorkerStub) for a in cluster["prefill"]),
-                              *((a, worker_pb2_grpc.DecodeWorkerStub) for a in cluster["decode"])]:
-        with grpc.insecure_channel(address) as channel:
-            counts.append(stub_cls(channel).Stats(wpb.StatsRequest(), timeout=10).blocks_active)
-    return counts
+    return [worker_stats(address, role).blocks_active for role in ("prefill", "decode") for address in cluster[role]]

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.helpers.streams import stream
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client import PdserveError
 from tests.helpers.worker_stats import wait_no_active_blocks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -31,99 +27,79 @@ def reference():
     return [c.token_ids for c in llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))]
 
 
-def _greedy(text: str, max_tokens: int = 16) -> pb.GenerateRequest:
-    return pb.GenerateRequest(text=text, sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0,
-                                                                    ignore_eos=True))
+GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
-def test_greedy_outputs_equal_the_reference(channel, reference):
-    stub = generation_pb2_grpc.GenerationStub(channel)
+def test_greedy_outputs_equal_the_reference(client, reference):
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        results = list(pool.map(lambda p: stream(stub, _greedy(p), timeout=120), PROMPTS))
+        results = list(pool.map(lambda p: client.generate(p, max_tokens=16, **GREEDY), PROMPTS))
     for result, expected in zip(results, reference):
         assert tuple(result.token_ids) == tuple(expected)
-        assert result.finish_reason == "FINISH_REASON_LENGTH"
+        assert result.finish_reason == "length"
         assert result.usage.completion_tokens == 16
 
 
-def test_chat_and_token_id_prompts(channel):
-    stub = generation_pb2_grpc.GenerationStub(channel)
-    chat = pb.GenerateRequest(sampling=pb.SamplingParams(max_tokens=20, temperature=0))
-    chat.messages.messages.add(role="user", content="What is the capital of France?")
-    result = stream(stub, chat, timeout=120)
+def test_chat_and_token_id_prompts(client):
+    result = client.generate(messages=[{"role": "user", "content": "What is the capital of France?"}],
+                             max_tokens=20, temperature=0)
     assert "Paris" in result.text
-    assert result.finish_reason == "FINISH_REASON_STOP"
-    ids = pb.GenerateRequest(token_ids=pb.TokenIds(ids=result.token_ids[:3]), sampling=pb.SamplingParams(max_tokens=2))
-    assert len(stream(stub, ids, timeout=120).token_ids) == 2
+    assert result.finish_reason == "stop"
+    assert len(client.generate(token_ids=result.token_ids[:3], max_tokens=2).token_ids) == 2
 
 
-def test_stop_string_ends_the_stream_before_it(channel):
-    stub = generation_pb2_grpc.GenerationStub(channel)
-    request = _greedy("The capital of France is", 16)
-    request.sampling.stop.append(".")
-    result = stream(stub, request, timeout=120)
-    assert result.finish_reason == "FINISH_REASON_STOP"
+def test_stop_string_ends_the_stream_before_it(client):
+    result = client.generate("The capital of France is", max_tokens=16, stop=["."], **GREEDY)
+    assert result.finish_reason == "stop"
     assert "." not in result.text and "Paris" in result.text
 
 
-BAD = {
-    "no prompt": pb.GenerateRequest(),
-    "empty prompt": pb.GenerateRequest(text=""),
-    "token outside vocab": pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 10_000_000])),
-    "too long": pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5] * 8000), sampling=pb.SamplingParams(max_tokens=500)),
-    "max_tokens 0": pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(max_tokens=0)),
-    "temperature < 0": pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(temperature=-1)),
-    "top_p 0": pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(top_p=0)),
-    "top_p > 1": pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(top_p=1.5)),
-    "top_k < 0": pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(top_k=-2)),
-    "min_p > 1": pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(min_p=2)),
-    "unknown priority": pb.GenerateRequest(text="hi", priority=7),
-    "chat message without role": pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(content="x")])),
+BAD = {  # requests no typed client refuses itself; those it cannot build are in test_grpcurl.py
+    "empty prompt": {"prompt": ""},
+    "token outside vocab": {"token_ids": [1, 10_000_000]},
+    "too long": {"token_ids": [5] * 8000, "max_tokens": 500},
+    "max_tokens 0": {"prompt": "hi", "max_tokens": 0},
+    "temperature < 0": {"prompt": "hi", "temperature": -1},
+    "top_p 0": {"prompt": "hi", "top_p": 0},
+    "top_p > 1": {"prompt": "hi", "top_p": 1.5},
+    "top_k < 0": {"prompt": "hi", "top_k": -2},
+    "min_p > 1": {"prompt": "hi", "min_p": 2},
+    "chat message without role": {"messages": [{"role": "", "content": "x"}]},
 }
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
-def test_bad_input_gets_invalid_argument_and_service_goes_on(channel, name):
-    stub = generation_pb2_grpc.GenerationStub(channel)
-    with pytest.raises(grpc.RpcError) as err:
-        list(stub.Generate(BAD[name], timeout=60))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
-    assert err.value.details()
-    assert len(stream(stub, _greedy("Hello", 2), timeout=120).token_ids) == 2
+def test_bad_input_gets_invalid_argument_and_service_goes_on(client, name):
+    with pytest.raises(PdserveError) as err:
+        client.generate(**BAD[name])
+    assert err.value.code == "INVALID_ARGUMENT", err.value.details
+    assert err.value.details
+    assert len(client.generate("Hello", max_tokens=2, **GREEDY).token_ids) == 2
 
 
-def test_duplicate_running_request_id_is_already_exists(channel):
-    stub = generation_pb2_grpc.GenerationStub(channel)
-    first = _greedy("Count slowly from one to fifty:", 60)
-    first.request_id = "dup-1"
-    call = stub.Generate(first, timeout=120)
-    next(call)
-    with pytest.raises(grpc.RpcError) as err:
-        list(stub.Generate(first, timeout=60))
-    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    call.cancel()
+def test_duplicate_running_request_id_is_already_exists(client):
+    with client.stream("Count slowly from one to fifty:", max_tokens=60, request_id="dup-1", **GREEDY) as first:
+        next(first)
+        with pytest.raises(PdserveError) as err:
+            client.generate("Count slowly from one to fifty:", max_tokens=60, request_id="dup-1", **GREEDY)
+    assert err.value.code == "ALREADY_EXISTS"
 
 
-def test_abort_and_cancel_free_every_block(service, channel):
-    stub = generation_pb2_grpc.GenerationStub(channel)
-    request = _greedy("Write a long story about a lighthouse keeper.", 200)
-    request.request_id = "to-abort"
-    call = stub.Generate(request, timeout=120)
-    next(call)
-    assert stub.Abort(pb.AbortRequest(request_id="to-abort")).found
-    last = list(call)[-1]
-    assert last.finish_reason == pb.FINISH_REASON_ABORT
+def test_abort_and_cancel_free_every_block(service, client):
+    aborted = client.stream("Write a long story about a lighthouse keeper.", max_tokens=200, request_id="to-abort",
+                            **GREEDY)
+    next(aborted)
+    assert client.abort("to-abort")
+    assert aborted.collect().finish_reason == "abort"
     for i in range(6):
-        cancelled = stub.Generate(_greedy(f"Tell me about the number {i}.", 200), timeout=120)
+        cancelled = client.stream(f"Tell me about the number {i}.", max_tokens=200, **GREEDY)
         if i % 2:
             next(cancelled)
         cancelled.cancel()
     wait_no_active_blocks(service)
 
 
-def test_health_and_reflection(channel):
-    health = health_pb2_grpc.HealthStub(channel)
-    assert health.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
+def test_health_and_reflection(client, channel):
+    assert client.health()
     reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
     responses = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     names = {s.name for r in responses for s in r.list_services_response.service}

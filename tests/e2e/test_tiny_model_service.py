@@ -6,15 +6,12 @@ from __future__ import annotations
 import concurrent.futures
 import os
 
-import grpc
 import pytest
 import torch
 
-from tests.helpers.streams import stream
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client import Client, ClientOptions
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 
@@ -32,7 +29,7 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def target(tiny):
+def client(tiny):
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
     flags = ["--port", "0", "--model", str(tiny), "--threads", "1", "--kv-blocks", "64", "--host-kv-blocks", "16",
              "--token-budget", "256", "--max-chunk-tokens", "16", *cluster_flags(sup.workdir)]
@@ -44,47 +41,41 @@ def target(tiny):
                                       *cluster_flags(sup.workdir)])
         address = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(address, 60)
-        yield address
+        with Client(address, ClientOptions(timeout_s=300)) as client:
+            yield client
     finally:
         sup.stop()
 
 
-def test_tiny_qwen2_greedy_through_the_service_equals_transformers(tiny, target):
+def _greedy(client: Client, prompt: list[int]):
+    return client.generate(token_ids=prompt, max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+
+
+def test_tiny_qwen2_greedy_through_the_service_equals_transformers(tiny, client):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
     expected = [hf_greedy(model, prompt, NEW_TOKENS) for prompt in PROMPTS]
-    with grpc.insecure_channel(target) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-
-        def run(prompt):
-            request = pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompt), sampling=pb.SamplingParams(
-                max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True))
-            return stream(stub, request, timeout=300)
-
-        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            results = list(pool.map(run, PROMPTS))
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(lambda prompt: _greedy(client, prompt), PROMPTS))
     for result, want in zip(results, expected):
-        assert list(result.token_ids) == want
+        assert result.token_ids == want
 
 
-def test_tiny_qwen2_conversation_turns_reuse_the_decode_workers_kv_and_equal_transformers(tiny, target):
+def test_tiny_qwen2_conversation_turns_reuse_the_decode_workers_kv_and_equal_transformers(tiny, client):
     """Turn k's prompt is turn k-1's prompt, its answer and new ids: a short new part is
     prefilled on the decode worker over its cached prefix, a long one by the prefill worker,
     which sends only the blocks past it; every turn equals transformers on its whole prompt."""
     from transformers import AutoModelForCausalLM
 
-    from pdserve.client import Client
-
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
     prompt = [(7 * i) % 90 + 3 for i in range(80)]
     seen = []
-    with Client(target) as client:
-        for new in ([41, 42, 43], [(5 * i) % 80 + 4 for i in range(300)], [8, 9]):
-            answer = client.generate(token_ids=prompt, max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
-            assert answer.token_ids == hf_greedy(model, prompt, NEW_TOKENS)
-            seen.append(answer.usage)
-            prompt = [*prompt, *answer.token_ids, *new]
+    for new in ([41, 42, 43], [(5 * i) % 80 + 4 for i in range(300)], [8, 9]):
+        answer = _greedy(client, prompt)
+        assert answer.token_ids == hf_greedy(model, prompt, NEW_TOKENS)
+        seen.append(answer.usage)
+        prompt = [*prompt, *answer.token_ids, *new]
     first, short, long = seen
     assert first.decode_cached_tokens == 0 and not first.local_prefill
     assert short.local_prefill and short.kv_transfer_bytes == 0 and short.decode_cached_tokens >= 80 // 16 * 16

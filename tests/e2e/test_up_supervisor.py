@@ -21,8 +21,10 @@ import grpc
 import pytest
 
 from pdserve.cli.up import wait_serving
+from pdserve.client import Client, ClientOptions, PdserveError
 from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdserve.v1 import worker_pb2, worker_pb2_grpc
+from tests.helpers.worker_stats import STUBS, worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -85,30 +87,24 @@ def up(tmp_path_factory):
         fleet.kill_all()
 
 
-def _generate(target: str, max_tokens: int = 8, timeout_s: float = 60) -> list[int]:
-    request = pb.GenerateRequest(text="Name three colours.",
-                                 sampling=pb.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-    with grpc.insecure_channel(target) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        return [t for event in stub.Generate(request, timeout=timeout_s) for t in event.token_ids]
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def _generate(target: str) -> list[int]:
+    with Client(target, ClientOptions(timeout_s=60)) as client:
+        return client.generate("Name three colours.", max_tokens=8, **GREEDY).token_ids
 
 
 def _serves_again(target: str) -> bool:
     try:
         return len(_generate(target)) == 8
-    except grpc.RpcError:
+    except PdserveError:
         return False
 
 
 def _blocks_active(up: Up) -> dict[str, int]:
-    stubs = {"prefill": worker_pb2_grpc.PrefillWorkerStub, "decode": worker_pb2_grpc.DecodeWorkerStub}
-    active = {}
-    for child in up.status()["children"]:
-        if child["role"] in stubs:
-            with grpc.insecure_channel(f"127.0.0.1:{child['port']}") as channel:
-                stats = stubs[child["role"]](channel).Stats(worker_pb2.StatsRequest(), timeout=10)
-                active[child["name"]] = stats.blocks_active
-    return active
+    return {c["name"]: worker_stats(f"127.0.0.1:{c['port']}", c["role"]).blocks_active
+            for c in up.status()["children"] if c["role"] in STUBS}
 
 
 def _all_blocks_free(up: Up) -> bool:
@@ -147,15 +143,15 @@ def test_a_killed_decode_worker_is_restarted_on_its_port_and_serves(up):
 def test_an_engine_failure_ends_the_stream_with_a_status_and_the_worker_comes_back(up):
     router = up.status()["router"]
     before = up.child("decode-0")
-    with grpc.insecure_channel(router) as channel:
-        events = generation_pb2_grpc.GenerationStub(channel).Generate(_story(), timeout=120)
-        with pytest.raises(grpc.RpcError) as ended:
-            for i, _ in enumerate(events):
+    with Client(router, ClientOptions(timeout_s=120)) as client:
+        story = client.stream("Tell me a long story about a lighthouse.", max_tokens=400, **GREEDY)
+        with pytest.raises(PdserveError) as ended:
+            for i, _ in enumerate(story):
                 if i == 2:
                     Path(str(up.faults).replace("{pid}", str(before["pid"]))).touch()
                     fired = time.monotonic()
         assert time.monotonic() - fired < 3, "the stream hung after the engine failed"
-        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert ended.value.code == "UNAVAILABLE"
     after = _restarted(up, "decode-0", before)
     assert after["port"] == before["port"]
     assert up.wait_until(lambda: _serves_again(router), 120, "a request served after the restart")
@@ -191,11 +187,6 @@ def _local_decode(request_id: str, max_tokens: int) -> worker_pb2.DecodeRequest:
 def _decoded_tokens(stub, request_id: str, max_tokens: int, metadata) -> list[int]:
     events = stub.Decode(_local_decode(request_id, max_tokens), metadata=metadata, timeout=120)
     return [t for event in events if event.WhichOneof("event") == "tokens" for t in event.tokens.token_ids]
-
-
-def _story() -> pb.GenerateRequest:
-    return pb.GenerateRequest(text="Tell me a long story about a lighthouse.",
-                              sampling=pb.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
 
 
 def test_a_killed_router_is_restarted_on_its_port(up):

@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import os
 
-import grpc
 import pytest
 
+from pdserve.client import Client, ClientOptions
 from pdserve.procs.up_process import UpProcess
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
-from tests.helpers.streams import stream
 from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -31,9 +28,8 @@ def _alive(pid: int) -> bool:
 def test_serves_then_stops_with_every_child():
     env = {**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"}
     with UpProcess(FLAGS, env, ready_timeout_s=300) as up:
-        with grpc.insecure_channel(up.router) as channel:
-            request = pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(max_tokens=4, ignore_eos=True))
-            assert len(stream(generation_pb2_grpc.GenerationStub(channel), request, timeout=120).token_ids) == 4
+        with Client(up.router, ClientOptions(timeout_s=120)) as client:
+            assert len(client.generate("Hello", max_tokens=4, ignore_eos=True).token_ids) == 4
         pids = [c["pid"] for c in json.loads(up.status_file.read_text())["children"]]
     assert up.process.returncode == 0  # drained and exited on SIGTERM
     wait_until(lambda: not any(_alive(p) for p in pids), 30, "every child of pdserve up gone")
