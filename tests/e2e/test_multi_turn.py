@@ -5,13 +5,10 @@ Every turn's greedy output equals transformers on that turn's full prompt."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from pdserve.client import Client, Message
 from pdserve.tokenizer import load_tokenizer
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
 from tests.engine.oracle import Oracle
 from tests.helpers.worker_stats import wait_no_active_blocks
 
@@ -67,13 +64,10 @@ def test_a_turn_cancelled_midway_frees_its_blocks_and_keeps_the_conversation_cac
     history = [Message("user", OPENING + " (second conversation)")]
     first = client.generate(messages=history, max_tokens=TOKENS, temperature=0, ignore_eos=True)
     history.append(Message("assistant", first.text))
-    request = pb.GenerateRequest(messages=pb.ChatMessages(messages=[
-        pb.ChatMessage(role=m.role, content=m.content) for m in [*history, Message("user", LONG)]]),
-        sampling=pb.SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
-    with grpc.insecure_channel(service["target"]) as channel:
-        call = generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=120)
-        next(call)
-        call.cancel()
+    chunks = client.stream(messages=[*history, Message("user", LONG)], max_tokens=200, temperature=0,
+                           ignore_eos=True)
+    next(chunks)
+    chunks.close()  # cancels the turn midway
     wait_no_active_blocks(service)
     again = client.generate(messages=[*history, Message("user", SHORT)], max_tokens=4, temperature=0)
     assert again.usage.decode_cached_tokens >= first.usage.prompt_tokens // BLOCK * BLOCK
