@@ -74,6 +74,13 @@ def test_tensor_parallel_needs_two_gpus(monkeypatch):
     assert (row.verdict, row.result) == (Verdict.SKIP, "needs 2 GPUs, found 1")
 
 
+@pytest.mark.timeout(300)
+def test_tensor_parallel_two_ranks_equal_one_through_the_engine(tiny_model):
+    """On the CPU (gloo), through the same entry point the GPU run uses; the ranks are closed."""
+    row = tensor_parallel_row(CPU, tiny_model, new_tokens=6)
+    assert (row.verdict, row.result) == (Verdict.OK, "float32 greedy, 3 prompts x 6 tokens: 3/3 equal TP=1")
+
+
 def test_decode_rows_measure_each_batch_against_the_bound():
     rows = decode_rows(CPU, tiny_raw(), torch.float32, DecodeShape((1, 2), context=24, steps=2), "torch",
                        copy_bytes=1 << 20)
