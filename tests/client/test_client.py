@@ -47,6 +47,14 @@ def test_leaving_a_with_block_cancels_the_stream(router):
         assert router.last_call().ended.wait(10)
 
 
+def test_dropping_a_stream_unread_cancels_it(router):
+    with Client(router.target) as client:
+        stream = client.stream("hold")
+        seen = router.last_call()
+        del stream
+        assert seen.ended.wait(10)
+
+
 def test_a_calls_own_deadline_overrides_the_options(router):
     with Client(router.target, ClientOptions(timeout_s=60)) as client:
         with pytest.raises(PdserveError) as err:
