@@ -168,7 +168,7 @@ class RequestFlow:
 
     async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
         decode, cached = await self._choose_decode(job, state)
-        decision = await self._local_prefill(job, state, cached)
+        decision = await self._local_prefill(job, state, decode, cached)
         local = decision.local
         state.local_prefill, state.decode_cached_tokens = local, cached if local else 0
         state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
@@ -219,7 +219,7 @@ class RequestFlow:
             raise Unavailable(str(exc)) from None
         return decode, cached.get(decode.address, 0)
 
-    async def _local_prefill(self, job: Job, state: FlowState, cached: int) -> LocalPrefillDecision:
+    async def _local_prefill(self, job: Job, state: FlowState, decode: Worker, cached: int) -> LocalPrefillDecision:
         """Colocated, a resume, or the policy's call; a remote prefill first waits for a usable
         prefill worker (no decode blocks are reserved while none could fill them)."""
         if self.config.colocated:
@@ -227,7 +227,7 @@ class RequestFlow:
         if state.generated:
             return LocalPrefillDecision(True, "resume")
         prefill = self.pool.of_role("prefill")
-        decision = self.config.local_prefill.decide(len(job.prompt), cached, prefill)
+        decision = self.config.local_prefill.decide(len(job.prompt), cached, decode, prefill)
         if not decision.local:
             await self.pool.wait_usable("prefill", self._wait_until(job))
         return decision

@@ -4,7 +4,10 @@ receiving its KV from a prefill worker. A policy: it reads numbers and never cal
 Two reasons to stay local, checked in order:
 - "cached": the decode worker already holds most of the prompt (an earlier turn of the
   conversation) and the rest is short: computing the rest there costs less than a round trip
-  through a prefill worker, and nothing is sent.
+  through a prefill worker, and nothing is sent. Unless the decode worker is busy (at least
+  `busy_decode_requests` in flight) while a prefill worker is idle: there the remainder would
+  wait for a step shared with every running decode (and stretch their gaps), while the idle
+  prefill worker starts at once and sends only the blocks past the decode worker's ("decode_busy").
 - "prefill_busy": every usable prefill worker has a queue (requests in flight from this router,
   or waiting there by its last poll) of at least `busy_prefill_requests`, while the decode worker
   would compute only a short remainder: the remote path would wait longer than the local one takes.
@@ -25,6 +28,7 @@ class LocalPrefillDecision:
 
 
 REMOTE = LocalPrefillDecision(False, "remote")
+DECODE_BUSY = LocalPrefillDecision(False, "decode_busy")
 
 
 @dataclass(frozen=True)
@@ -32,17 +36,29 @@ class LocalPrefillPolicy:
     max_uncached_tokens: int = 256  # the most a decode worker computes of a prompt (0: never locally)
     min_cached_fraction: float = 0.5  # of the prompt the decode worker must hold, for "cached"
     busy_prefill_requests: int = 0  # a prefill worker's queue that makes it "busy" (0: never, the default)
+    busy_decode_requests: int = 4  # a decode worker's requests in flight that make it "busy" (0: never)
 
-    def decide(self, prompt_tokens: int, decode_cached: int, prefill_workers: Sequence[Worker]) -> LocalPrefillDecision:
+    def decide(self, prompt_tokens: int, decode_cached: int, decode: Worker,
+               prefill_workers: Sequence[Worker]) -> LocalPrefillDecision:
         uncached = prompt_tokens - decode_cached
         if self.max_uncached_tokens <= 0 or uncached > self.max_uncached_tokens:
             return REMOTE
         if decode_cached >= self.min_cached_fraction * prompt_tokens and decode_cached > 0:
+            if self._busy(decode) and any(_queue(w) == 0 for w in prefill_workers):
+                return DECODE_BUSY
             return LocalPrefillDecision(True, "cached")
         busy = self.busy_prefill_requests
-        if busy > 0 and prefill_workers and all(max(w.assigned, w.waiting) >= busy for w in prefill_workers):
+        if busy > 0 and prefill_workers and all(_queue(w) >= busy for w in prefill_workers):
             return LocalPrefillDecision(True, "prefill_busy")
         return REMOTE
+
+    def _busy(self, decode: Worker) -> bool:
+        return 0 < self.busy_decode_requests <= max(decode.assigned, decode.running)
+
+
+def _queue(worker: Worker) -> int:
+    """A worker's requests in flight: this router's (fresh) or its own count at the last poll."""
+    return max(worker.assigned, worker.waiting)
 
 
 def add_local_prefill_flags(p) -> None:
@@ -55,8 +71,19 @@ def add_local_prefill_flags(p) -> None:
                    help="share of the prompt the decode worker must hold already (an earlier turn)")
     g.add_argument("--local-prefill-busy-requests", type=int, default=d.busy_prefill_requests,
                    help="a queue on every prefill worker that makes a short prompt stay local (0: never)")
+    g.add_argument("--local-prefill-busy-decode-requests", type=int, default=d.busy_decode_requests,
+                   help="requests in flight that make a decode worker send its cached remainder to an idle "
+                        "prefill worker instead (0: never)")
 
 
 def local_prefill_from_args(args) -> LocalPrefillPolicy:
     return LocalPrefillPolicy(args.local_prefill_max_uncached, args.local_prefill_min_cached_fraction,
-                              args.local_prefill_busy_requests)
+                              args.local_prefill_busy_requests, args.local_prefill_busy_decode_requests)
+
+
+def local_prefill_argv(args) -> list[str]:
+    """The router's flags for this policy, from parsed ones (what `pdserve up` passes on)."""
+    return ["--local-prefill-max-uncached", str(args.local_prefill_max_uncached),
+            "--local-prefill-min-cached-fraction", str(args.local_prefill_min_cached_fraction),
+            "--local-prefill-busy-requests", str(args.local_prefill_busy_requests),
+            "--local-prefill-busy-decode-requests", str(args.local_prefill_busy_decode_requests)]

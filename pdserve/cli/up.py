@@ -25,7 +25,7 @@ from pdserve.config import DeadlineConfig
 from pdserve.procs.health import wait_serving
 from pdserve.procs.supervisor import Supervisor
 from pdserve.rpc.security import write_cluster_token
-from router.local_prefill import add_local_prefill_flags
+from router.local_prefill import add_local_prefill_flags, local_prefill_argv
 
 TICK_S = 0.2
 
@@ -146,9 +146,7 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
         argv += ["--http-port", str(args.http_port)]
     if args.served_model_name:
         argv += ["--served-model-name", args.served_model_name]
-    argv += ["--local-prefill-max-uncached", str(args.local_prefill_max_uncached),
-             "--local-prefill-min-cached-fraction", str(args.local_prefill_min_cached_fraction),
-             "--local-prefill-busy-requests", str(args.local_prefill_busy_requests)]
+    argv += local_prefill_argv(args)
     return argv + ["--anonymous-max-priority", args.anonymous_max_priority or ("vip" if args.demo else "normal")]
 
 

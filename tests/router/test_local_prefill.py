@@ -11,21 +11,37 @@ def _w(address: str, assigned: int = 0, waiting: int = 0, role: str = "decode") 
     return Worker(address, role, ready=True, free_blocks=100, assigned=assigned, waiting=waiting)
 
 
+IDLE_DECODE = _w("d")
+
+
 def test_a_mostly_cached_prompt_with_a_short_remainder_stays_on_the_decode_worker():
     policy = LocalPrefillPolicy(max_uncached_tokens=256, min_cached_fraction=0.5)
-    assert policy.decide(1000, 900, [_w("p", role="prefill")]).reason == "cached"
-    assert policy.decide(1000, 700, [_w("p", role="prefill")]).reason == "remote"  # 300 uncached: too many
-    assert policy.decide(200, 50, [_w("p", role="prefill")]).reason == "remote"  # short, but mostly new
-    assert not LocalPrefillPolicy(max_uncached_tokens=0).decide(1000, 999, []).local
+    assert policy.decide(1000, 900, IDLE_DECODE, [_w("p", role="prefill")]).reason == "cached"
+    assert policy.decide(1000, 700, IDLE_DECODE, [_w("p", role="prefill")]).reason == "remote"  # 300 uncached
+    assert policy.decide(200, 50, IDLE_DECODE, [_w("p", role="prefill")]).reason == "remote"  # mostly new
+    assert not LocalPrefillPolicy(max_uncached_tokens=0).decide(1000, 999, IDLE_DECODE, []).local
+
+
+def test_a_busy_decode_worker_sends_its_cached_remainder_to_an_idle_prefill_worker():
+    policy = LocalPrefillPolicy(busy_decode_requests=4)
+    busy = Worker("d", "decode", ready=True, running=4)
+    idle_prefill, queued_prefill = _w("p1", role="prefill"), _w("p2", assigned=1, role="prefill")
+    assert policy.decide(1000, 900, busy, [queued_prefill, idle_prefill]).reason == "decode_busy"
+    assert not policy.decide(1000, 900, busy, [idle_prefill]).local
+    assert policy.decide(1000, 900, busy, [queued_prefill]).reason == "cached"  # no prefill worker is idle
+    assert policy.decide(1000, 900, _w("d", assigned=3), [idle_prefill]).reason == "cached"  # not busy yet
+    assert policy.decide(1000, 900, _w("d", assigned=4), [idle_prefill]).reason == "decode_busy"
+    assert LocalPrefillPolicy(busy_decode_requests=0).decide(1000, 900, busy, [idle_prefill]).reason == "cached"
 
 
 def test_a_short_prompt_stays_local_only_while_every_prefill_worker_is_busy():
     policy = LocalPrefillPolicy(busy_prefill_requests=4)
     busy, idle = _w("p1", assigned=4, role="prefill"), _w("p2", waiting=1, role="prefill")
-    assert policy.decide(100, 0, [busy, _w("p3", waiting=5, role="prefill")]).reason == "prefill_busy"
-    assert policy.decide(100, 0, [busy, idle]).reason == "remote"
-    assert policy.decide(1000, 0, [busy]).reason == "remote"  # too long to compute on the decode worker
-    assert LocalPrefillPolicy(busy_prefill_requests=0).decide(100, 0, [busy]).reason == "remote"
+    d = IDLE_DECODE
+    assert policy.decide(100, 0, d, [busy, _w("p3", waiting=5, role="prefill")]).reason == "prefill_busy"
+    assert policy.decide(100, 0, d, [busy, idle]).reason == "remote"
+    assert policy.decide(1000, 0, d, [busy]).reason == "remote"  # too long to compute on the decode worker
+    assert LocalPrefillPolicy(busy_prefill_requests=0).decide(100, 0, d, [busy]).reason == "remote"
 
 
 def test_decode_placement_follows_the_cache_within_a_load_slack():
