@@ -31,7 +31,7 @@ from pdserve.model.loader import LoadedModel, load_model, shard_loaded
 from pdserve.model.metadata import read_model_config
 from pdserve.parallel.config import TensorParallelConfig
 from pdserve.parallel.follower import FollowerSpec, rank_device, store_key
-from pdserve.parallel.plan import ForwardPlan, batch_on
+from pdserve.parallel.plan import ForwardPlan
 from pdserve.parallel.ranks import Followers, RankFailed, RankGroup
 from pdserve.parallel.shard import check_tensor_parallel
 
@@ -46,7 +46,7 @@ class LeaderModel(nn.Module):
         self.config = shard.config
 
     def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend) -> torch.Tensor:
-        self.ranks.announce(ForwardPlan(batch_on(batch, "cpu")))
+        self.ranks.announce(ForwardPlan.of(batch))
         return self.shard.forward(batch, kv, attn)
 
     @property
