@@ -20,18 +20,10 @@ from pdserve.requests import SamplingParams
 from tests.engine.driver import tiny_prompt
 from tests.helpers.waiting import wait_until
 from tests.parallel.conftest import tp_config
+from tests.parallel.procs import alive
 
 pytestmark = pytest.mark.timeout(120)
 LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, dead but not yet reaped, is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _start(path, tp: int) -> tuple[Engine, list[subprocess.Popen]]:
@@ -74,6 +66,7 @@ sys.path.insert(0, {root!r})
 from pdserve.engine.engine import Engine
 from pdserve.requests import SamplingParams
 from tests.parallel.conftest import tp_config
+from tests.parallel.procs import alive
 engine = Engine(tp_config({path!r}, 2))
 engine.add_request("r", [1] + [7] * 30, SamplingParams(max_tokens=450, ignore_eos=True, temperature=0.0))
 print(" ".join(str(p.pid) for p in engine.loaded.ranks.procs), flush=True)
@@ -89,12 +82,12 @@ def test_followers_exit_when_rank0_is_killed_while_stepping(tiny_model_dirs):
     rank0 = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in rank0.stdout.readline().split()]
-        assert pids and all(_alive(p) for p in pids)
+        assert pids and all(alive(p) for p in pids)
         time.sleep(0.5)
         assert rank0.poll() is None
         rank0.kill()
         rank0.wait(10)
-        wait_until(lambda: not any(_alive(p) for p in pids), timeout_s=15, what="followers exit")
+        wait_until(lambda: not any(alive(p) for p in pids), timeout_s=15, what="followers exit")
     finally:
         rank0.kill()
         rank0.wait(10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,24 +18,11 @@ from pdserve.client import Client, ClientOptions, PdserveError
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 from tests.helpers.waiting import wait_until
+from tests.parallel.procs import alive, children
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 PROMPTS = [[1, 5, 17, 33, 2, 9], [1, *range(3, 40)]]
 NEW_TOKENS = 10
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture()
@@ -69,8 +55,8 @@ def test_colocated_tp2_worker_equals_transformers_and_fails_as_one(fleet):
         out = client.generate(token_ids=prompt, max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
         assert list(out.token_ids) == hf_greedy(reference, prompt, NEW_TOKENS)
 
-    followers = _children(decode.pid)
-    assert len(followers) == 1 and _alive(followers[0])
+    followers = children(decode.pid)
+    assert len(followers) == 1 and alive(followers[0])
     killer = threading.Timer(1.0, os.kill, (followers[0], signal.SIGKILL))
     killer.start()
     try:
@@ -80,4 +66,4 @@ def test_colocated_tp2_worker_equals_transformers_and_fails_as_one(fleet):
         killer.cancel()
     assert failed.value.code in ("UNAVAILABLE", "INTERNAL", "ABORTED", "DEADLINE_EXCEEDED")
     assert sup.wait_exit(decode, 30) == EXIT_ENGINE_FAILED
-    wait_until(lambda: not any(_alive(p) for p in followers), 15, "every rank exits")
+    wait_until(lambda: not any(alive(p) for p in followers), 15, "every rank exits")
