@@ -13,7 +13,7 @@ A follower that dies before it is ready fails the start at once (RankFailed), no
 
 from __future__ import annotations
 
-import os
+import pickle
 import subprocess
 import sys
 import time
@@ -88,10 +88,8 @@ def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallel
 
 
 def _spawn(spec: FollowerSpec) -> subprocess.Popen:
-    import pickle
-
-    proc = subprocess.Popen([sys.executable, "-m", "pdserve.parallel.follower"], stdin=subprocess.PIPE,
-                            env=dict(os.environ))
+    """A follower process in this one's process group, its spec already on its stdin."""
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.parallel.follower"], stdin=subprocess.PIPE)
     proc.stdin.write(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
     proc.stdin.flush()
     return proc
