@@ -83,3 +83,28 @@ def test_tiny_qwen2_conversation_turns_reuse_the_decode_workers_kv_and_equal_tra
     per_block = first.kv_transfer_bytes / 5  # 80 prompt tokens in blocks of 16 (the workers' default)
     new_blocks = -(-(long.prompt_tokens - long.decode_cached_tokens) // 16)
     assert 0 < long.kv_transfer_bytes <= (new_blocks + 1) * per_block
+
+
+def test_tiny_qwen2_later_turns_preempted_over_their_cached_conversation_still_equal_transformers(tiny, client):
+    """Later turns decoding over blocks they share with their cached conversation lose their pool
+    to higher-priority requests (preempted: swapped or recomputed) and still equal transformers."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    openings = [[(11 * i + 7 * c) % 90 + 3 for i in range(120)] for c in range(3)]
+    pressure = [[(13 * i + 5 * c) % 85 + 4 for i in range(300)] for c in range(3)]
+    turns = [[*p, *_greedy(client, p).token_ids, 21, 22, 23] for p in openings]
+    streams = [client.stream(token_ids=t, max_tokens=60, priority="batch", temperature=0, ignore_eos=True)
+               for t in turns]
+    heads = [next(s) for s in streams]  # each turn placed and past its first token
+    with concurrent.futures.ThreadPoolExecutor(len(pressure)) as pool:
+        pushed = list(pool.map(lambda p: client.generate(token_ids=p, max_tokens=24, temperature=0, ignore_eos=True,
+                                                         priority="normal"), pressure))
+    later = [s.collect() for s in streams]
+    for turn, head, rest in zip(turns, heads, later):
+        assert [*head.token_ids, *rest.token_ids] == hf_greedy(model, turn, 60)
+    for prompt, result in zip(pressure, pushed):
+        assert result.token_ids == hf_greedy(model, prompt, 24)
+    usages = [r.usage for r in later]
+    assert sum(u.preemptions for u in usages) > 0
+    assert all(u.local_prefill and u.decode_cached_tokens >= 112 for u in usages)  # 120 ids cached, in blocks of 16
