@@ -1,6 +1,6 @@
 """The fleet under faults, with separately started workers (1 prefill, 2 decode) and a router:
-Generate racing Abort, one id cancelled and resubmitted, a stalled and a killed decode worker
-under load. Every stream ends, nothing is lost, and every worker is back to zero active blocks."""
+Generate racing Abort, one id cancelled and resubmitted, a decode worker killed while it prefills
+a conversation's turn itself, a stalled and a killed decode worker under load. Every stream ends, nothing is lost, and every worker is back to zero active blocks."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pdserve.client import Client, ClientOptions, PdserveError
 from pdserve.v1 import worker_pb2 as wpb
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.outcomes import outcome, succeeded
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import wait_for, wait_until
 from tests.helpers.worker_stats import worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -129,6 +129,44 @@ def _run_all(fleet, max_tokens: int, during=None) -> list:
 
 def _tokens(results) -> list:
     return [tuple(r.token_ids) for r in succeeded(results)]
+
+
+def _kill_the_decode_worker_computing_it(fleet) -> str:
+    """SIGKILL the decode worker running the one request in flight while the prefill worker has
+    none (so that worker is prefilling it itself); its name."""
+    decode = [n for n, role in ROLES.items() if role == "decode"]
+
+    def victim():
+        if fleet.stats("prefill-0").requests_running:
+            return None
+        return next((n for n in decode if fleet.stats(n).requests_running), None)
+
+    name = wait_for(victim, 120, "a decode worker prefilling the turn itself", interval_s=0.02)
+    os.killpg(fleet.children[name].process.pid, signal.SIGKILL)
+    return name
+
+
+def test_a_decode_worker_killed_while_it_prefills_a_turn_itself_loses_nothing(fleet, embedded_gguf_path):
+    """A conversation's second turn is prefilled on the decode worker holding its first (a short
+    remainder over its cached prefix); that worker is killed midway: the turn resumes on the other
+    decode worker, every token once and equal to transformers; nothing is left held."""
+    from pdserve.client import Message
+    from pdserve.tokenizer import load_tokenizer
+    from tests.engine.oracle import Oracle
+
+    opening = "Here are my notes. " + " ".join(f"Item {i}: water the plants on day {i}." for i in range(40))
+    follow_up = "Now list them again, " + " ".join(f"and add remark {i} about the soil" for i in range(25))
+    with Client(fleet.target, ClientOptions(timeout_s=300)) as client:
+        first = client.generate(messages=[Message("user", opening)], max_tokens=16, **GREEDY)
+        turn = [Message("user", opening), Message("assistant", first.text), Message("user", follow_up)]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(client.generate, messages=turn, max_tokens=24, **GREEDY)
+            killed = _kill_the_decode_worker_computing_it(fleet)
+            result = answer.result()
+    prompt = load_tokenizer(None).apply_chat_template(turn)
+    assert result.token_ids == Oracle({"embedded": embedded_gguf_path}).greedy("embedded", prompt, 24)
+    fleet.restart(killed)
+    assert not any(fleet.wait_idle().values())
 
 
 def test_a_stalled_decode_worker_is_seen_and_its_streams_resume(fleet):
