@@ -13,7 +13,6 @@ background from the start, so a decode worker that dies while the prefill runs i
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -22,7 +21,6 @@ from dataclasses import dataclass, field
 
 from pdserve.config import DeadlineConfig
 from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.rpc.errors import Unavailable
 from pdserve.sampling.logprobs import TokenLogprobs
 from router.clients import (
     Call,
@@ -38,8 +36,8 @@ from router.clients import (
     WorkerFault,
     WorkerJob,
 )
-from router.local_prefill import LocalPrefillDecision, LocalPrefillPolicy
-from router.placement import NoWorker, choose_decode, choose_prefill
+from router.local_prefill import LocalPrefillPolicy
+from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
 from router.recovery import Action, Decision, RecoveryPolicy, charged_to
 from router.stream import Pumped
@@ -128,6 +126,7 @@ class RequestFlow:
         self.pool = pool
         self.clients = clients
         self.config = config
+        self.placer = Placer(pool, clients, config)
 
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
         state = FlowState(RequestProtocol(job.request_id))
@@ -167,8 +166,8 @@ class RequestFlow:
     # ---- one attempt ----
 
     async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
-        decode, cached = await self._choose_decode(job, state)
-        decision = await self._local_prefill(job, state, decode, cached)
+        decode, cached = await self.placer.decode(job, state)
+        decision = await self.placer.local_prefill(job, state, decode, cached)
         local = decision.local
         state.local_prefill, state.decode_cached_tokens = local, cached if local else 0
         state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
@@ -206,55 +205,6 @@ class RequestFlow:
         if fault.kind != FaultKind.REFUSED and fault.culprit == Culprit.SELF:
             state.avoid[role].add(address)
 
-    async def _choose_decode(self, job: Job, state: FlowState) -> tuple[Worker, int]:
-        """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
-        workers = await self.pool.wait_usable("decode", self._wait_until(job))
-        prompt = (*job.prompt, *state.generated)
-        probed = [w for w in workers if w.address not in state.avoid["decode"]] or workers
-        local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
-        cached = await self._cached_prefixes("decode", prompt, probed, always=local_rule)
-        try:
-            decode = choose_decode(workers, cached, state.avoid["decode"])
-        except NoWorker as exc:
-            raise Unavailable(str(exc)) from None
-        return decode, cached.get(decode.address, 0)
-
-    async def _local_prefill(self, job: Job, state: FlowState, decode: Worker, cached: int) -> LocalPrefillDecision:
-        """Colocated, a resume, or the policy's call; a remote prefill first waits for a usable
-        prefill worker (no decode blocks are reserved while none could fill them)."""
-        if self.config.colocated:
-            return LocalPrefillDecision(True, "colocated")
-        if state.generated:
-            return LocalPrefillDecision(True, "resume")
-        prefill = self.pool.of_role("prefill")
-        decision = self.config.local_prefill.decide(len(job.prompt), cached, decode, prefill)
-        if not decision.local:
-            await self.pool.wait_usable("prefill", self._wait_until(job))
-        return decision
-
-    async def _choose_prefill(self, job: Job, state: FlowState) -> Worker:
-        workers = await self.pool.wait_usable("prefill", self._wait_until(job))
-        probed = [w for w in workers if w.address not in state.avoid["prefill"]]
-        cached = await self._cached_prefixes("prefill", job.prompt, probed)
-        try:
-            return choose_prefill(workers, cached, state.avoid["prefill"])
-        except NoWorker as exc:
-            raise Unavailable(str(exc)) from None
-
-    def _wait_until(self, job: Job) -> float:
-        until = time.monotonic() + self.config.wait_for_worker_s
-        return until if job.deadline is None else min(until, job.deadline)
-
-    async def _cached_prefixes(self, role: str, prompt: tuple[int, ...], workers: list[Worker],
-                               always: bool = False) -> dict[str, int]:
-        """MatchPrefix of each worker (concurrently); with one worker only when `always`."""
-        if len(workers) < (1 if always else 2):
-            return {}
-        client = self.clients.decode if role == "decode" else self.clients.prefill
-        counts = await asyncio.gather(*(client(w.address).match_prefix(prompt, self.config.probe_timeout_s)
-                                        for w in workers))
-        return {w.address: n for w, n in zip(workers, counts) if n is not None}
-
     # ---- phases ----
 
     async def _remote_prefill(self, job: Job, state: FlowState, decode_call: Pumped,
@@ -263,7 +213,7 @@ class RequestFlow:
         if not isinstance(reservation, Reservation):
             raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "
                                                                 f"(sent {type(reservation).__name__} first)")
-        prefill = await self._choose_prefill(job, state)
+        prefill = await self.placer.prefill(job, state)
         state.decode_cached_tokens = reservation.cached_blocks * reservation.block_size
         state.protocol.advance(Signal.RESERVED, prefill.address)
         yield Milestone("placement.prefill", {"pdserve.prefill_worker": prefill.address,

@@ -5,9 +5,10 @@ Two reasons to stay local, checked in order:
 - "cached": the decode worker already holds most of the prompt (an earlier turn of the
   conversation) and the rest is short: computing the rest there costs less than a round trip
   through a prefill worker, and nothing is sent. Unless the decode worker is busy (at least
-  `busy_decode_requests` in flight) while a prefill worker is idle: there the remainder would
-  wait for a step shared with every running decode (and stretch their gaps), while the idle
-  prefill worker starts at once and sends only the blocks past the decode worker's ("decode_busy").
+  `busy_decode_requests` in flight) while a prefill worker is idle and would compute no more
+  than `max_uncached_tokens` either (its own cache, probed): there the remainder would wait for
+  a step shared with every running decode (and stretch their gaps), while the idle prefill
+  worker starts at once and sends only the blocks past the decode worker's ("decode_busy").
 - "prefill_busy": every usable prefill worker has a queue (requests in flight from this router,
   or waiting there by its last poll) of at least `busy_prefill_requests`, while the decode worker
   would compute only a short remainder: the remote path would wait longer than the local one takes.
@@ -15,7 +16,7 @@ Two reasons to stay local, checked in order:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from router.workers import Worker
@@ -38,19 +39,38 @@ class LocalPrefillPolicy:
     busy_prefill_requests: int = 0  # a prefill worker's queue that makes it "busy" (0: never, the default)
     busy_decode_requests: int = 4  # a decode worker's requests in flight that make it "busy" (0: never)
 
-    def decide(self, prompt_tokens: int, decode_cached: int, decode: Worker,
-               prefill_workers: Sequence[Worker]) -> LocalPrefillDecision:
-        uncached = prompt_tokens - decode_cached
-        if self.max_uncached_tokens <= 0 or uncached > self.max_uncached_tokens:
+    def decide(self, prompt_tokens: int, decode_cached: int, decode: Worker, prefill_workers: Sequence[Worker],
+               prefill_cached: Mapping[str, int] | None = None) -> LocalPrefillDecision:
+        """`prefill_cached`: what the idle prefill workers hold of the prompt, when probed
+        (see wants_prefill_probe); none probed: they hold nothing of it."""
+        prefill_cached = prefill_cached or {}
+        if not self._short(prompt_tokens - decode_cached):
             return REMOTE
-        if decode_cached >= self.min_cached_fraction * prompt_tokens and decode_cached > 0:
-            if self._busy(decode) and any(_queue(w) == 0 for w in prefill_workers):
+        if self._mostly_cached(prompt_tokens, decode_cached):
+            if self._busy(decode) and any(self._short(prompt_tokens - prefill_cached.get(w.address, 0))
+                                          for w in self.idle(prefill_workers)):
                 return DECODE_BUSY
             return LocalPrefillDecision(True, "cached")
         busy = self.busy_prefill_requests
         if busy > 0 and prefill_workers and all(_queue(w) >= busy for w in prefill_workers):
             return LocalPrefillDecision(True, "prefill_busy")
         return REMOTE
+
+    def wants_prefill_probe(self, prompt_tokens: int, decode_cached: int, decode: Worker) -> bool:
+        """Whether the decision turns on what idle prefill workers hold (a busy decode worker
+        holding most of a prompt with a short rest)."""
+        return (self._short(prompt_tokens - decode_cached) and self._mostly_cached(prompt_tokens, decode_cached)
+                and self._busy(decode))
+
+    @staticmethod
+    def idle(prefill_workers: Sequence[Worker]) -> list[Worker]:
+        return [w for w in prefill_workers if _queue(w) == 0]
+
+    def _short(self, uncached: int) -> bool:
+        return 0 < self.max_uncached_tokens and uncached <= self.max_uncached_tokens
+
+    def _mostly_cached(self, prompt_tokens: int, decode_cached: int) -> bool:
+        return decode_cached > 0 and decode_cached >= self.min_cached_fraction * prompt_tokens
 
     def _busy(self, decode: Worker) -> bool:
         return 0 < self.busy_decode_requests <= max(decode.assigned, decode.running)

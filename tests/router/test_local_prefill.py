@@ -22,16 +22,20 @@ def test_a_mostly_cached_prompt_with_a_short_remainder_stays_on_the_decode_worke
     assert not LocalPrefillPolicy(max_uncached_tokens=0).decide(1000, 999, IDLE_DECODE, []).local
 
 
-def test_a_busy_decode_worker_sends_its_cached_remainder_to_an_idle_prefill_worker():
-    policy = LocalPrefillPolicy(busy_decode_requests=4)
+def test_a_busy_decode_worker_sends_its_cached_remainder_to_an_idle_prefill_worker_holding_as_much():
+    policy = LocalPrefillPolicy(busy_decode_requests=4, max_uncached_tokens=256)
     busy = Worker("d", "decode", ready=True, running=4)
     idle_prefill, queued_prefill = _w("p1", role="prefill"), _w("p2", assigned=1, role="prefill")
-    assert policy.decide(1000, 900, busy, [queued_prefill, idle_prefill]).reason == "decode_busy"
-    assert not policy.decide(1000, 900, busy, [idle_prefill]).local
-    assert policy.decide(1000, 900, busy, [queued_prefill]).reason == "cached"  # no prefill worker is idle
-    assert policy.decide(1000, 900, _w("d", assigned=3), [idle_prefill]).reason == "cached"  # not busy yet
-    assert policy.decide(1000, 900, _w("d", assigned=4), [idle_prefill]).reason == "decode_busy"
-    assert LocalPrefillPolicy(busy_decode_requests=0).decide(1000, 900, busy, [idle_prefill]).reason == "cached"
+    holds = {"p1": 800, "p2": 900}
+    assert policy.wants_prefill_probe(1000, 900, busy) and policy.idle([queued_prefill, idle_prefill]) == [idle_prefill]
+    assert policy.decide(1000, 900, busy, [queued_prefill, idle_prefill], holds).reason == "decode_busy"
+    assert policy.decide(1000, 900, busy, [idle_prefill], {"p1": 700}).reason == "cached"  # 300 to compute there
+    assert policy.decide(1000, 900, busy, [idle_prefill]).reason == "cached"  # it holds nothing of the prompt
+    assert policy.decide(1000, 900, busy, [queued_prefill], holds).reason == "cached"  # no prefill worker is idle
+    assert policy.decide(1000, 900, _w("d", assigned=3), [idle_prefill], holds).reason == "cached"  # not busy yet
+    assert not policy.wants_prefill_probe(1000, 900, _w("d", assigned=3))
+    assert policy.decide(1000, 900, _w("d", assigned=4), [idle_prefill], holds).reason == "decode_busy"
+    assert LocalPrefillPolicy(busy_decode_requests=0).decide(1000, 900, busy, [idle_prefill], holds).reason == "cached"
 
 
 def test_a_short_prompt_stays_local_only_while_every_prefill_worker_is_busy():
@@ -49,3 +53,33 @@ def test_decode_placement_follows_the_cache_within_a_load_slack():
     assert choose_decode([a, b, c], {"a": 512, "b": 0, "c": 1024}, slack=4).address == "a"  # c is too loaded
     assert choose_decode([a, b, c], {}, slack=4).address == "b"  # no cache anywhere: the least loaded
     assert choose_decode([a, b, c], {"c": 1024}, avoid={"b"}, slack=10).address == "c"
+
+
+def test_a_busy_decode_worker_holding_the_conversation_gives_its_rest_to_a_prefill_worker_holding_it_too():
+    """Through the flow: d0 holds the prompt but is busy; an idle prefill worker that also holds it
+    computes the rest (d0 receives only what it lacks); one that holds nothing leaves it on d0."""
+    import asyncio
+    import dataclasses
+
+    from router.flow import RequestFlow
+    from tests.router.flow_harness import PROMPT, collect, expected, harness, job, settle
+
+    policy = LocalPrefillPolicy(max_uncached_tokens=16)  # the 40-token prompt is too long to compute whole
+
+    async def run(prefill_holds: bool):
+        async with harness() as h:
+            h.fleet.workers["d0"].cached[tuple(PROMPT[:-1])] = len(PROMPT) - 1
+            if prefill_holds:
+                h.fleet.workers["p1"].cached[tuple(PROMPT[:-1])] = len(PROMPT) - 1
+            h.pool.workers["d0"].assigned += 4  # busy: four requests of this router in flight there
+            flow = RequestFlow(h.pool, h.fleet, dataclasses.replace(h.flow.config, local_prefill=policy))
+            try:
+                tokens, done, milestones = await collect(flow, job())
+            finally:
+                h.pool.workers["d0"].assigned -= 4
+            assert tokens == expected() and done is not None
+            assert not any((await settle(h.fleet)).values())
+            return done.local_prefill, "placement.prefill" in milestones
+
+    assert asyncio.run(run(prefill_holds=True)) == (False, True)
+    assert asyncio.run(run(prefill_holds=False)) == (True, False)

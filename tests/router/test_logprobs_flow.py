@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger, logprobs_at
-from router.flow import Done, NewTokens
+from router.flow import Done, NewTokens, RequestFlow
 from tests.router.flow_harness import MAX_TOKENS, PROMPT, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,8 +66,8 @@ def test_a_request_without_logprobs_gets_none_and_colocated_mode_carries_them_to
             assert [t for e in events for t in e.token_ids] == expected()
             assert all(e.logprobs == () for e in events)
         async with harness(prefill=()) as h:
-            h.flow.config = dataclasses.replace(h.flow.config, colocated=True)
-            events, _, milestones = await _collect(h.flow, _job())
+            flow = RequestFlow(h.flow.pool, h.flow.clients, dataclasses.replace(h.flow.config, colocated=True))
+            events, _, milestones = await _collect(flow, _job())
             assert "placement.prefill" not in milestones
             assert [lp for e in events for lp in e.logprobs] == _expected_logprobs()
 

@@ -1,0 +1,80 @@
+"""Where one attempt of a request runs: its decode worker (the longest cached prefix of it within
+a load slack), whether that worker prefills it itself (router/local_prefill.py), and its prefill
+worker. The choices are policies (router/placement.py, router/local_prefill.py); this file asks
+the workers what they hold (MatchPrefix probes, concurrently) and waits for usable ones."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pdserve.rpc.errors import Unavailable
+from router.clients import WorkerClients
+from router.local_prefill import LocalPrefillDecision
+from router.placement import NoWorker, choose_decode, choose_prefill
+from router.workers import Worker, WorkerPool
+
+if TYPE_CHECKING:
+    from router.flow import FlowConfig, FlowState, Job
+
+
+class Placer:
+    def __init__(self, pool: WorkerPool, clients: WorkerClients, config: FlowConfig):
+        self.pool = pool
+        self.clients = clients
+        self.config = config
+
+    async def decode(self, job: Job, state: FlowState) -> tuple[Worker, int]:
+        """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
+        workers = await self.pool.wait_usable("decode", self.wait_until(job))
+        prompt = (*job.prompt, *state.generated)
+        probed = [w for w in workers if w.address not in state.avoid["decode"]] or workers
+        local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
+        cached = await self.cached_prefixes("decode", prompt, probed, always=local_rule)
+        try:
+            decode = choose_decode(workers, cached, state.avoid["decode"])
+        except NoWorker as exc:
+            raise Unavailable(str(exc)) from None
+        return decode, cached.get(decode.address, 0)
+
+    async def local_prefill(self, job: Job, state: FlowState, decode: Worker, cached: int) -> LocalPrefillDecision:
+        """Colocated, a resume, or the policy's call; a remote prefill first waits for a usable
+        prefill worker (no decode blocks are reserved while none could fill them)."""
+        if self.config.colocated:
+            return LocalPrefillDecision(True, "colocated")
+        if state.generated:
+            return LocalPrefillDecision(True, "resume")
+        policy, prompt = self.config.local_prefill, job.prompt
+        prefill = self.pool.of_role("prefill")
+        prefill_cached: Mapping[str, int] = {}
+        if policy.wants_prefill_probe(len(prompt), cached, decode):
+            prefill_cached = await self.cached_prefixes("prefill", prompt, policy.idle(prefill), always=True)
+        decision = policy.decide(len(prompt), cached, decode, prefill, prefill_cached)
+        if not decision.local:
+            await self.pool.wait_usable("prefill", self.wait_until(job))
+        return decision
+
+    async def prefill(self, job: Job, state: FlowState) -> Worker:
+        workers = await self.pool.wait_usable("prefill", self.wait_until(job))
+        probed = [w for w in workers if w.address not in state.avoid["prefill"]]
+        cached = await self.cached_prefixes("prefill", job.prompt, probed)
+        try:
+            return choose_prefill(workers, cached, state.avoid["prefill"])
+        except NoWorker as exc:
+            raise Unavailable(str(exc)) from None
+
+    def wait_until(self, job: Job) -> float:
+        until = time.monotonic() + self.config.wait_for_worker_s
+        return until if job.deadline is None else min(until, job.deadline)
+
+    async def cached_prefixes(self, role: str, prompt: tuple[int, ...], workers: list[Worker],
+                              always: bool = False) -> dict[str, int]:
+        """MatchPrefix of each worker (concurrently); with one worker only when `always`."""
+        if len(workers) < (1 if always else 2):
+            return {}
+        client = self.clients.decode if role == "decode" else self.clients.prefill
+        counts = await asyncio.gather(*(client(w.address).match_prefix(prompt, self.config.probe_timeout_s)
+                                        for w in workers))
+        return {w.address: n for w, n in zip(workers, counts) if n is not None}
