@@ -148,8 +148,8 @@ class KVManager:
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> Allocation:
         """Blocks covering [0, num_computed_tokens + num_new_tokens); the whole table on success."""
         table = self._tables[request.request_id]
-        need = self.blocks_for(request.num_computed_tokens + num_new_tokens) - len(table.blocks)
-        if need <= 0:
+        need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(table.blocks)
+        if need <= 0:  # every running decode, every step: blocks_for inlined
             return table.allocated
         result = self._take(need, reserve)
         if isinstance(result, OutOfBlocks):
@@ -157,6 +157,19 @@ class KVManager:
         table.blocks.extend(result.blocks)
         table.refresh()
         return table.allocated
+
+    def tables_with_room(self, requests: Sequence[Request], start: int, limit: int) -> list[tuple[int, ...]]:
+        """Block tables of requests[start:], in order, while each already covers one more token
+        (allocate_slots(request, 1) would allocate nothing); at most `limit`. One call for the
+        decodes of a step that need no block, instead of one allocate_slots each."""
+        tables, block_size, out = self._tables, self.block_size, []
+        for i in range(start, min(len(requests), start + limit)):
+            request = requests[i]
+            table = tables[request.request_id]
+            if request.num_computed_tokens >= len(table.blocks) * block_size:
+                break
+            out.append(table.allocated.blocks)
+        return out
 
     def _take(self, n: int, reserve: int) -> Allocation:
         if n + reserve > self.num_available:
@@ -175,6 +188,15 @@ class KVManager:
         result = self.prefix.insert(TokenView(request, full * self.block_size), table.blocks, table.cursor)
         self._adopt(table, result)
         table.cursor, table.num_cached = result.last, full
+
+    def cache_all_computed(self, requests: Sequence[Request]) -> None:
+        """cache_computed for each request in order; the step's many that completed no block
+        cost no call."""
+        tables, block_size = self._tables, self.block_size
+        for request in requests:
+            table = tables.get(request.request_id)
+            if table is not None and request.num_computed_tokens // block_size > table.num_cached:
+                self.cache_computed(request)
 
     def _adopt(self, table: _Table, result: InsertResult) -> None:
         changed = False

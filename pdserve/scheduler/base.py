@@ -18,12 +18,14 @@ from pdserve.kv.manager import BlockHold, KVManager
 from pdserve.requests import FinishReason, Request, RequestState
 from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, PromptTooLongError, QueueFullError
 from pdserve.scheduler.finished_kv import FinishedKV, HoldAll
-from pdserve.scheduler.output import ScheduledChunk, SchedulerOutput
+from pdserve.scheduler.output import SchedulerOutput
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.results import Reservation, SchedulerStats
 from pdserve.scheduler.state import Queues
 from pdserve.scheduler.steps import Steps
-from pdserve.scheduler.stopping import stop_reason
+from pdserve.scheduler.stopping import StopRule
+
+_RUNNING = RequestState.RUNNING
 
 
 class Scheduler(abc.ABC):
@@ -40,6 +42,7 @@ class Scheduler(abc.ABC):
         self._finished: list[Request] = []
         self._reserved: list[Reservation] = []
         self._holds: dict[str, BlockHold] = {}
+        self._stops: dict[str, StopRule] = {}  # every live request's, built once at add
 
     @abc.abstractmethod
     def schedule(self) -> SchedulerOutput:
@@ -60,6 +63,7 @@ class Scheduler(abc.ABC):
         PromptTooLongError; nothing changes when it raises."""
         self._validate(request, request.num_tokens)
         self._q.add(request, self._clock(), remote=False)
+        self._stops[request.request_id] = StopRule.of(request, self.max_model_len)
 
     def add_remote(self, request: Request) -> None:
         """Queue a request whose prompt KV comes from a prefill worker (its first token may
@@ -67,6 +71,7 @@ class Scheduler(abc.ABC):
         listed by take_reserved() and it waits, unpreemptible, for mark_received()."""
         self._validate(request, request.num_tokens + (0 if request.output_token_ids else 1))
         self._q.add(request, self._clock(), remote=True)
+        self._stops[request.request_id] = StopRule.of(request, self.max_model_len)
 
     def _validate(self, request: Request, num_tokens: int) -> None:
         if request.request_id in self._q.requests:
@@ -89,7 +94,7 @@ class Scheduler(abc.ABC):
         request.num_computed_tokens = request.num_prompt_tokens
         self._q.received(request)
         self.kv.cache_computed(request)
-        reason = stop_reason(request, self.max_model_len)
+        reason = self._stops[request_id].reason(request)
         if reason is not None:
             self._finish(request, reason)
             self._finished.append(request)
@@ -99,26 +104,39 @@ class Scheduler(abc.ABC):
 
     def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
         """Advance every chunk, append sampled tokens, finish requests that are done (their
-        blocks go to the prefix cache, or into a hold). Returns the newly finished."""
-        finished = []
+        blocks go to the prefix cache, or into a hold). Returns the newly finished.
+        A request that ended after schedule() is skipped.
+        NOTE: the hot loop of a step's results. Newly complete blocks are cached in chunk order,
+        as one KV call for each run of chunks between finishes."""
+        finished: list[Request] = []
+        advanced: list[Request] = []  # since the last finish: their full blocks go to the cache
+        stops = self._stops
         for chunk in output.chunks:
-            request = chunk.request
-            if request.state == RequestState.RUNNING and self._advance(request, chunk, sampled):
-                finished.append(request)
+            request, num_tokens, samples = chunk.request, chunk.num_tokens, chunk.samples
+            if request.state is not _RUNNING:
+                continue
+            request.num_computed_tokens = chunk.start + num_tokens
+            if samples:
+                output_ids = request.output_token_ids
+                output_ids.append(token := sampled[request.request_id])
+                stop = stops[request.request_id]
+                if token in stop.stop_ids or len(output_ids) >= stop.max_output:
+                    self.kv.cache_all_computed(advanced)
+                    advanced = []
+                    self._stop(request, stop)
+                    finished.append(request)
+                    continue
+            if num_tokens != 1 or not samples:
+                self._q.progressed(request)
+            advanced.append(request)
+        self.kv.cache_all_computed(advanced)
         self.kv.end_step()
         return finished
 
-    def _advance(self, request: Request, chunk: ScheduledChunk, sampled: Mapping[str, int]) -> bool:
-        """True when the request finished. (A request that ended after schedule() is skipped.)"""
-        request.num_computed_tokens = chunk.end
-        if chunk.samples:
-            request.output_token_ids.append(sampled[request.request_id])
-            reason = stop_reason(request, self.max_model_len)
-            if reason is not None:
-                self._finish(request, reason)
-                return True
-        self.kv.cache_computed(request)
-        return False
+    def _stop(self, request: Request, stop: StopRule) -> None:
+        reason = stop.reason(request)
+        assert reason is not None, f"{request.request_id}: not done"
+        self._finish(request, reason)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason
@@ -127,6 +145,7 @@ class Scheduler(abc.ABC):
         if hold is not None:
             self._holds[request.request_id] = hold
         self._q.remove(request)
+        del self._stops[request.request_id]
 
     # ---- engine-level control ----
 

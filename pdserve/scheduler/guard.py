@@ -18,12 +18,23 @@ class VipReserve:
         self._kv = kv
         self._q = queues
         self._max_model_len = max_model_len
+        self._worst: dict[str, int] = {}  # worst case of each VIP holding blocks (fixed per request)
+        self._held = 0  # their sum, as of `_epoch`
+        self._epoch = -1
 
     def allows(self, request: Request) -> bool:
         if request.priority != Priority.VIP:
             return True
-        held = sum(self.worst_case_blocks(r) for r in self._q.vips.values())
-        return held + self.worst_case_blocks(request) <= self._kv.device.num_blocks
+        return self._held_blocks() + self.worst_case_blocks(request) <= self._kv.device.num_blocks
+
+    def _held_blocks(self) -> int:
+        """The worst case of every VIP holding blocks, summed again only when that set changed."""
+        if self._epoch != self._q.vip_epoch:
+            old = self._worst
+            self._worst = {rid: old[rid] if rid in old else self.worst_case_blocks(r)
+                           for rid, r in self._q.vips.items()}
+            self._held, self._epoch = sum(self._worst.values()), self._q.vip_epoch
+        return self._held
 
     def worst_case_blocks(self, request: Request) -> int:
         """NOTE: a request never outgrows prompt + max_tokens: it finishes there."""

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pdserve.requests import PreemptionMode, Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class ScheduledChunk:
-    """Compute `request.all_token_ids[start:start + num_tokens]` this step."""
+    """Compute `request.all_token_ids[start:start + num_tokens]` this step. Built by `make_chunk()`.
+    NOTE: never changed once made (not frozen: one is built for every decode of every step,
+    and a frozen dataclass costs several times as much to build)."""
 
     request: Request
     start: int
@@ -24,10 +26,7 @@ class ScheduledChunk:
     block_table: tuple[int, ...]  # device blocks covering [0, start + num_tokens)
     # True when the chunk reaches the last known token: a new token is sampled. Fixed when the
     # chunk is made (the request grows afterwards).
-    samples: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "samples", self.end == self.request.num_tokens)
+    samples: bool
 
     @property
     def end(self) -> int:
@@ -38,6 +37,11 @@ class ScheduledChunk:
         return self.num_tokens == 1 and self.start == self.request.num_tokens - 1 and bool(
             self.request.output_token_ids
         )
+
+
+def make_chunk(request: Request, start: int, num_tokens: int, block_table: tuple[int, ...]) -> ScheduledChunk:
+    """The chunk of `num_tokens` from `start`; `samples` from the request's length now."""
+    return ScheduledChunk(request, start, num_tokens, block_table, start + num_tokens == request.num_tokens)
 
 
 @dataclass(frozen=True)

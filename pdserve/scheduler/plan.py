@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pdserve.requests import Request
-from pdserve.scheduler.output import Preemption, SchedulerOutput, ScheduledChunk
+from pdserve.scheduler.output import Preemption, SchedulerOutput, ScheduledChunk, make_chunk
 from pdserve.scheduler.results import Reservation
 
 
@@ -23,10 +25,22 @@ class StepPlan:
         self.growth_reserve = 0  # blocks kept for decodes scheduled after admissions
 
     def add_chunk(self, request: Request, num_tokens: int, block_table: tuple[int, ...]) -> None:
-        self.chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_tokens, block_table))
+        self.chunks.append(make_chunk(request, request.num_computed_tokens, num_tokens, block_table))
         self.touched.add(request.request_id)
         self.budget_left -= num_tokens
         self.num_tokens += num_tokens
+
+    def add_decodes(self, requests: Sequence[Request], start: int, tables: Sequence[tuple[int, ...]]) -> None:
+        """add_chunk(request, 1, table) for requests[start:start + len(tables)], each lacking KV
+        for its last token alone (so each samples).
+        NOTE: every decode of every step comes through here, so the chunks are built in one
+        comprehension."""
+        scheduled = requests[start:start + len(tables)]
+        self.chunks.extend([ScheduledChunk(r, r.num_computed_tokens, 1, t, True)
+                            for r, t in zip(scheduled, tables)])
+        self.touched.update([r.request_id for r in scheduled])
+        self.budget_left -= len(tables)
+        self.num_tokens += len(tables)
 
     def output(self, finished: tuple[Request, ...]) -> SchedulerOutput:
         return SchedulerOutput(tuple(self.chunks), tuple(self.preempted), tuple(self.swap_out),

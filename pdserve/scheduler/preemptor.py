@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.kv.block_pool import Allocated, Allocation
+from pdserve.kv.block_pool import Allocated, Allocation, OutOfBlocks
 from pdserve.kv.manager import KVManager, SwapPlan
 from pdserve.requests import PreemptionMode, Request
 from pdserve.scheduler.output import Preemption
@@ -26,16 +26,22 @@ class Preemptor:
         """Blocks for the request's next num_new_tokens, preempting victims while short. The
         request itself may be the victim (it is then no longer running), unless the blocks it
         lacks are only pinned by holds: then it waits, as they come back when transfers end."""
+        result = self._kv.allocate_slots(request, num_new_tokens)
+        return result if isinstance(result, Allocated) else self.make_room(plan, request, num_new_tokens, result)
+
+    def make_room(self, plan: StepPlan, request: Request, num_new_tokens: int, short: OutOfBlocks) -> Allocation:
+        """`allocate` after its plain allocation came back `short`."""
         while True:
+            victim = self.pick(plan)
+            if victim is None or (victim is request and short.needed <= short.available + self._kv.num_held_only()):
+                return short
+            self.preempt(plan, victim, OUT_OF_BLOCKS)
+            if victim is request:
+                return short
             result = self._kv.allocate_slots(request, num_new_tokens)
             if isinstance(result, Allocated):
                 return result
-            victim = self.pick(plan)
-            if victim is None or (victim is request and result.needed <= result.available + self._kv.num_held_only()):
-                return result
-            self.preempt(plan, victim, OUT_OF_BLOCKS)
-            if victim is request:
-                return result
+            short = result
 
     def pick(self, plan: StepPlan, worse_than: int | None = None) -> Request | None:
         return self._victims.pick(self._q.running, plan.touched, lambda r: self._q.rank(r, plan.now), worse_than)

@@ -6,6 +6,8 @@
               └──reserve (remote)──> RUNNING, receiving ──received──> RUNNING, decoding
 
 `running` is ordered by (lane, admit_seq): decodes of higher classes are served first.
+`prefilling` is kept with it: the running requests lacking KV for more than one token (the rest
+are decodes). It changes only here and when a step's results arrive (`progressed`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ class Queues:
         self.running: list[Request] = []
         self.receiving: dict[str, Request] = {}
         self.remote: set[str] = set()  # waiting requests whose prompt KV comes from a prefill worker
+        self.prefilling: dict[str, Request] = {}  # running requests with more than one token to compute
         self.vips: dict[str, Request] = {}  # VIP requests holding device blocks (running, receiving)
+        self.vip_epoch = 0  # counts changes to `vips`, so a tally over them can be kept until it moves
         self._entered: dict[str, float] = {}
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
@@ -58,6 +62,7 @@ class Queues:
         (self.swapped if request.state == RequestState.SWAPPED else self.waiting).remove(request)
         self._start(request)
         bisect.insort(self.running, request, key=self._running_key)
+        self.progressed(request)
 
     def reserve(self, request: Request) -> None:
         """WAITING (remote) -> RUNNING, receiving its KV."""
@@ -69,17 +74,26 @@ class Queues:
         del self.receiving[request.request_id]
         self.remote.discard(request.request_id)
         bisect.insort(self.running, request, key=self._running_key)
+        self.progressed(request)
+
+    def progressed(self, request: Request) -> None:
+        """A running request's computed or known tokens changed: is it still prefilling?"""
+        if _uncomputed(request) > 1:
+            self.prefilling[request.request_id] = request
+        else:
+            self.prefilling.pop(request.request_id, None)
 
     def _start(self, request: Request) -> None:
         request.state = RequestState.RUNNING
         request.admit_seq = next(self._admissions)
         if request.priority == Priority.VIP:
             self.vips[request.request_id] = request
+            self.vip_epoch += 1
 
     def preempt(self, request: Request, mode: PreemptionMode) -> None:
         """RUNNING -> WAITING (recompute: KV dropped) or SWAPPED. Keeps its arrival place."""
         self.running.remove(request)
-        self.vips.pop(request.request_id, None)
+        self._leave(request)
         request.num_preemptions += 1
         entered = self._entered[request.request_id]
         if mode == PreemptionMode.SWAP:
@@ -104,7 +118,13 @@ class Queues:
         del self.requests[request.request_id]
         del self._entered[request.request_id]
         self.remote.discard(request.request_id)
-        self.vips.pop(request.request_id, None)
+        self._leave(request)
+
+    def _leave(self, request: Request) -> None:
+        """It no longer holds device blocks."""
+        self.prefilling.pop(request.request_id, None)
+        if self.vips.pop(request.request_id, None) is not None:
+            self.vip_epoch += 1
 
     def check_integrity(self, kv: KVManager) -> None:
         running, receiving = set(map(id, self.running)), set(map(id, self.receiving.values()))
@@ -118,6 +138,8 @@ class Queues:
         assert keys == sorted(keys), "running is out of order"
         holding = [r for r in (*self.running, *self.receiving.values()) if r.priority == Priority.VIP]
         assert set(map(id, holding)) == set(map(id, self.vips.values())), "VIP tally drifted"
+        prefilling = {r.request_id: r for r in self.running if _uncomputed(r) > 1}
+        assert prefilling == self.prefilling, "prefilling set drifted"
         for request in self.requests.values():
             _check_request(request, kv, request.request_id in self.receiving)
 
@@ -137,3 +159,8 @@ def _check_request(request: Request, kv: KVManager, receiving: bool) -> None:
     else:
         assert request.state == RequestState.WAITING and computed == 0, f"{rid} waiting with KV"
         assert not kv.has_blocks(rid) and not kv.host_blocks(rid)
+
+
+def _uncomputed(request: Request) -> int:
+    """Tokens without KV: 1 for a decode (Request.is_prefilling, inlined for the hot loop)."""
+    return len(request.prompt_token_ids) + len(request.output_token_ids) - request.num_computed_tokens

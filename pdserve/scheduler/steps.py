@@ -24,6 +24,7 @@ from pdserve.scheduler.results import Reservation
 from pdserve.scheduler.state import Queues
 
 ALL_GROUPS = (Group.RUNNING, Group.SWAPPED, Group.WAITING)
+_RUNNING = RequestState.RUNNING
 
 
 class Steps:
@@ -44,19 +45,42 @@ class Steps:
     def reserve_decode_growth(self, plan: StepPlan) -> None:
         """For policies that admit before decoding: keep the blocks this step's decodes grow
         into, so an admission or swap-in cannot take them (and be preempted right after)."""
-        plan.growth_reserve = sum(self._kv.num_new_blocks(r, 1) for r in self._q.running if _uncomputed(r) == 1)
+        decodes, i = self._decodes(plan), 0
+        while i < len(decodes):
+            i += len(self._kv.tables_with_room(decodes, i, len(decodes)))
+            if i < len(decodes):
+                plan.growth_reserve += 1  # a decode grows by one block at most
+                i += 1
 
     def decoding(self) -> bool:
-        return any(not r.is_prefilling for r in self._q.running)
+        return len(self._q.running) > len(self._q.prefilling)
 
     def decodes(self, plan: StepPlan) -> None:
-        """One token for every running decode, best class first, while the budget lasts."""
-        for request in tuple(self._q.running):
-            if plan.budget_left < 1:
-                return
-            if request.state == RequestState.RUNNING and request.request_id not in plan.touched \
-                    and _uncomputed(request) == 1:
-                self._chunk(plan, request, 1)
+        """One token for every running decode, best class first, while the budget lasts.
+        NOTE: the hot loop of a step. The decodes whose tables have room need no allocation:
+        they come in runs from one KV query; only one that needs a block goes through the
+        preemptor (which may preempt decodes further on: those are skipped)."""
+        decodes, i = self._decodes(plan), 0
+        while i < len(decodes) and plan.budget_left >= 1:
+            tables = self._kv.tables_with_room(decodes, i, plan.budget_left)
+            plan.add_decodes(decodes, i, tables)
+            i += len(tables)
+            if i < len(decodes) and plan.budget_left >= 1:
+                preempted = len(plan.preempted)
+                self._grow(plan, decodes[i])
+                i += 1
+                if len(plan.preempted) > preempted:
+                    decodes[i:] = [r for r in decodes[i:] if r.state is _RUNNING]
+
+    def _decodes(self, plan: StepPlan) -> list[Request]:
+        """Running decodes not yet in this step, in running order."""
+        skip = plan.touched.union(self._q.prefilling) if plan.touched else self._q.prefilling
+        return [r for r in self._q.running if r.request_id not in skip] if skip else list(self._q.running)
+
+    def _grow(self, plan: StepPlan, request: Request) -> None:
+        result = self._preemptor.allocate(plan, request, 1)
+        if isinstance(result, Allocated):
+            plan.add_chunk(request, 1, result.blocks)
 
     def prefills(self, plan: StepPlan, groups: Collection[Group] = ALL_GROUPS) -> None:
         running = self._running_prefills(plan) if Group.RUNNING in groups else []
@@ -111,7 +135,7 @@ class Steps:
         found once per step (requests preempted later in the step are skipped when met)."""
         if plan.prefilling is None:
             plan.prefilling = sorted(Candidate(self._q.rank(r, plan.now), Group.RUNNING, r.arrival_seq, r)
-                                     for r in self._q.running if _uncomputed(r) > 1)
+                                     for r in self._q.prefilling.values())
         return plan.prefilling
 
     def _admissions(self, plan: StepPlan, groups: Collection[Group]) -> Iterator[Candidate]:
@@ -190,7 +214,3 @@ class Steps:
         plan.add_chunk(request, n, result.blocks)
         return True
 
-
-def _uncomputed(request: Request) -> int:
-    """Tokens without KV: 1 for a decode (Request.is_prefilling, inlined for the hot loop)."""
-    return len(request.prompt_token_ids) + len(request.output_token_ids) - request.num_computed_tokens
