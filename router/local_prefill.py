@@ -37,7 +37,7 @@ class LocalPrefillPolicy:
     max_uncached_tokens: int = 256  # the most a decode worker computes of a prompt (0: never locally)
     min_cached_fraction: float = 0.5  # of the prompt the decode worker must hold, for "cached"
     busy_prefill_requests: int = 0  # a prefill worker's queue that makes it "busy" (0: never, the default)
-    busy_decode_requests: int = 4  # a decode worker's requests in flight that make it "busy" (0: never)
+    busy_decode_requests: int = 0  # a decode worker's requests in flight that make it "busy" (0: never, the default)
 
     def decide(self, prompt_tokens: int, decode_cached: int, decode: Worker, prefill_workers: Sequence[Worker],
                prefill_cached: Mapping[str, int] | None = None) -> LocalPrefillDecision:

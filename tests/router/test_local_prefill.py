@@ -64,7 +64,7 @@ def test_a_busy_decode_worker_holding_the_conversation_gives_its_rest_to_a_prefi
     from router.flow import RequestFlow
     from tests.router.flow_harness import PROMPT, collect, expected, harness, job, settle
 
-    policy = LocalPrefillPolicy(max_uncached_tokens=16)  # the 40-token prompt is too long to compute whole
+    policy = LocalPrefillPolicy(max_uncached_tokens=16, busy_decode_requests=4)  # 40 tokens: too many to compute
 
     async def run(prefill_holds: bool):
         async with harness() as h:
