@@ -163,8 +163,7 @@ class KVManager:
         (allocate_slots(request, 1) would allocate nothing); at most `limit`. One call for the
         decodes of a step that need no block, instead of one allocate_slots each."""
         tables, block_size, out = self._tables, self.block_size, []
-        for i in range(start, min(len(requests), start + limit)):
-            request = requests[i]
+        for request in itertools.islice(requests, start, start + limit):
             table = tables[request.request_id]
             if request.num_computed_tokens >= len(table.blocks) * block_size:
                 break

@@ -3,7 +3,9 @@
 A request's rank is its effective class (lower is served first); within a rank, earlier
 arrival first (`arrival_seq`, which survives preemption, so a victim keeps its place).
 NOTE: along one lane sorted by arrival, rank never decreases (older requests waited longer),
-so the lanes merge into one ordered stream without sorting.
+so the lanes merge into one ordered stream without sorting. And a request's rank never rises
+as it waits longer, nor above its lane: the preemptor relies on it to remember that no running
+request ranks below a class (see Preemptor.pick).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pdserve.kv.block_pool import Allocated, Allocation, OutOfBlocks
 from pdserve.kv.manager import KVManager, SwapPlan
 from pdserve.requests import PreemptionMode, Request
@@ -15,12 +17,18 @@ OUT_OF_BLOCKS = "out_of_blocks"
 HIGHER_PRIORITY_WAITING = "higher_priority_waiting"
 
 
+class _NobodyWorse(NamedTuple):
+    rank: int  # no running request (not protected, not VIP) ranks worse than this...
+    epoch: int  # ...while Queues.running_epoch is still this
+
+
 class Preemptor:
     def __init__(self, kv: KVManager, queues: Queues, victims: VictimPolicy, modes: PreemptionModePolicy):
         self._kv = kv
         self._q = queues
         self._victims = victims
         self._modes = modes
+        self._nobody_worse: _NobodyWorse | None = None
 
     def allocate(self, plan: StepPlan, request: Request, num_new_tokens: int) -> Allocation:
         """Blocks for the request's next num_new_tokens, preempting victims while short. The
@@ -44,7 +52,21 @@ class Preemptor:
             short = result
 
     def pick(self, plan: StepPlan, worse_than: int | None = None) -> Request | None:
-        return self._victims.pick(self._q.running, plan.touched, lambda r: self._q.rank(r, plan.now), worse_than)
+        """The victim policy's choice. NOTE: once it finds nobody worse than a rank with nobody
+        running protected, that holds until a request joins `running`: ranks only fall as time
+        passes, and leaving `running` removes candidates. So the step that finds every running
+        request lifted by aging to the best waiting one's class does not rescan them all."""
+        if worse_than is not None and self.known_nobody_worse(worse_than):
+            return None
+        victim = self._victims.pick(self._q.running, plan.touched, lambda r: self._q.rank(r, plan.now), worse_than)
+        if victim is None and worse_than is not None and not any(r.request_id in plan.touched for r in self._q.running):
+            self._nobody_worse = _NobodyWorse(worse_than, self._q.running_epoch)
+        return victim
+
+    def known_nobody_worse(self, rank: int) -> bool:
+        """True when pick(worse_than=rank) is known to find nobody."""
+        known = self._nobody_worse
+        return known is not None and known.epoch == self._q.running_epoch and rank >= known.rank
 
     def preempt(self, plan: StepPlan, victim: Request, reason: str) -> None:
         mode = self._modes.choose(victim.num_computed_tokens, self._kv.host.num_free)

@@ -34,6 +34,7 @@ class Queues:
         self.prefilling: dict[str, Request] = {}  # running requests with more than one token to compute
         self.vips: dict[str, Request] = {}  # VIP requests holding device blocks (running, receiving)
         self.vip_epoch = 0  # counts changes to `vips`, so a tally over them can be kept until it moves
+        self.running_epoch = 0  # counts requests joining `running` (leaving it never bumps it)
         self._entered: dict[str, float] = {}
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
@@ -61,8 +62,7 @@ class Queues:
         """WAITING or SWAPPED -> RUNNING."""
         (self.swapped if request.state == RequestState.SWAPPED else self.waiting).remove(request)
         self._start(request)
-        bisect.insort(self.running, request, key=self._running_key)
-        self.progressed(request)
+        self._run(request)
 
     def reserve(self, request: Request) -> None:
         """WAITING (remote) -> RUNNING, receiving its KV."""
@@ -73,7 +73,11 @@ class Queues:
     def received(self, request: Request) -> None:
         del self.receiving[request.request_id]
         self.remote.discard(request.request_id)
+        self._run(request)
+
+    def _run(self, request: Request) -> None:
         bisect.insort(self.running, request, key=self._running_key)
+        self.running_epoch += 1
         self.progressed(request)
 
     def progressed(self, request: Request) -> None:

@@ -101,7 +101,8 @@ class Steps:
             return
         queued = self._queued(plan, (Group.SWAPPED, Group.WAITING))
         head = next(heapq.merge(self._running_prefills(plan), queued), None)
-        if head is None or head.rank >= self._q.order.lane(self._q.running[-1]):
+        if head is None or head.rank >= self._q.order.lane(self._q.running[-1]) \
+                or self._preemptor.known_nobody_worse(head.rank):
             return
         need = self._blocks_to_start(head, plan)
         if self._fits(plan, head, need) or not self._guard.allows(head.request):
