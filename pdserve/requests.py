@@ -123,3 +123,12 @@ class Request:
     def is_prefilling(self) -> bool:
         """True while more than one token lacks KV (a decode step computes exactly one)."""
         return self.num_tokens - self.num_computed_tokens > 1
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One sampled token's log-probability and its best alternatives (see pdserve/sampling/logprobs.py)."""
+
+    token_id: int  # the sampled token
+    logprob: float  # its log-probability
+    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob) of the k most likely, best first

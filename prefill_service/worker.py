@@ -31,7 +31,7 @@ from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
 from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
 from pdserve.transfer.wire import check_secret

@@ -11,7 +11,7 @@ from pdserve.requests import FinishReason, Priority, SamplingParams, Usage
 from pdserve.tokenizer import ChatMessage
 
 if TYPE_CHECKING:
-    from pdserve.sampling.logprobs import TokenLogprobs
+    from pdserve.requests import TokenLogprobs
 
 
 @dataclass(frozen=True)

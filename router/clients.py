@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 
 
 class FaultKind(enum.Enum):

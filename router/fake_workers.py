@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 from router.clients import Call, FaultKind, WorkerFault, WorkerSnapshot
 
 if TYPE_CHECKING:

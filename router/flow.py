@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pdserve.config import DeadlineConfig
 from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 from router.clients import (
     Call,
     Chunk,

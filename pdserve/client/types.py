@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.requests import Usage
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs, Usage
 from pdserve.tokenizer import ChatMessage as Message  # role (system, user or assistant) and content
 
 __all__ = ["Chunk", "Completion", "Message", "PdserveError", "Timings", "TokenLogprobs", "Usage"]

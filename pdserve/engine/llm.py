@@ -19,7 +19,7 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.outputs import RequestOutput
 from pdserve.requests import FinishReason, Priority, Request, SamplingParams
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 from pdserve.tokenizer import ChatMessage, Tokenizer, load_tokenizer
 
 Prompt = str | Sequence[int] | Sequence[ChatMessage]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdserve.requests import Request
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 from pdserve.scheduler.output import Preemption, ScheduledChunk
 from pdserve.scheduler.results import Reservation
 

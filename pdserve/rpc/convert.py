@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 from pdserve.v1 import generation_pb2 as pb
 
 DEFAULT_SAMPLING = SamplingParams()

@@ -18,18 +18,12 @@ ask cost nothing and get nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
+from pdserve.requests import TokenLogprobs
+
 MAX_LOGPROBS = 20
-
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int  # the sampled token
-    logprob: float  # its log-probability
-    top: tuple[tuple[int, float], ...] = ()  # (token_id, logprob) of the k most likely, best first
 
 
 def token_logprobs(

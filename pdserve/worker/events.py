@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdserve.requests import FinishReason
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pytest
 
 from pdserve.engine.errors import InvalidRequestError
 from pdserve.requests import FinishReason, Priority
-from pdserve.sampling.logprobs import TokenLogprobs
+from pdserve.requests import TokenLogprobs
 from router.asks import ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
 from router.http.openai_requests import chat_request, completion_request
 from router.http.openai_responses import Reply
