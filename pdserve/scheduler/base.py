@@ -117,9 +117,9 @@ class Scheduler(abc.ABC):
                 continue
             request.num_computed_tokens = chunk.start + num_tokens
             if samples:
-                output_ids = request.output_token_ids
-                output_ids.append(token := sampled[request.request_id])
-                stop = stops[request.request_id]
+                rid, output_ids = request.request_id, request.output_token_ids
+                output_ids.append(token := sampled[rid])
+                stop = stops[rid]
                 if token in stop.stop_ids or len(output_ids) >= stop.max_output:
                     self.kv.cache_all_computed(advanced)
                     advanced = []

@@ -9,6 +9,7 @@ The executor (engine model runner, or the simulator's cost model) must, in this 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pdserve.requests import PreemptionMode, Request
@@ -37,6 +38,20 @@ class ScheduledChunk:
         return self.num_tokens == 1 and self.start == self.request.num_tokens - 1 and bool(
             self.request.output_token_ids
         )
+
+
+def decode_chunks(requests: Iterable[Request], tables: Iterable[tuple[int, ...]]) -> list[ScheduledChunk]:
+    """One-token chunks at each request's first uncomputed token, which is its last (so each
+    samples), with its block table.
+    NOTE: built for every decode of every step: each chunk's slots are set directly, skipping
+    the generated __init__ (a third of the cost of building one)."""
+    chunks, new = [], object.__new__
+    for request, table in zip(requests, tables):
+        chunk = new(ScheduledChunk)
+        chunk.request, chunk.start, chunk.num_tokens = request, request.num_computed_tokens, 1
+        chunk.block_table, chunk.samples = table, True
+        chunks.append(chunk)
+    return chunks
 
 
 def make_chunk(request: Request, start: int, num_tokens: int, block_table: tuple[int, ...]) -> ScheduledChunk:

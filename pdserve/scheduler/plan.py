@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from operator import attrgetter
+
 from pdserve.requests import Request
-from pdserve.scheduler.output import Preemption, SchedulerOutput, ScheduledChunk, make_chunk
+from pdserve.scheduler.output import Preemption, SchedulerOutput, ScheduledChunk, decode_chunks, make_chunk
 from pdserve.scheduler.results import Reservation
+
+_request_id = attrgetter("request_id")
 
 
 class StepPlan:
@@ -33,12 +37,10 @@ class StepPlan:
     def add_decodes(self, requests: Sequence[Request], start: int, tables: Sequence[tuple[int, ...]]) -> None:
         """add_chunk(request, 1, table) for requests[start:start + len(tables)], each lacking KV
         for its last token alone (so each samples).
-        NOTE: every decode of every step comes through here, so the chunks are built in one
-        comprehension."""
+        NOTE: every decode of every step comes through here, a run at a time."""
         scheduled = requests[start:start + len(tables)]
-        self.chunks.extend([ScheduledChunk(r, r.num_computed_tokens, 1, t, True)
-                            for r, t in zip(scheduled, tables)])
-        self.touched.update([r.request_id for r in scheduled])
+        self.chunks.extend(decode_chunks(scheduled, tables))
+        self.touched.update(map(_request_id, scheduled))
         self.budget_left -= len(tables)
         self.num_tokens += len(tables)
 
