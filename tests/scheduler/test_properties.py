@@ -87,12 +87,6 @@ class Driver:
                 del self.receiving_since[rid]
                 if self.s.get(rid) is not None:
                     self.s.mark_received(rid, first_token=999)
-        every = self.sc["hold_every"]
-        if every and self.step_no % every == 0:
-            for r in self.requests:
-                hold = self.s.hold(r.request_id)
-                if hold is not None:
-                    self.holds.append((self.step_no + 2, hold))
         for due, hold in [h for h in self.holds if h[0] <= self.step_no or not self.busy_requests()]:
             self.s.release_hold(hold)
             self.holds.remove((due, hold))
@@ -109,8 +103,20 @@ class Driver:
         self.s.update(output, sampled)
         self.s.check_integrity()
         self.holds += [(self.step_no + 1, hold) for hold in self.s.take_holds().values()]
+        self.hold_computed(output)
         self.clock.advance(0.25)
         self.step_no += 1
+
+    def hold_computed(self, output: SchedulerOutput) -> None:
+        """As a prefill worker's engine does: a hold on each running request this step computed
+        (its new KV is being sent), given back two steps later."""
+        every = self.sc["hold_every"]
+        if not every or self.step_no % every:
+            return
+        for chunk in output.chunks:
+            hold = self.s.hold(chunk.request.request_id)
+            if hold is not None:
+                self.holds.append((self.step_no + 2, hold))
 
     def busy_requests(self) -> bool:
         pending = any(a["at_step"] >= self.step_no for a in self.sc["arrivals"])
