@@ -29,9 +29,8 @@ from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRe
 from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
-from pdserve.requests import Priority, Request, SamplingParams
+from pdserve.requests import Priority, Request, SamplingParams, TokenLogprobs
 from pdserve.rpc.bounds import check_id, check_timeout
-from pdserve.requests import TokenLogprobs
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
 from pdserve.transfer.wire import check_secret

@@ -20,8 +20,7 @@ import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.requests import TokenLogprobs
+from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
 
 
 class FaultKind(enum.Enum):

@@ -20,8 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from pdserve.config import DeadlineConfig
-from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.requests import TokenLogprobs
+from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
 from router.clients import (
     Call,
     Chunk,

@@ -18,8 +18,7 @@ from pdserve.config import EngineConfig
 from pdserve.engine.engine import Engine
 from pdserve.engine.text_stream import TextStream
 from pdserve.engine.outputs import RequestOutput
-from pdserve.requests import FinishReason, Priority, Request, SamplingParams
-from pdserve.requests import TokenLogprobs
+from pdserve.requests import FinishReason, Priority, Request, SamplingParams, TokenLogprobs
 from pdserve.tokenizer import ChatMessage, Tokenizer, load_tokenizer
 
 Prompt = str | Sequence[int] | Sequence[ChatMessage]

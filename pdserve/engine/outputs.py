@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdserve.requests import Request
-from pdserve.requests import TokenLogprobs
+from pdserve.requests import Request, TokenLogprobs
 from pdserve.scheduler.output import Preemption, ScheduledChunk
 from pdserve.scheduler.results import Reservation
 

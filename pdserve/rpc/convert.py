@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.requests import TokenLogprobs
+from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
 from pdserve.v1 import generation_pb2 as pb
 
 DEFAULT_SAMPLING = SamplingParams()

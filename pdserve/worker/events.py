@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.requests import FinishReason
-from pdserve.requests import TokenLogprobs
+from pdserve.requests import FinishReason, TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdserve.engine.errors import InvalidRequestError
-from pdserve.requests import FinishReason, Priority
-from pdserve.requests import TokenLogprobs
+from pdserve.requests import FinishReason, Priority, TokenLogprobs
 from router.asks import ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
 from router.http.openai_requests import chat_request, completion_request
 from router.http.openai_responses import Reply
