@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from pdserve.transfer.descriptors import BlockRun
+from pdserve.transfer.head_slices import HeadSlice
 
 Pairs = Sequence[tuple[int, int]]
 
@@ -115,9 +116,10 @@ class KVReceiver(ABC):
 
     @abstractmethod
     async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
-                     secret: bytes) -> TransferResult:
+                     secret: bytes, heads: HeadSlice | None = None) -> TransferResult:
         """Post receives into exactly the dst blocks of `pairs`, for a sender holding `secret`
-        only, and wait until all data arrived.
+        only, and wait until all data arrived. `heads`: the piece carries only these of the
+        pool's heads (None: whole blocks); pieces of disjoint slices may share blocks.
 
         Raises TransferTimeout at the deadline and TransferCancelled on `cancel`, after
         withdrawing everything it posted; TransferError when the sender's layout differs;
@@ -143,10 +145,13 @@ class KVSender(ABC):
 
     @abstractmethod
     async def send(
-        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes,
+        heads: HeadSlice | None = None
     ) -> TransferResult:
         """Send src blocks of `pairs` into the peer's dst blocks; returns once the peer has them.
         `secret` is the one the receiver expects the piece under (ValueError when malformed).
+        `heads`: only these of this pool's heads (None: whole blocks); the receiver's slice must
+        be as wide, else the layouts differ.
 
         Success means delivered: a receiver whose expected layout differs refuses the piece on
         its side (its `expect` raises), which a one-way transport may not report back here.

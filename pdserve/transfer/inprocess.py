@@ -5,7 +5,8 @@ an address is an opaque key into that fabric. The semantics follow the UCX trans
 waits until its piece is expected under the secret it holds (or its deadline passes: a sender
 with another secret never finds the piece, as its UCX tags would match no receive), copies run
 by run, and a piece withdrawn by the receiver stops before the next run, so nothing is written
-after `cancel` returns. Everything runs on one asyncio loop.
+after `cancel` returns. A slice of heads (`head_slices`) is copied from the sender's strided
+view into the receiver's. Everything runs on one asyncio loop.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from pdserve.transfer.base import CancelResult, KVReceiver, KVSender, KVTransport, Pairs, TransferResult, pool_bytes
 from pdserve.transfer.base import TransferCancelled, TransferError, TransferRejected, TransferTimeout
 from pdserve.transfer.descriptors import BlockRun, check_bounds, merge_runs, split_runs, total_blocks
+from pdserve.transfer.head_slices import HeadSlice, block_view, checked_slice, pool_shape, slice_nbytes
 from pdserve.transfer.ledger import Ledger
 from pdserve.transfer.wire import check_secret
 
@@ -54,7 +56,8 @@ class _Piece:
     transfer_id: str
     seq: int
     runs: tuple[BlockRun, ...]
-    block_nbytes: int
+    heads: HeadSlice
+    slice_shape: tuple[int, ...]  # [layers, 2, block_size, heads, head_dim] of what lands per block
     secret: bytes = field(repr=False)
     started: float
     done: asyncio.Future = field(repr=False)
@@ -62,6 +65,7 @@ class _Piece:
 
 class InProcessReceiver(KVReceiver):
     def __init__(self, fabric: InProcessFabric, pool: torch.Tensor):
+        self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._fabric = fabric
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
@@ -73,17 +77,18 @@ class InProcessReceiver(KVReceiver):
         return self._address
 
     async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
-                     secret: bytes) -> TransferResult:
+                     secret: bytes, heads: HeadSlice | None = None) -> TransferResult:
         if self._closed:
             raise TransferRejected("receiver closed")
         try:
             check_secret(secret)
+            heads = checked_slice(self.pool, heads)
         except ValueError as exc:
             raise TransferRejected(str(exc)) from exc
         runs = merge_runs(pairs)
-        piece = _Piece(transfer_id, seq, runs, self.bytes.shape[1], secret, time.perf_counter(),
+        piece = _Piece(transfer_id, seq, runs, heads, _slice_shape(self.pool, heads), secret, time.perf_counter(),
                        asyncio.get_running_loop().create_future())
-        self._ledger.admit(transfer_id, seq, runs, piece)
+        self._ledger.admit(transfer_id, seq, runs, piece, heads)
         self._wake_senders(piece)
         try:
             await asyncio.wait({piece.done}, timeout=timeout_s)
@@ -149,6 +154,10 @@ class InProcessReceiver(KVReceiver):
             self._waiters.pop(key, None)
 
 
+def _slice_shape(pool: torch.Tensor, heads: HeadSlice) -> tuple[int, ...]:
+    return tuple(block_view(pool, 0, 1, heads).shape[1:])
+
+
 def _resolve(waiter: asyncio.Future, value: object) -> None:
     if waiter.done():
         return
@@ -162,34 +171,38 @@ class InProcessSender(KVSender):
     """Copies at most max_copy_bytes (whole blocks) between yields to the loop."""
 
     def __init__(self, fabric: InProcessFabric, pool: torch.Tensor, max_copy_bytes: int = 16 << 20):
+        self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._fabric = fabric
         self._max_blocks = max(1, max_copy_bytes // self.bytes.shape[1])
         self._closed = False
 
     async def send(
-        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes,
+        heads: HeadSlice | None = None
     ) -> TransferResult:
         started = time.perf_counter()
         check_secret(secret)
+        heads = checked_slice(self.pool, heads)
         runs = merge_runs(pairs)
         check_bounds(runs, self.bytes.shape[0], "src")
         receiver = self._fabric.lookup(peer_address)
         piece = await receiver.posted(transfer_id, seq, secret, timeout_s)
-        self._check_layout(receiver, piece, runs)
+        self._check_layout(receiver, piece, runs, heads)
         for run in split_runs(runs, self._max_blocks):
             self._check_live(piece, started, timeout_s)
-            receiver.bytes[run.dst_start : run.dst_start + run.count].copy_(
-                self.bytes[run.src_start : run.src_start + run.count]
-            )
+            block_view(receiver.pool, run.dst_start, run.count, piece.heads).copy_(
+                block_view(self.pool, run.src_start, run.count, heads))
             await asyncio.sleep(0)
         self._check_live(piece, started, timeout_s)
-        nbytes = total_blocks(runs) * self.bytes.shape[1]
+        nbytes = total_blocks(runs) * slice_nbytes(pool_shape(self.pool), heads, self.pool.element_size())
         receiver.finish(piece, TransferResult(transfer_id, seq, nbytes, runs, time.perf_counter() - piece.started))
         return TransferResult(transfer_id, seq, nbytes, runs, time.perf_counter() - started)
 
-    def _check_layout(self, receiver: InProcessReceiver, piece: _Piece, runs: tuple[BlockRun, ...]) -> None:
-        if piece.runs == runs and piece.block_nbytes == self.bytes.shape[1]:
+    def _check_layout(self, receiver: InProcessReceiver, piece: _Piece, runs: tuple[BlockRun, ...],
+                      heads: HeadSlice) -> None:
+        same_dtype = receiver.pool.dtype == self.pool.dtype
+        if piece.runs == runs and piece.slice_shape == _slice_shape(self.pool, heads) and same_dtype:
             return
         error = TransferError(f"piece ({piece.transfer_id!r}, {piece.seq}): sender and receiver layouts differ")
         receiver.finish(piece, error)

@@ -3,6 +3,10 @@
 A piece (transfer_id, seq, pairs) travels as one tag message per run (cut at max_message_bytes)
 and a manifest message last (`wire`). The receiver posts one receive per message into the
 exact byte range of its dst blocks, plus one for the manifest into a small buffer of its own.
+A piece of some of a pool's heads (`head_slices`; tensor-parallel ranks of different sizes)
+travels packed: the sender packs each run's slice into a buffer of its own, the receiver posts
+into a staging buffer and unpacks into its blocks once the manifest matched (so nothing of a
+withdrawn or mismatched piece ever reaches the pool).
 
 How nothing unexpected lands in the pool: the receiver posts receives only in `expect`, each
 with a full-mask tag of that piece, keyed by the transfer's secret (`wire`): only a sender that
@@ -48,6 +52,7 @@ from pdserve.transfer.descriptors import (
     runs_digest,
     total_blocks,
 )
+from pdserve.transfer.head_slices import HeadSlice, checked_slice, pack, pool_shape, slice_nbytes, unpack
 from pdserve.transfer.ledger import Ledger
 from pdserve.transfer.ucx_worker import Batch, UcxWorker
 from pdserve.transfer.wire import (
@@ -105,6 +110,8 @@ class _Piece:
     expected: bytes
     manifest: np.ndarray  # [MANIFEST_NBYTES] uint8, what arrived
     key: int  # the tag key of its messages
+    heads: HeadSlice
+    staging: torch.Tensor | None = None  # [blocks, slice_nbytes] uint8 for a packed slice, else None
     started: float = field(default_factory=time.perf_counter)
     batch: Batch | None = None
 
@@ -112,8 +119,13 @@ class _Piece:
         return f"piece ({self.transfer_id!r}, {self.seq})"
 
 
+def _slice_nbytes(pool: torch.Tensor, heads: HeadSlice) -> int:
+    return slice_nbytes(pool_shape(pool), heads, pool.element_size())
+
+
 class UcxReceiver(KVReceiver):
     def __init__(self, pool: torch.Tensor, config: UcxConfig):
+        self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         _prefault(self.bytes)
         self._config = config
@@ -127,8 +139,8 @@ class UcxReceiver(KVReceiver):
         return self._address
 
     async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
-                     secret: bytes) -> TransferResult:
-        piece = self._post(transfer_id, seq, pairs, secret)
+                     secret: bytes, heads: HeadSlice | None = None) -> TransferResult:
+        piece = self._post(transfer_id, seq, pairs, secret, heads)
         try:
             if not await self._worker.wait(piece.batch, timeout_s):
                 raise self._withdraw(piece, TransferTimeout(f"{piece.name()} timed out after {timeout_s} s"))
@@ -138,29 +150,45 @@ class UcxReceiver(KVReceiver):
                 self._withdraw(piece, TransferCancelled(f"{piece.name()}: expect was cancelled"))
             self._forget(piece)
 
-    def _post(self, transfer_id: str, seq: int, pairs: Pairs, secret: bytes) -> _Piece:
+    def _post(self, transfer_id: str, seq: int, pairs: Pairs, secret: bytes, heads: HeadSlice | None) -> _Piece:
         if self._closed:
             raise TransferRejected("receiver closed")
-        block_nbytes = self.bytes.shape[1]
         try:
+            heads = checked_slice(self.pool, heads)
+            block_nbytes = _slice_nbytes(self.pool, heads)
             messages = _plan(pairs, block_nbytes, self._config)
             key = piece_key(secret, transfer_id, seq)
             tags = piece_tags(key, len(messages))
         except ValueError as exc:
             raise TransferRejected(str(exc)) from exc
         piece = _Piece(transfer_id, seq, messages, _manifest(messages, block_nbytes),
-                       np.zeros(MANIFEST_NBYTES, np.uint8), key)
-        self._ledger.admit(transfer_id, seq, messages, piece)
+                       np.zeros(MANIFEST_NBYTES, np.uint8), key, heads)
+        self._ledger.admit(transfer_id, seq, messages, piece, heads)
         if not self._keys.acquire(key, piece):
             self._ledger.remove(transfer_id, seq)
             raise TransferRejected(f"{piece.name()}: tag key collides with a live piece")
-        buffers = [_buffer(self.bytes[m.dst_start : m.dst_start + m.count]) for m in messages]
+        buffers = self._targets(piece, block_nbytes)
         try:
             piece.batch = self._worker.recv(list(zip(buffers + [piece.manifest], tags)))
         except Exception as exc:
             self._forget(piece)
             raise TransferError(f"{piece.name()}: cannot post receives: {exc}") from exc
         return piece
+
+    def _targets(self, piece: _Piece, block_nbytes: int) -> list[Any]:
+        """Where each message lands: its dst blocks, or for a packed slice its rows of the staging buffer."""
+        if piece.heads.is_whole(self.pool.shape[4]):
+            return [_buffer(self.bytes[m.dst_start : m.dst_start + m.count]) for m in piece.messages]
+        piece.staging = torch.empty((total_blocks(piece.messages), block_nbytes), dtype=torch.uint8,
+                                    device=self.pool.device)
+        starts = np.cumsum([0] + [m.count for m in piece.messages])
+        return [_buffer(piece.staging[a:b]) for a, b in zip(starts[:-1], starts[1:])]
+
+    def _unpack(self, piece: _Piece) -> None:
+        row = 0
+        for m in piece.messages:
+            unpack(self.pool, m.dst_start, piece.heads, piece.staging[row : row + m.count])
+            row += m.count
 
     def _forget(self, piece: _Piece) -> None:
         if self._ledger.lookup(piece.transfer_id, piece.seq) is piece:
@@ -176,7 +204,9 @@ class UcxReceiver(KVReceiver):
         if piece.manifest.tobytes() != piece.expected:
             self._ledger.retire(piece.transfer_id)
             raise TransferError(f"{piece.name()}: the sender's layout or block size differs")
-        nbytes = total_blocks(piece.messages) * self.bytes.shape[1]
+        if piece.staging is not None:
+            self._unpack(piece)
+        nbytes = total_blocks(piece.messages) * _slice_nbytes(self.pool, piece.heads)
         return TransferResult(piece.transfer_id, piece.seq, nbytes, join_runs(piece.messages),
                               time.perf_counter() - piece.started)
 
@@ -184,10 +214,12 @@ class UcxReceiver(KVReceiver):
         """Cancel what the piece posted, fail it with `error` (+ unsafe blocks), retire its id."""
         stuck = self._worker.withdraw(piece.batch, self._config.drain_s)
         self._forget(piece)
+        into_pool = piece.staging is None  # a staged receive writes only its own buffer, kept until it settles
         error.unsafe_blocks = tuple(
-            b for i in stuck if i < len(piece.messages) for b in piece.messages[i].dst_blocks()
+            b for i in stuck if into_pool and i < len(piece.messages) for b in piece.messages[i].dst_blocks()
         )
-        error.settled = self._worker.settling(piece.batch, stuck) if error.unsafe_blocks else None
+        settled = self._worker.settling(piece.batch, stuck) if stuck else None
+        error.settled = settled if error.unsafe_blocks else None
         piece.batch.fail(error)
         self._ledger.retire(piece.transfer_id)
         return error
@@ -210,6 +242,7 @@ class UcxReceiver(KVReceiver):
 
 class UcxSender(KVSender):
     def __init__(self, pool: torch.Tensor, config: UcxConfig):
+        self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._config = config
         self._worker = config.worker()
@@ -217,23 +250,31 @@ class UcxSender(KVSender):
         self._closed = False
 
     async def send(
-        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes
+        self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes,
+        heads: HeadSlice | None = None
     ) -> TransferResult:
         started = time.perf_counter()
         deadline = time.monotonic() + timeout_s
-        block_nbytes = self.bytes.shape[1]
+        heads = checked_slice(self.pool, heads)
+        block_nbytes = _slice_nbytes(self.pool, heads)
         messages = _plan(pairs, block_nbytes, self._config)
         check_bounds(messages, self.bytes.shape[0], "src")
         tags = piece_tags(piece_key(secret, transfer_id, seq), len(messages))
         name = f"piece ({transfer_id!r}, {seq})"
         endpoint = self._endpoint(peer_address)
-        data = [(_buffer(self.bytes[m.src_start : m.src_start + m.count]), tag) for m, tag in zip(messages, tags)]
+        data = list(zip(self._sources(messages, heads), tags))
         await self._finish(peer_address, self._worker.send(endpoint, data), deadline, name)
         manifest = np.frombuffer(_manifest(messages, block_nbytes), np.uint8).copy()
         batch = self._worker.send(endpoint, [(manifest, tags[-1])])
         await self._finish(peer_address, batch, deadline, name)
         nbytes = total_blocks(messages) * block_nbytes
         return TransferResult(transfer_id, seq, nbytes, join_runs(messages), time.perf_counter() - started)
+
+    def _sources(self, messages: tuple[BlockRun, ...], heads: HeadSlice) -> list[Any]:
+        """Each message's bytes: its src blocks, or a packed copy of their slice of heads."""
+        if heads.is_whole(self.pool.shape[4]):
+            return [_buffer(self.bytes[m.src_start : m.src_start + m.count]) for m in messages]
+        return [_buffer(pack(self.pool, m.src_start, m.count, heads).view(torch.uint8)) for m in messages]
 
     def _endpoint(self, peer_address: bytes) -> Any:
         if self._closed:
