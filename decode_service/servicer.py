@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from decode_service.worker import DecodeJob, DecodeWorker
+from pdserve.parallel.kv_ranks import RankEnd
 from pdserve.rpc.bounds import check_id, kv_timeout
 from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
+from pdserve.rpc.kv_ranks import kv_ranks_to_pb
 from pdserve.rpc.errors import PermissionDenied
 from pdserve.rpc.worker_rpcs import CommonWorkerRpcs
 from pdserve.telemetry import extract_context, stream_span
@@ -21,8 +25,11 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
     role = "decode"
 
     def __init__(self, worker: DecodeWorker, transport: str, kv_address: bytes, endpoint: str,
-                 block_size: int, block_nbytes: int, num_blocks: int, tracer: trace.Tracer, draining: Drain):
+                 block_size: int, block_nbytes: int, num_blocks: int, tracer: trace.Tracer, draining: Drain,
+                 kv_ranks: Sequence[RankEnd] = ()):
+        """`kv_ranks`: every tensor-parallel rank's receiver (rank 0's at `kv_address`); block_nbytes is one rank's."""
         self.worker = worker
+        self.kv_ranks = kv_ranks_to_pb(kv_ranks)
         self.tracer = tracer
         self.transport = transport
         self.kv_address = kv_address
@@ -62,7 +69,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,
                 block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
                 decode_endpoint=self.endpoint, kv_secret=event.secret, num_blocks=self.num_blocks,
-                cached_blocks=event.cached_blocks))
+                cached_blocks=event.cached_blocks, ranks=self.kv_ranks))
         if isinstance(event, Finished):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(
                 finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,
@@ -73,7 +80,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
     async def PushKV(self, request: wpb.KVPiece, context) -> wpb.KVPieceAck:
         self._authorize(request.transfer_id, request.kv_secret)
         self.worker.push_kv(request.transfer_id, request.seq, request.block_index, tuple(request.src_block_ids),
-                            request.timeout_s)
+                            request.timeout_s, max(1, request.tensor_parallel_size))
         return wpb.KVPieceAck()
 
     async def CompleteKV(self, request: wpb.KVComplete, context) -> wpb.KVCompleteAck:

@@ -6,6 +6,10 @@
     prefill --CompleteKV--> complete() all pieces in -> mark_received(first token) -> decoding
            <-- Tokens ... Finished --  on_step()
 
+At tensor parallel size d every rank receives its own heads' share of each piece from every
+prefill rank holding some of them (pdserve/parallel/kv_ranks.py); a piece is in once every
+rank's share is.
+
 Each reservation has a secret drawn here (in Reserved, for the prefill worker the router picks):
 the servicer refuses PushKV and CompleteKV that do not present it (`presented`), and the
 transport accepts the piece's data only under it.
@@ -34,6 +38,7 @@ from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRe
 from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.kv import BlockHold
+from pdserve.parallel.kv_ranks import RanksReceiver
 from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.transfer import KVReceiver
@@ -70,12 +75,14 @@ class _Live:
 
 
 class DecodeWorker:
-    def __init__(self, engine: AsyncEngine, receiver: KVReceiver | None, leases: Leases,
+    def __init__(self, engine: AsyncEngine, receiver: KVReceiver | RanksReceiver | None, leases: Leases,
                  quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s):
-        """`quarantine_timeout_s`: the longest blocks stay quarantined when the transport never
-        says the withdrawn receive that may write them is over."""
+        """`receiver`: every rank's (a plain KVReceiver: this worker has one rank; None: no
+        remote KV). `quarantine_timeout_s`: the longest blocks stay quarantined when the
+        transport never says the withdrawn receive that may write them is over."""
         self.engine = engine
-        self.receiver = receiver
+        self.receiver = receiver if receiver is None or isinstance(receiver, RanksReceiver) else RanksReceiver.alone(
+            receiver, engine.engine.kv.shape.num_kv_heads)
         self.sessions = SessionTable()
         self.leases = leases
         self.quarantine_timeout_s = quarantine_timeout_s
@@ -147,15 +154,22 @@ class DecodeWorker:
         """Whether `secret` is the one drawn for the transfer (InvalidRequestError: no such transfer)."""
         return hmac.compare_digest(self._intake_of(transfer_id).secret, secret)
 
-    def push_kv(self, transfer_id: str, seq: int, block_index: int, src_blocks: Sequence[int], timeout_s: float) -> None:
-        """Post receives for one piece; InvalidRequestError, with nothing changed, for a piece
-        outside the reservation, overlapping another, or a timeout outside (0, 600] s."""
+    def push_kv(self, transfer_id: str, seq: int, block_index: int, src_blocks: Sequence[int], timeout_s: float,
+                senders: int = 1) -> None:
+        """Post receives for one piece, sent by `senders` ranks; InvalidRequestError, with nothing
+        changed, for a piece outside the reservation, overlapping another, a timeout outside
+        (0, 600] s, or a sender size that does not divide the KV heads."""
         intake = self._intake_of(transfer_id)
         check_timeout("timeout_s", timeout_s)
+        assert self.receiver is not None
+        try:
+            self.receiver.check_senders(senders)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         pairs = list(zip(src_blocks, intake.announce(seq, block_index, len(src_blocks))))
         intake.lease.renew(intake.kv_timeout_s)
-        assert self.receiver is not None
-        task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s, secret=intake.secret))
+        task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s, secret=intake.secret,
+                                                          senders=senders))
         task.add_done_callback(lambda t: self._piece_done(intake, t))
         intake.pieces[seq] = task
 
@@ -176,6 +190,10 @@ class DecodeWorker:
         live = self._live[intake.request_id]
         self._retire(live, intake)
         await submit(self.engine, lambda e: e.mark_received(intake.request_id, first_token))
+
+    def kv_rank_bytes(self) -> list[int]:
+        """KV bytes each rank of this worker received, rank 0 first."""
+        return [] if self.receiver is None else list(self.receiver.rank_bytes)
 
     def _intake_of(self, transfer_id: str) -> Intake:
         intake = self.intakes.get(transfer_id)

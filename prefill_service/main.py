@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pdserve.parallel.kv_ranks import open_sender
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.registration import Registration
@@ -26,7 +27,9 @@ async def start_prefill(args: argparse.Namespace, runtime_config: RuntimeConfig)
     runtime = build_runtime(runtime_config, hold_blocks=True)
     leases = Leases()
     feed = MetricsFeed(runtime.async_engine, obs.metrics, leases)
-    sender = make_transport("ucx").sender(runtime.engine.kv.data)
+    kv = runtime.engine.kv
+    sender = await open_sender(make_transport("ucx").sender(kv.data), runtime.engine.loaded.ranks,
+                               kv.shape.num_kv_heads)
     channels = ChannelPool(security)
     worker = PrefillWorker(runtime.async_engine, sender, GrpcDecodePeer(channels), runtime.block_size,
                            runtime.block_nbytes, leases)

@@ -10,6 +10,7 @@ from pdserve.engine.errors import InvalidRequestError
 from pdserve.rpc.bounds import check_address, check_id, check_kv_address, kv_timeout
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
+from pdserve.rpc.kv_ranks import kv_ranks_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.worker_rpcs import CommonWorkerRpcs
 from pdserve.telemetry import Metrics, extract_context, stream_span
@@ -30,7 +31,7 @@ class GrpcDecodePeer(DecodePeer):
     async def push_kv(self, endpoint: str, piece: Piece) -> None:
         message = wpb.KVPiece(transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
                               src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s,
-                              kv_secret=piece.secret)
+                              kv_secret=piece.secret, tensor_parallel_size=piece.senders if piece.senders > 1 else 0)
         try:
             await self._stub(endpoint).PushKV(message, timeout=piece.timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -89,7 +90,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
                                       f"{self.transport!r}")
         return Target(check_id("transfer_id", t.transfer_id), check_kv_address(t.kv_address), tuple(t.block_ids),
                       t.block_size, t.block_nbytes, check_address("decode_endpoint", t.decode_endpoint),
-                      t.kv_secret, t.num_blocks, t.cached_blocks)
+                      t.kv_secret, t.num_blocks, t.cached_blocks, kv_ranks_from_pb(t.ranks))
 
     def _observe(self, span, event) -> None:
         if isinstance(event, ChunkDone):

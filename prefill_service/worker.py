@@ -11,8 +11,13 @@ the send finished, so preemption or eviction can never recycle blocks under a tr
 hold is a lease owned by its piece's send: it ends when the send ends (or never starts), or
 when the send outlives the piece's kv timeout.
 
+At tensor parallel size p every rank sends its own heads' share of each piece to each decode
+rank holding some of them (pdserve/parallel/kv_ranks.py); the reservation lists the decode
+ranks (none listed: one rank with every head).
+
 A failure towards the decode worker (its RPCs, the KV send to it, a lease expiry) ends the
-stream with PeerFault: the decode worker, not this one, is charged for it.
+stream with PeerFault: the decode worker, not this one, is charged for it. A lost rank of this
+worker (RankFailed) is this worker's fault.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRe
 from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
+from pdserve.parallel.kv_ranks import RankEnd, RanksSender, check_ends
 from pdserve.requests import Priority, Request, SamplingParams, TokenLogprobs
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.scheduler.output import ScheduledChunk
@@ -56,6 +62,7 @@ class Target:
     secret: bytes = field(repr=False)
     num_blocks: int
     cached_blocks: int = 0  # leading blocks the decode worker holds already: never sent
+    ranks: tuple[RankEnd, ...] = ()  # the decode ranks (tensor parallel); none: one, every head at kv_address
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class Piece:
     src_block_ids: tuple[int, ...]
     timeout_s: float
     secret: bytes = field(repr=False)
+    senders: int = 1  # this worker's tensor parallel size: each rank sends its share of the heads
 
 
 class DecodePeer(abc.ABC):
@@ -104,10 +112,12 @@ class PrefillJob:
 
 
 class PrefillWorker:
-    def __init__(self, engine: AsyncEngine, sender: KVSender, peer: DecodePeer, block_size: int, block_nbytes: int,
-                 leases: Leases):
+    def __init__(self, engine: AsyncEngine, sender: KVSender | RanksSender, peer: DecodePeer, block_size: int,
+                 block_nbytes: int, leases: Leases):
+        """`sender`: every rank's (a plain KVSender: this worker has one rank)."""
         self.engine = engine
-        self.sender = sender
+        self.sender = sender if isinstance(sender, RanksSender) else RanksSender.alone(
+            sender, engine.engine.kv.shape.num_kv_heads)
         self.peer = peer
         self.block_size = block_size
         self.block_nbytes = block_nbytes
@@ -143,7 +153,13 @@ class PrefillWorker:
             check_secret(target.secret)
         except ValueError as exc:
             raise InvalidRequestError(f"kv_secret: {exc}") from None
-        if target.block_size != self.block_size or target.block_nbytes != self.block_nbytes:
+        ends = self.sender.ends_of(target.ranks, target.kv_address)
+        try:
+            check_ends(ends, self.sender.num_heads)
+        except ValueError as exc:
+            raise InvalidRequestError(f"KV layout mismatch: {exc}") from None
+        per_head = target.block_nbytes * self.sender.heads_per_rank, self.block_nbytes * ends[0].heads.count
+        if target.block_size != self.block_size or per_head[0] != per_head[1]:
             raise InvalidRequestError(
                 f"KV layout mismatch: decode blocks are {target.block_size} tokens / {target.block_nbytes} bytes, "
                 f"here {self.block_size} / {self.block_nbytes} (same model and block size needed)")
@@ -209,7 +225,7 @@ class PrefillWorker:
         piece = None
         if complete > job.sent_blocks:
             piece = Piece(job.target.transfer_id, job.seq, job.sent_blocks, tuple(blocks[job.sent_blocks:complete]),
-                          job.kv_timeout_s, job.target.secret)
+                          job.kv_timeout_s, job.target.secret, len(self.sender.ports))
             job.seq += 1
             job.sent_blocks = complete
         first = request.output_token_ids[0] if final and request.output_token_ids else None
@@ -265,14 +281,19 @@ class PrefillWorker:
         started = time.perf_counter()
         await self.peer.push_kv(job.target.decode_endpoint, piece)
         pairs = list(zip(piece.src_block_ids, job.target.block_ids[piece.block_index:]))
+        ends = self.sender.ends_of(job.target.ranks, job.target.kv_address)
         try:
-            result = await self.sender.send(job.target.kv_address, piece.transfer_id, piece.seq, pairs,
-                                            piece.timeout_s, secret=piece.secret)
+            result = await self.sender.send(ends, piece.transfer_id, piece.seq, pairs, piece.timeout_s,
+                                            secret=piece.secret)
         except TransferError as exc:
             raise PeerFault(f"KV send to {job.target.decode_endpoint} failed: {exc}") from exc
         job.kv_bytes += result.nbytes
         job.kv_descriptors += len(result.runs)
         job.kv_seconds += time.perf_counter() - started
+
+    def kv_rank_bytes(self) -> list[int]:
+        """KV bytes each rank of this worker sent, rank 0 first."""
+        return list(self.sender.rank_bytes)
 
     def _shipped(self, job: PrefillJob, task: asyncio.Task, lease: Lease | None) -> None:
         if lease is not None:

@@ -79,6 +79,7 @@ class Reservation:
     secret: bytes = field(repr=False)  # the decode worker's, for this reservation's prefill worker only
     num_blocks: int  # the decode worker's pool
     cached_blocks: int = 0  # leading blocks the decode worker holds already: the prefill worker skips them
+    ranks: tuple[tuple[bytes, int, int], ...] = ()  # a tensor-parallel decode worker's (address, head start, head end)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,8 @@ def _decode_event(event: wpb.DecodeEvent):
     if kind == "reserved":
         r = event.reserved
         return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
-                           r.block_nbytes, r.decode_endpoint, r.kv_secret, r.num_blocks, r.cached_blocks)
+                           r.block_nbytes, r.decode_endpoint, r.kv_secret, r.num_blocks, r.cached_blocks,
+                           tuple((k.kv_address, k.head_start, k.head_end) for k in r.ranks))
     if kind == "preempted":
         p = event.preempted
         return Preempted(p.mode, p.reason, p.phase)
@@ -102,7 +103,8 @@ def _target(r: Reservation) -> wpb.KVReservation:
     return wpb.KVReservation(transfer_id=r.transfer_id, transport=r.transport, kv_address=r.kv_address,
                              block_ids=list(r.block_ids), block_size=r.block_size, block_nbytes=r.block_nbytes,
                              decode_endpoint=r.decode_endpoint, kv_secret=r.secret, num_blocks=r.num_blocks,
-                             cached_blocks=r.cached_blocks)
+                             cached_blocks=r.cached_blocks,
+                             ranks=[wpb.KVRank(kv_address=a, head_start=s, head_end=e) for a, s, e in r.ranks])
 
 
 class GrpcDecodeClient(DecodeClient):

@@ -2,6 +2,7 @@
 
     stdin:  a FollowerSpec, then plans (plan.py), pickled, until end-of-file
     loop:   plan = next(stdin); plan.run(state)        # its own shard, its own heads' KV pools
+    KV:     its KV agent (kv_agent.py) on a thread of its own, answering rank 0 on the spec's socket
 
 It exits when rank 0 closes the pipe, when rank 0's process is gone (end-of-file, or its parent
 changed), or when a collective fails or times out; never waits on a dead rank 0.
@@ -41,6 +42,7 @@ class FollowerSpec:
     store_port: int
     threads: int
     parallel: TensorParallelConfig
+    kv_fd: int  # this rank's end of its KV agent socket (inherited)
 
 
 @dataclass
@@ -98,10 +100,19 @@ def serve(spec: FollowerSpec, plans: BinaryIO) -> None:
     comm = join_group(store, spec.rank, world, device, tp.collective_timeout_s)
     try:
         state = build_state(spec, comm)
+        _start_agent(state, spec.kv_fd)
         store.set(store_key("ready", spec.rank), "1")
         _follow(plans, state)
     finally:
         comm.close()
+
+
+def _start_agent(state: FollowerState, kv_fd: int) -> None:
+    import socket
+
+    from pdserve.parallel.kv_agent import KVAgent
+
+    KVAgent(state.kv.data, socket.socket(fileno=kv_fd)).start()
 
 
 def _follow(plans: BinaryIO, state: FollowerState) -> None:

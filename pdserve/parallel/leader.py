@@ -7,6 +7,7 @@ engine's model as the ranks' one model.
             wait until each loaded its shard
     step:   LeaderModel.forward announces the batch, then runs rank 0's shard (the collectives
             meet the followers'); the model runner announces swaps the same way
+    KV:     each follower's KV agent (kv_agent.py) answers on a socket pair made here
 
 A follower that dies before it is ready fails the start at once (RankFailed), not at a timeout.
 """
@@ -14,6 +15,7 @@ A follower that dies before it is ready fails the start at once (RankFailed), no
 from __future__ import annotations
 
 import pickle
+import socket
 import subprocess
 import sys
 import time
@@ -71,10 +73,14 @@ def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallel
     check_tensor_parallel(read_model_config(config.model), world)
     store = TCPStore(tp.host, 0, world, is_master=True, timeout=timedelta(seconds=tp.start_timeout_s),
                      wait_for_workers=False)
-    procs = [_spawn(FollowerSpec(config, rank, store.port, torch.get_num_threads(), tp)) for rank in range(1, world)]
+    links = [socket.socketpair() for _ in range(1, world)]
+    procs = [_spawn(FollowerSpec(config, rank, store.port, torch.get_num_threads(), tp, theirs.fileno()))
+             for rank, (_, theirs) in enumerate(links, start=1)]
+    for _, theirs in links:
+        theirs.close()
     comm = None
     followers = Followers(procs, lambda: comm.close() if comm is not None else None, tp.stop_grace_s,
-                          tp.collective_timeout_s)
+                          tp.collective_timeout_s, [ours for ours, _ in links])
     try:
         full = load_model(config.model, "cpu", serving_dtype(config.dtype, device))
         _wait_for(store, followers, "joining", tp)
@@ -88,8 +94,10 @@ def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallel
 
 
 def _spawn(spec: FollowerSpec) -> subprocess.Popen:
-    """A follower process in this one's process group, its spec already on its stdin."""
-    proc = subprocess.Popen([sys.executable, "-m", "pdserve.parallel.follower"], stdin=subprocess.PIPE)
+    """A follower process in this one's process group, its spec already on its stdin, its end of
+    the KV agent socket inherited."""
+    proc = subprocess.Popen([sys.executable, "-m", "pdserve.parallel.follower"], stdin=subprocess.PIPE,
+                            pass_fds=(spec.kv_fd,))
     proc.stdin.write(pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL))
     proc.stdin.flush()
     return proc

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import socket
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -38,6 +39,10 @@ class RankGroup(ABC):
     def close(self) -> None:
         """Stop the other ranks and leave the group; idempotent."""
 
+    @abstractmethod
+    def kv_sockets(self) -> list[socket.socket]:
+        """Rank 0's end of each other rank's KV agent socket (kv_agent.py), rank 1 first."""
+
 
 class Alone(RankGroup):
     def announce(self, plan: Plan) -> None:
@@ -49,15 +54,21 @@ class Alone(RankGroup):
     def close(self) -> None:
         return None
 
+    def kv_sockets(self) -> list[socket.socket]:
+        return []
+
 
 class Followers(RankGroup):
     """`procs[i]` is rank i + 1. Any one found gone fails the next announce, after every other
     follower was stopped: the ranks fail as one."""
 
-    def __init__(self, procs: Sequence[subprocess.Popen], leave_group, stop_grace_s: float, send_timeout_s: float):
+    def __init__(self, procs: Sequence[subprocess.Popen], leave_group, stop_grace_s: float, send_timeout_s: float,
+                 kv_sockets: Sequence[socket.socket] = ()):
         """`leave_group()`: rank 0 leaves the collectives' group (after the followers stopped).
-        A follower that takes no plan for `send_timeout_s` (stalled, its pipe full) counts as lost."""
+        A follower that takes no plan for `send_timeout_s` (stalled, its pipe full) counts as lost.
+        `kv_sockets[i]`: rank 0's end of rank i + 1's KV agent socket."""
         self.procs = list(procs)
+        self._kv_sockets = list(kv_sockets)
         self._leave_group = leave_group
         self._grace_s = stop_grace_s
         self._send_timeout_s = send_timeout_s
@@ -76,12 +87,17 @@ class Followers(RankGroup):
         return [f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
                 for rank, proc in enumerate(self.procs, start=1) if proc.poll() is not None]
 
+    def kv_sockets(self) -> list[socket.socket]:
+        return list(self._kv_sockets)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         for proc in self.procs:
             _close_pipe(proc)
+        for sock in self._kv_sockets:
+            sock.close()
         for proc in self.procs:
             _reap(proc, self._grace_s)
         self._leave_group()

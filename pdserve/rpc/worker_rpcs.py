@@ -1,5 +1,6 @@
 """The RPCs both worker roles answer alike (MatchPrefix, Abort, Stats), for their servicers to
-inherit: each servicer sets `role` and has `worker` (with `engine` and `abort`) and `draining`."""
+inherit: each servicer sets `role` and has `worker` (with `engine`, `abort` and `kv_rank_bytes`)
+and `draining`."""
 
 from __future__ import annotations
 
@@ -18,4 +19,6 @@ class CommonWorkerRpcs:
         return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
-        return stats_to_pb(self.role, self.worker.engine.stats, self.draining.draining)
+        stats = stats_to_pb(self.role, self.worker.engine.stats, self.draining.draining)
+        stats.kv_rank_bytes.extend(self.worker.kv_rank_bytes())
+        return stats

@@ -60,11 +60,8 @@ class WorkerRuntime:
 
 
 def build_runtime(config: RuntimeConfig, hold_blocks: bool) -> WorkerRuntime:
-    """The engine on its own thread, started on the running event loop. A prefill worker
-    (`hold_blocks`) runs on one rank: its KV sender sends the pool of rank 0's heads only."""
-    if hold_blocks and config.engine.tensor_parallel_size > 1:
-        raise ValueError(f"a prefill worker runs at tensor parallel size 1, not {config.engine.tensor_parallel_size}: "
-                         "its KV transfer sends one rank's heads")
+    """The engine on its own thread, started on the running event loop; `hold_blocks` for a
+    prefill worker (its blocks held until their KV was sent)."""
     if config.threads:
         torch.set_num_threads(config.threads)
     engine = Engine(config.engine, hold_blocks=hold_blocks)

@@ -1,0 +1,144 @@
+"""What rank 0 asks of a follower rank's KV agent (kv_agent.py), and the answers: the follower's
+own KV transfer end, over its own heads' pool, driven from rank 0's event loop.
+
+    rank 0 (its event loop)  --Call(token, op)-->           follower's agent (its own thread and loop)
+                             <--Answer(token, value | failure)--
+
+Each direction is a stream of frames over one socket pair made at spawn (leader.py): a 4-byte
+little-endian length, then the pickle. Plans for the forward pass take another path (stdin);
+KV calls never wait behind a step, and a step never waits behind a transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pdserve.transfer import TransferCancelled, TransferError, TransferRejected, TransferResult, TransferTimeout
+from pdserve.transfer.head_slices import HeadSlice
+
+if TYPE_CHECKING:
+    from pdserve.parallel.kv_agent import KVAgent
+
+_LENGTH = struct.Struct("<I")
+_ERRORS = {cls.__name__: cls for cls in (TransferError, TransferTimeout, TransferCancelled, TransferRejected)}
+Pairs = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class PieceSpec:
+    """One piece between one pair of ranks (its transfer id already that pair's, kv_ranks.py)."""
+
+    transfer_id: str
+    seq: int
+    pairs: Pairs
+    timeout_s: float
+    secret: bytes
+    heads: HeadSlice | None  # None: whole blocks
+
+
+@dataclass(frozen=True)
+class OpenReceiver:
+    async def run(self, agent: "KVAgent") -> bytes:
+        """The receiver's address (built on first use)."""
+        return agent.receiver().address()
+
+
+@dataclass(frozen=True)
+class OpenSender:
+    async def run(self, agent: "KVAgent") -> None:
+        agent.sender()
+
+
+@dataclass(frozen=True)
+class Expect:
+    piece: PieceSpec
+
+    async def run(self, agent: "KVAgent") -> TransferResult:
+        p = self.piece
+        return await agent.receiver().expect(p.transfer_id, p.seq, p.pairs, p.timeout_s, secret=p.secret,
+                                             heads=p.heads)
+
+
+@dataclass(frozen=True)
+class Send:
+    address: bytes
+    piece: PieceSpec
+
+    async def run(self, agent: "KVAgent") -> TransferResult:
+        p = self.piece
+        return await agent.sender().send(self.address, p.transfer_id, p.seq, p.pairs, p.timeout_s,
+                                         secret=p.secret, heads=p.heads)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A follower's cancel, over: `known` False when its transport cannot tell when the receives
+    it withdrew stop writing (then only rank 0's quarantine limit frees their blocks)."""
+
+    pieces: int
+    known: bool
+
+
+@dataclass(frozen=True)
+class Cancel:
+    transfer_id: str
+
+    async def run(self, agent: "KVAgent") -> Settled:
+        """Answered once nothing withdrawn can write the pool any more."""
+        result = agent.receiver().cancel(self.transfer_id)
+        if result.unsafe_blocks and result.settled is None:
+            return Settled(result.pieces, False)
+        if result.settled is not None:
+            await result.settled
+        return Settled(result.pieces, True)
+
+
+Op = OpenReceiver | OpenSender | Expect | Send | Cancel
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An op's exception, as it crosses the socket (a transfer error keeps its kind and unsafe blocks)."""
+
+    kind: str
+    message: str
+    unsafe_blocks: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "Failure":
+        unsafe = tuple(getattr(exc, "unsafe_blocks", ()))
+        return cls(type(exc).__name__, str(exc), unsafe)
+
+    def error(self, rank: int) -> Exception:
+        message = f"rank {rank}: {self.message}"
+        if self.kind in _ERRORS:
+            return _ERRORS[self.kind](message, self.unsafe_blocks)
+        return RuntimeError(f"{message} ({self.kind})")
+
+
+@dataclass(frozen=True)
+class Call:
+    token: int
+    op: Op
+
+
+@dataclass(frozen=True)
+class Answer:
+    token: int
+    value: Any = None
+    failure: Failure | None = None
+
+
+def write_frame(writer: asyncio.StreamWriter, message: Call | Answer) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_LENGTH.pack(len(data)) + data)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> Call | Answer:
+    """The next message; asyncio.IncompleteReadError at end-of-stream."""
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    return pickle.loads(await reader.readexactly(length))
