@@ -94,13 +94,14 @@ def test_every_container_requests_cpu_and_memory_and_caps_memory(rendered, layou
             assert "memory" in resources["limits"], workload["metadata"]["name"]
 
 
-def test_gpu_overlay_gives_each_worker_one_gpu_and_the_router_none(rendered):
+def test_gpu_overlay_gives_each_worker_its_gpus_and_the_router_none(rendered):
+    gpus = {"pdserve-prefill": "1", "pdserve-decode": "4"}  # decode: one per tensor-parallel rank
     for workload, pod in pod_templates(rendered["gpu"]):
         resources = pod["containers"][0]["resources"]
-        wants_gpu = workload["metadata"]["name"] in {"pdserve-prefill", "pdserve-decode"}
+        wants_gpu = workload["metadata"]["name"] in gpus
         assert (GPU in resources["requests"]) == wants_gpu, workload["metadata"]["name"]
         if wants_gpu:
-            assert resources["requests"][GPU] == resources["limits"][GPU] == "1"
+            assert resources["requests"][GPU] == resources["limits"][GPU] == gpus[workload["metadata"]["name"]]
             assert any(t["key"] == GPU for t in pod["tolerations"])
 
 
