@@ -58,16 +58,14 @@ def load_model(path: str | None, device: str | torch.device = "cpu", dtype: torc
 
 def load_model_shard(path: str | None, device: str | torch.device, dtype: torch.dtype,
                      comm: "Communicator") -> LoadedModel:
-    """Rank `comm.rank`'s tensor-parallel shard: read on the CPU, split, then moved to `device`
-    (the device holds the shard only)."""
-    return shard_loaded(load_model(path, "cpu", dtype), comm, device)
+    """Rank `comm.rank`'s tensor-parallel shard, read from the checkpoint a slice at a time
+    (pdserve/parallel/shard_load.py): the rank reads its share of every split tensor, not the
+    whole model, and the device holds the shard only."""
+    from pdserve.parallel.shard_load import load_shard
 
-
-def shard_loaded(full: LoadedModel, comm: "Communicator", device: str | torch.device) -> LoadedModel:
-    from pdserve.parallel.shard import shard_model
-
-    model = shard_model(full.model, comm).to(device)
-    return LoadedModel(model.config, model, full.source_path)
+    source = resolve_model_path(path)
+    model = load_shard(source, device, dtype, comm)
+    return LoadedModel(model.config, model, source)
 
 
 def load_engine_model(config: "EngineConfig") -> LoadedModel:

@@ -3,8 +3,8 @@ engine's model as the ranks' one model.
 
     start:  check the split on the model's config (before any process starts), spawn ranks
             1..n-1 (`python -m pdserve.parallel.follower`, rendezvous at a TCPStore on a free
-            localhost port), load on the CPU meanwhile, wait until each joined, join, shard,
-            wait until each loaded its shard
+            localhost port), wait until each joined, join, read rank 0's shard of the
+            checkpoint (each rank reads its own, shard_load.py), wait until each loaded its shard
     step:   LeaderModel.forward announces the batch, then runs rank 0's shard (the collectives
             meet the followers'); the model runner announces swaps the same way
     KV:     each follower's KV agent (kv_agent.py) answers on a socket pair made here
@@ -29,7 +29,7 @@ from pdserve.attention.batch import ForwardBatch
 from pdserve.config import EngineConfig
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
-from pdserve.model.loader import LoadedModel, load_model, shard_loaded
+from pdserve.model.loader import LoadedModel, load_model_shard
 from pdserve.model.metadata import read_model_config
 from pdserve.parallel.config import TensorParallelConfig
 from pdserve.parallel.follower import FollowerSpec, rank_device, store_key
@@ -82,10 +82,9 @@ def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallel
     followers = Followers(procs, lambda: comm.close() if comm is not None else None, tp.stop_grace_s,
                           tp.collective_timeout_s, [ours for ours, _ in links])
     try:
-        full = load_model(config.model, "cpu", serving_dtype(config.dtype, device))
         _wait_for(store, followers, "joining", tp)
         comm = join_group(store, 0, world, device, tp.collective_timeout_s)
-        loaded = shard_loaded(full, comm, device)
+        loaded = load_model_shard(config.model, device, serving_dtype(config.dtype, device), comm)
         _wait_for(store, followers, "ready", tp)
     except BaseException:
         followers.close()

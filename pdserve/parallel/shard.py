@@ -14,6 +14,7 @@ together. The model's own code is unchanged; its modules are swapped and their h
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 
@@ -56,15 +57,59 @@ def rank_config(config: ModelConfig, world_size: int) -> ModelConfig:
                                num_kv_heads=config.num_kv_heads // world_size)
 
 
+class Span(NamedTuple):
+    start: int
+    size: int
+
+    def indices(self, offset: int = 0) -> torch.Tensor:
+        """[size] int64: offset + start, ..., offset + start + size - 1."""
+        return torch.arange(offset + self.start, offset + self.start + self.size, dtype=torch.long)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSplit:
+    """Which part of each full weight rank `rank` of `world_size` holds, in the checkpoint's
+    own coordinates (q_proj rows, k_proj / v_proj rows, gate_proj / up_proj rows; o_proj and
+    down_proj take the same spans as columns)."""
+
+    full: ModelConfig
+    rank: int
+    world_size: int
+
+    @property
+    def local(self) -> ModelConfig:
+        return rank_config(self.full, self.world_size)
+
+    @property
+    def q(self) -> Span:
+        size = self.local.q_size
+        return Span(self.rank * size, size)
+
+    @property
+    def kv(self) -> Span:
+        size = self.local.kv_size
+        return Span(self.rank * size, size)
+
+    @property
+    def mlp(self) -> Span:
+        size = self.full.intermediate_size // self.world_size
+        return Span(self.rank * size, size)
+
+    @property
+    def vocab(self) -> VocabSlice:
+        return VocabSlice(self.full.vocab_size, self.rank, self.world_size)
+
+
 def shard_model(model: LlamaForCausalLM, comm: Communicator) -> LlamaForCausalLM:
     """Turn `model` (consumed: its modules are replaced) into rank `comm.rank`'s shard of
-    `comm.world_size`. Raises TensorParallelError when the model does not divide."""
-    full, n, rank = model.config, comm.world_size, comm.rank
-    local = rank_config(full, n)
+    `comm.world_size`. Raises TensorParallelError when the model does not divide. On a model
+    built on `meta` the shard's parameters are `meta` too, of the shard's shapes."""
+    split = RankSplit(model.config, comm.rank, comm.world_size)
+    local = split.local
     for layer in model.layers:
-        _shard_attention(layer.self_attn, full, local, rank, comm)
-        _shard_mlp(layer.mlp, n, rank, comm)
-    vocab = VocabSlice(full.vocab_size, rank, n)
+        _shard_attention(layer.self_attn, split, comm)
+        _shard_mlp(layer.mlp, split, comm)
+    vocab = split.vocab
     head = VocabParallelLMHead(model.lm_head, vocab, comm)
     table = model.embed_tokens
     model.lm_head = head
@@ -73,26 +118,20 @@ def shard_model(model: LlamaForCausalLM, comm: Communicator) -> LlamaForCausalLM
     return model
 
 
-def _shard_attention(attn: Attention, full: ModelConfig, local: ModelConfig, rank: int, comm: Communicator) -> None:
-    d = full.head_dim
-    q = _span(rank * local.q_size, local.q_size)
-    k = _span(full.q_size + rank * local.kv_size, local.kv_size)
-    v = _span(full.q_size + full.kv_size + rank * local.kv_size, local.kv_size)
-    attn.qkv_proj = ColumnParallelLinear(attn.qkv_proj, torch.cat([q, k, v]))
-    attn.o_proj = RowParallelLinear(attn.o_proj, _span(rank * local.num_heads * d, local.num_heads * d), comm)
+def _shard_attention(attn: Attention, split: RankSplit, comm: Communicator) -> None:
+    full, local = split.full, split.local
+    columns = [split.q.indices(), split.kv.indices(full.q_size), split.kv.indices(full.q_size + full.kv_size)]
+    attn.qkv_proj = ColumnParallelLinear(attn.qkv_proj, torch.cat(columns))
+    attn.o_proj = RowParallelLinear(attn.o_proj, split.q.indices(), comm)
     attn.num_heads, attn.num_kv_heads = local.num_heads, local.num_kv_heads
 
 
-def _shard_mlp(mlp: MLP, n: int, rank: int, comm: Communicator) -> None:
-    width = mlp.intermediate_size // n
-    gate, up = _span(rank * width, width), _span(mlp.intermediate_size + rank * width, width)
-    mlp.gate_up_proj = ColumnParallelLinear(mlp.gate_up_proj, torch.cat([gate, up]))
-    mlp.down_proj = RowParallelLinear(mlp.down_proj, _span(rank * width, width), comm)
+def _shard_mlp(mlp: MLP, split: RankSplit, comm: Communicator) -> None:
+    width = split.mlp.size
+    columns = [split.mlp.indices(), split.mlp.indices(mlp.intermediate_size)]
+    mlp.gate_up_proj = ColumnParallelLinear(mlp.gate_up_proj, torch.cat(columns))
+    mlp.down_proj = RowParallelLinear(mlp.down_proj, split.mlp.indices(), comm)
     mlp.intermediate_size = width
-
-
-def _span(start: int, size: int) -> torch.Tensor:
-    return torch.arange(start, start + size, dtype=torch.long)
 
 
 def _divisors(n: int) -> str:
