@@ -79,8 +79,8 @@ def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallel
     for _, theirs in links:
         theirs.close()
     comm = None
-    followers = Followers(procs, lambda: comm.close() if comm is not None else None, tp.stop_grace_s,
-                          tp.collective_timeout_s, [ours for ours, _ in links])
+    followers = Followers(procs, lambda: comm.close() if comm is not None else None, tp,
+                          [ours for ours, _ in links])
     try:
         _wait_for(store, followers, "joining", tp)
         comm = join_group(store, 0, world, device, tp.collective_timeout_s)

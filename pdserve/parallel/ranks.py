@@ -19,6 +19,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from pdserve.parallel.config import TensorParallelConfig
 from pdserve.parallel.plan import Plan
 
 
@@ -27,6 +28,11 @@ class RankFailed(RuntimeError):
 
 
 class RankGroup(ABC):
+    """`config`: the settings the worker's ranks were started with (its watch interval, its
+    timeouts), for whoever watches them."""
+
+    config: TensorParallelConfig = TensorParallelConfig()
+
     @abstractmethod
     def announce(self, plan: Plan) -> None:
         """Send `plan` to every other rank before rank 0 runs it. Raises RankFailed when one is gone."""
@@ -62,16 +68,18 @@ class Followers(RankGroup):
     """`procs[i]` is rank i + 1. Any one found gone fails the next announce, after every other
     follower was stopped: the ranks fail as one."""
 
-    def __init__(self, procs: Sequence[subprocess.Popen], leave_group, stop_grace_s: float, send_timeout_s: float,
+    def __init__(self, procs: Sequence[subprocess.Popen], leave_group, config: TensorParallelConfig,
                  kv_sockets: Sequence[socket.socket] = ()):
         """`leave_group()`: rank 0 leaves the collectives' group (after the followers stopped).
-        A follower that takes no plan for `send_timeout_s` (stalled, its pipe full) counts as lost.
+        Followers told to stop get `config.stop_grace_s`; one that takes no plan for
+        `config.collective_timeout_s` (stalled, its pipe full) counts as lost.
         `kv_sockets[i]`: rank 0's end of rank i + 1's KV agent socket."""
         self.procs = list(procs)
+        self.config = config
         self._kv_sockets = list(kv_sockets)
         self._leave_group = leave_group
-        self._grace_s = stop_grace_s
-        self._send_timeout_s = send_timeout_s
+        self._grace_s = config.stop_grace_s
+        self._send_timeout_s = config.collective_timeout_s
         self._closed = False
         for proc in self.procs:
             os.set_blocking(proc.stdin.fileno(), False)

@@ -10,11 +10,12 @@ from pdserve.parallel.ranks import RankFailed, RankGroup
 
 
 class RankWatch:
-    """Polls `ranks.gone()` every `interval_s` on its own thread; the first loss calls
-    `on_lost(RankFailed)` (from that thread) once, and the watch ends."""
+    """Polls `ranks.gone()` every `ranks.config.watch_s` (the interval the worker's ranks were
+    started with) on its own thread; the first loss calls `on_lost(RankFailed)` (from that
+    thread) once, and the watch ends."""
 
-    def __init__(self, ranks: RankGroup, interval_s: float, on_lost: Callable[[RankFailed], None]):
-        self._ranks, self._interval_s, self._on_lost = ranks, interval_s, on_lost
+    def __init__(self, ranks: RankGroup, on_lost: Callable[[RankFailed], None]):
+        self._ranks, self._interval_s, self._on_lost = ranks, ranks.config.watch_s, on_lost
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rank-watch", daemon=True)
 

@@ -14,7 +14,6 @@ from pdserve.config import EngineConfig
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.engine.faults import injector_from_env
-from pdserve.parallel.config import TensorParallelConfig
 from pdserve.parallel.watch import RankWatch
 
 
@@ -47,8 +46,7 @@ class WorkerRuntime:
         self.async_engine.add_failure_listener(listener)
         if self.engine.config.tensor_parallel_size > 1:
             loop = asyncio.get_running_loop()
-            watch = RankWatch(self.engine.loaded.ranks, TensorParallelConfig().watch_s,
-                              lambda exc: _call_on(loop, listener, exc))
+            watch = RankWatch(self.engine.loaded.ranks, lambda exc: _call_on(loop, listener, exc))
             self.watches.append(watch.start())
 
     def stop(self) -> None:
