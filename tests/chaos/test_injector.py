@@ -108,6 +108,16 @@ def test_faults_due_after_the_load_finished_are_skipped():
     assert all(name == "decode-0" for _, name, _ in fleet.sent)
 
 
+def test_a_fault_due_during_the_load_but_queued_behind_a_slow_restart_is_still_injected():
+    fleet = FakeFleet(restart_s=0.6)
+    injector = run(fleet, (Fault(0.0, FaultKind.KILL, "decode-0"), Fault(0.1, FaultKind.TERM, "decode-0")),
+                   finish_after_s=0.3)
+    kill, term = injector.records
+    assert (kill.outcome, term.outcome) == (Outcome.RECOVERED, Outcome.RECOVERED)
+    assert term.started_at >= kill.ended_at
+    assert [s for _, _, s in fleet.sent] == [signal.SIGKILL, signal.SIGTERM]
+
+
 def test_with_a_role_budget_of_one_a_fault_waits_until_its_role_has_no_worker_down():
     fleet = FakeFleet(restart_s=0.4)
     injector = run(fleet, (Fault(0.0, FaultKind.KILL, "decode-0"), Fault(0.1, FaultKind.STOP, "decode-1", 0.05),
