@@ -55,12 +55,26 @@ class OpenSender:
 
 @dataclass(frozen=True)
 class Expect:
+    """Answered once the piece is in, held in the follower's staging buffer: nothing reaches
+    its pool before rank 0 says `Land` (a piece withdrawn before that leaves no block unsafe)."""
+
     piece: PieceSpec
 
     async def run(self, agent: "KVAgent") -> TransferResult:
         p = self.piece
         return await agent.receiver().expect(p.transfer_id, p.seq, p.pairs, p.timeout_s, secret=p.secret,
-                                             heads=p.heads)
+                                             heads=p.heads, hold=True)
+
+
+@dataclass(frozen=True)
+class Land:
+    """Unpack a held piece into the follower's pool (TransferCancelled: it was withdrawn)."""
+
+    transfer_id: str
+    seq: int
+
+    async def run(self, agent: "KVAgent") -> None:
+        agent.receiver().land(self.transfer_id, self.seq)
 
 
 @dataclass(frozen=True)
@@ -75,29 +89,16 @@ class Send:
 
 
 @dataclass(frozen=True)
-class Settled:
-    """A follower's cancel, over: `known` False when its transport cannot tell when the receives
-    it withdrew stop writing (then only rank 0's quarantine limit frees their blocks)."""
-
-    pieces: int
-    known: bool
-
-
-@dataclass(frozen=True)
 class Cancel:
     transfer_id: str
 
-    async def run(self, agent: "KVAgent") -> Settled:
-        """Answered once nothing withdrawn can write the pool any more."""
-        result = agent.receiver().cancel(self.transfer_id)
-        if result.unsafe_blocks and result.settled is None:
-            return Settled(result.pieces, False)
-        if result.settled is not None:
-            await result.settled
-        return Settled(result.pieces, True)
+    async def run(self, agent: "KVAgent") -> int:
+        """The pieces withdrawn. A follower's receives are held (Expect), so none of them leaves
+        a block of its pool unsafe."""
+        return agent.receiver().cancel(self.transfer_id).pieces
 
 
-Op = OpenReceiver | OpenSender | Expect | Send | Cancel
+Op = OpenReceiver | OpenSender | Expect | Land | Send | Cancel
 
 
 @dataclass(frozen=True)

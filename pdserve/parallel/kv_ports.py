@@ -7,7 +7,7 @@ import asyncio
 from abc import ABC, abstractmethod
 
 from pdserve.parallel.kv_link import FollowerLink
-from pdserve.parallel.kv_ops import Cancel, Expect, PieceSpec, Send, Settled
+from pdserve.parallel.kv_ops import Cancel, Expect, Land, PieceSpec, Send
 from pdserve.parallel.ranks import RankFailed
 from pdserve.transfer import CancelResult, KVReceiver, KVSender, TransferResult
 
@@ -22,9 +22,8 @@ class RankPort(ABC):
         """The rank's sender sends `piece` from its pool (KVSender.send)."""
 
     @abstractmethod
-    def cancel(self, transfer_id: str, posted: tuple[int, ...]) -> CancelResult:
-        """Withdraw the rank's pieces of `transfer_id` (KVReceiver.cancel); `posted`: the blocks
-        its pieces still in flight write, for a rank that can only say later what is safe."""
+    def cancel(self, transfer_id: str) -> CancelResult:
+        """Withdraw the rank's pieces of `transfer_id` (KVReceiver.cancel)."""
 
     @abstractmethod
     async def close(self) -> None:
@@ -47,7 +46,7 @@ class LocalPort(RankPort):
         return await self.sender.send(address, piece.transfer_id, piece.seq, list(piece.pairs), piece.timeout_s,
                                       secret=piece.secret, **_heads(piece))
 
-    def cancel(self, transfer_id: str, posted: tuple[int, ...]) -> CancelResult:
+    def cancel(self, transfer_id: str) -> CancelResult:
         assert self.receiver is not None
         return self.receiver.cancel(transfer_id)
 
@@ -62,25 +61,44 @@ def _heads(piece: PieceSpec) -> dict:
 
 
 class FollowerPort(RankPort):
+    """A follower's pieces land in two steps, both asked by rank 0: Expect (the piece arrives
+    into the follower's staging buffer) then Land (it is unpacked into the pool). Only a piece
+    told to land can write the pool, so a withdrawn transfer leaves unsafe only the blocks of
+    pieces landing at that moment, until their Land is answered (or the rank is gone)."""
+
     def __init__(self, link: FollowerLink):
         self.link = link
+        self._landing: dict[str, dict[int, tuple[tuple[int, ...], asyncio.Future]]] = {}  # id -> seq -> (blocks, Land)
 
     async def expect(self, piece: PieceSpec) -> TransferResult:
-        return await self.link.call(Expect(piece))
+        result = await self.link.call(Expect(piece))
+        landing = self.link.call(Land(piece.transfer_id, piece.seq))
+        pieces = self._landing.setdefault(piece.transfer_id, {})
+        pieces[piece.seq] = (tuple(dst for _, dst in piece.pairs), landing)
+        landing.add_done_callback(lambda _: self._landed(piece.transfer_id, piece.seq, landing))
+        await asyncio.shield(landing)
+        return result
+
+    def _landed(self, transfer_id: str, seq: int, landing: asyncio.Future) -> None:
+        _consume(landing)
+        pieces = self._landing.get(transfer_id, {})
+        if seq in pieces and pieces[seq][1] is landing:
+            del pieces[seq]
+        if not pieces:
+            self._landing.pop(transfer_id, None)
 
     async def send(self, address: bytes, piece: PieceSpec) -> TransferResult:
         return await self.link.call(Send(address, piece))
 
-    def cancel(self, transfer_id: str, posted: tuple[int, ...]) -> CancelResult:
-        """Every block of the rank's pieces in flight stays unsafe until the rank answers that
-        its withdrawn receives are over (never, when it cannot tell: then the quarantine's limit)."""
-        answer = self.link.call(Cancel(transfer_id))
-        if not posted:
-            answer.add_done_callback(_consume)
+    def cancel(self, transfer_id: str) -> CancelResult:
+        """Nothing unsafe unless a piece is landing: its blocks until its Land is answered."""
+        self.link.call(Cancel(transfer_id)).add_done_callback(_consume)
+        landing = list(self._landing.get(transfer_id, {}).values())
+        if not landing:
             return CancelResult(transfer_id, 0)
-        settled = asyncio.get_running_loop().create_future()
-        answer.add_done_callback(lambda done: _settle(done, settled))
-        return CancelResult(transfer_id, 1, posted, settled)
+        blocks = tuple(sorted({b for piece_blocks, _ in landing for b in piece_blocks}))
+        settled = asyncio.gather(*(future for _, future in landing), return_exceptions=True)
+        return CancelResult(transfer_id, len(landing), blocks, settled)
 
     async def close(self) -> None:
         await self.link.close()
@@ -89,13 +107,3 @@ class FollowerPort(RankPort):
 def _consume(answer: asyncio.Future) -> None:
     if not answer.cancelled():
         answer.exception()
-
-
-def _settle(answer: asyncio.Future, settled: asyncio.Future) -> None:
-    """The rank's cancel is over (settled when it could tell), or the rank is gone (nothing of
-    it can write any more)."""
-    if answer.cancelled() or settled.done():
-        return
-    error = answer.exception()
-    if isinstance(error, RankFailed) or (error is None and isinstance(answer.result(), Settled) and answer.result().known):
-        settled.set_result(None)

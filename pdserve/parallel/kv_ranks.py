@@ -121,7 +121,7 @@ class RanksReceiver:
         size = len(self.ports)
         self.ends = tuple(RankEnd(a, rank_heads(heads_per_rank * size, size, j)) for j, a in enumerate(addresses))
         self.rank_bytes = [0] * size
-        self._in_flight: dict[str, dict[tuple[int, str, int], tuple[int, ...]]] = {}  # id -> (rank, id', seq): blocks
+        self._in_flight: dict[str, set[tuple[int, str, int]]] = {}  # transfer id -> (rank, its id there, seq)
 
     @classmethod
     def alone(cls, receiver: KVReceiver, heads: int) -> "RanksReceiver":
@@ -155,7 +155,7 @@ class RanksReceiver:
         piece = PieceSpec(rank_transfer_id(transfer_id, sender), seq, pairs, timeout_s, secret,
                           _whole(s.receiver, self.heads_per_rank))
         key = (rank, piece.transfer_id, seq)
-        self._in_flight.setdefault(transfer_id, {})[key] = tuple(dst for _, dst in pairs)
+        self._in_flight.setdefault(transfer_id, set()).add(key)
         try:
             result = await self.ports[rank].expect(piece)
         finally:
@@ -166,17 +166,15 @@ class RanksReceiver:
     def _forget(self, transfer_id: str, key: tuple[int, str, int]) -> None:
         pieces = self._in_flight.get(transfer_id)
         if pieces is not None:
-            pieces.pop(key, None)
+            pieces.discard(key)
             if not pieces:
                 del self._in_flight[transfer_id]
 
     def cancel(self, transfer_id: str) -> CancelResult:
         """Withdraw the transfer on every rank that has pieces of it (and retire it on rank 0)."""
-        pieces = self._in_flight.pop(transfer_id, {})
-        posted: dict[tuple[int, str], set[int]] = {(0, transfer_id): set()}
-        for (rank, rank_id, _), blocks in pieces.items():
-            posted.setdefault((rank, rank_id), set()).update(blocks)
-        results = [self.ports[rank].cancel(rank_id, tuple(sorted(blocks))) for (rank, rank_id), blocks in posted.items()]
+        pieces = self._in_flight.pop(transfer_id, set())
+        ends = dict.fromkeys([(0, transfer_id), *sorted((rank, rank_id) for rank, rank_id, _ in pieces)])
+        results = [self.ports[rank].cancel(rank_id) for rank, rank_id in ends]
         if len(results) == 1:
             return results[0]
         unsafe = [r for r in results if r.unsafe_blocks]

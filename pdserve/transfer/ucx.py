@@ -6,7 +6,9 @@ exact byte range of its dst blocks, plus one for the manifest into a small buffe
 A piece of some of a pool's heads (`head_slices`; tensor-parallel ranks of different sizes)
 travels packed: the sender packs each run's slice into a buffer of its own, the receiver posts
 into a staging buffer and unpacks into its blocks once the manifest matched (so nothing of a
-withdrawn or mismatched piece ever reaches the pool).
+withdrawn or mismatched piece ever reaches the pool). A receive may also be held (`hold=True`,
+a tensor-parallel follower's): staged even when whole blocks, kept out of the pool until its
+owner says `land`, so a piece withdrawn before that leaves no block unsafe.
 
 How nothing unexpected lands in the pool: the receiver posts receives only in `expect`, each
 with a full-mask tag of that piece, keyed by the transfer's secret (`wire`): only a sender that
@@ -111,7 +113,8 @@ class _Piece:
     manifest: np.ndarray  # [MANIFEST_NBYTES] uint8, what arrived
     key: int  # the tag key of its messages
     heads: HeadSlice
-    staging: torch.Tensor | None = None  # [blocks, slice_nbytes] uint8 for a packed slice, else None
+    staging: torch.Tensor | None = None  # [blocks, slice_nbytes] uint8 for a packed slice or a held piece
+    held: bool = False  # staged until `land`, not unpacked when the manifest matched
     started: float = field(default_factory=time.perf_counter)
     batch: Batch | None = None
 
@@ -132,6 +135,7 @@ class UcxReceiver(KVReceiver):
         self._worker = config.worker()
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
         self._keys = PieceKeys()
+        self._held: dict[tuple[str, int], _Piece] = {}  # (transfer_id, seq) -> staged, matched, not landed
         self._address = self._worker.address()
         self._closed = False
 
@@ -139,8 +143,10 @@ class UcxReceiver(KVReceiver):
         return self._address
 
     async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
-                     secret: bytes, heads: HeadSlice | None = None) -> TransferResult:
-        piece = self._post(transfer_id, seq, pairs, secret, heads)
+                     secret: bytes, heads: HeadSlice | None = None, hold: bool = False) -> TransferResult:
+        """`hold`: the piece, once matched, waits in its staging buffer for `land` (nothing of it
+        is in the pool before; `cancel` drops it)."""
+        piece = self._post(transfer_id, seq, pairs, secret, heads, hold)
         try:
             if not await self._worker.wait(piece.batch, timeout_s):
                 raise self._withdraw(piece, TransferTimeout(f"{piece.name()} timed out after {timeout_s} s"))
@@ -150,7 +156,15 @@ class UcxReceiver(KVReceiver):
                 self._withdraw(piece, TransferCancelled(f"{piece.name()}: expect was cancelled"))
             self._forget(piece)
 
-    def _post(self, transfer_id: str, seq: int, pairs: Pairs, secret: bytes, heads: HeadSlice | None) -> _Piece:
+    def land(self, transfer_id: str, seq: int) -> None:
+        """Unpack a held piece into the pool. TransferCancelled when it was withdrawn (or never held)."""
+        piece = self._held.pop((transfer_id, seq), None)
+        if piece is None:
+            raise TransferCancelled(f"piece ({transfer_id!r}, {seq}) is not held here (withdrawn)")
+        self._unpack(piece)
+
+    def _post(self, transfer_id: str, seq: int, pairs: Pairs, secret: bytes, heads: HeadSlice | None,
+              hold: bool) -> _Piece:
         if self._closed:
             raise TransferRejected("receiver closed")
         try:
@@ -162,7 +176,7 @@ class UcxReceiver(KVReceiver):
         except ValueError as exc:
             raise TransferRejected(str(exc)) from exc
         piece = _Piece(transfer_id, seq, messages, _manifest(messages, block_nbytes),
-                       np.zeros(MANIFEST_NBYTES, np.uint8), key, heads)
+                       np.zeros(MANIFEST_NBYTES, np.uint8), key, heads, held=hold)
         self._ledger.admit(transfer_id, seq, messages, piece, heads)
         if not self._keys.acquire(key, piece):
             self._ledger.remove(transfer_id, seq)
@@ -177,7 +191,7 @@ class UcxReceiver(KVReceiver):
 
     def _targets(self, piece: _Piece, block_nbytes: int) -> list[Any]:
         """Where each message lands: its dst blocks, or for a packed slice its rows of the staging buffer."""
-        if piece.heads.is_whole(self.pool.shape[4]):
+        if piece.heads.is_whole(self.pool.shape[4]) and not piece.held:
             return [_buffer(self.bytes[m.dst_start : m.dst_start + m.count]) for m in piece.messages]
         piece.staging = torch.empty((total_blocks(piece.messages), block_nbytes), dtype=torch.uint8,
                                     device=self.pool.device)
@@ -204,7 +218,9 @@ class UcxReceiver(KVReceiver):
         if piece.manifest.tobytes() != piece.expected:
             self._ledger.retire(piece.transfer_id)
             raise TransferError(f"{piece.name()}: the sender's layout or block size differs")
-        if piece.staging is not None:
+        if piece.held:
+            self._held[(piece.transfer_id, piece.seq)] = piece
+        elif piece.staging is not None:
             self._unpack(piece)
         nbytes = total_blocks(piece.messages) * _slice_nbytes(self.pool, piece.heads)
         return TransferResult(piece.transfer_id, piece.seq, nbytes, join_runs(piece.messages),
@@ -225,15 +241,20 @@ class UcxReceiver(KVReceiver):
         return error
 
     def cancel(self, transfer_id: str) -> CancelResult:
+        """Withdraws the transfer's posted pieces and drops its held ones (never in the pool)."""
         pieces = self._ledger.pieces_of(transfer_id)
         errors = [self._withdraw(p, TransferCancelled(f"{p.name()} cancelled")) for p in pieces]
         self._ledger.retire(transfer_id)
+        held = [key for key in self._held if key[0] == transfer_id]
+        for key in held:
+            del self._held[key]
         unsafe = [e for e in errors if e.unsafe_blocks]
-        return CancelResult(transfer_id, len(pieces), tuple(b for e in unsafe for b in e.unsafe_blocks),
+        return CancelResult(transfer_id, len(pieces) + len(held), tuple(b for e in unsafe for b in e.unsafe_blocks),
                             settled_all([e.settled for e in unsafe]))
 
     async def close(self) -> None:
         self._closed = True
+        self._held.clear()
         for piece in self._ledger:
             if not piece.batch.future.done():
                 self._withdraw(piece, TransferCancelled(f"{piece.name()}: receiver closed"))
