@@ -36,6 +36,22 @@ def service():
         sup.stop()
 
 
+@pytest.fixture(scope="session")
+def reference_llm():
+    """One in-process engine on the embedded model for every test's expected outputs (itself checked
+    token for token against transformers): one torch thread, as the workers run, so it never
+    oversubscribes the cores the service processes share, and a small KV pool."""
+    import torch
+
+    from pdserve.config import CacheConfig, EngineConfig
+    from pdserve.engine.llm import LLM
+
+    torch.set_num_threads(1)
+    llm = LLM(EngineConfig(cache=CacheConfig(num_blocks=256, num_host_blocks=16)))
+    yield llm
+    llm.close()
+
+
 @pytest.fixture()
 def channel(service):
     with grpc.insecure_channel(service["target"]) as ch:

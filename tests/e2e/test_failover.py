@@ -43,14 +43,11 @@ GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from pdserve.config import EngineConfig
-    from pdserve.engine.llm import LLM
+def reference(reference_llm):
     from pdserve.requests import SamplingParams
 
-    llm = LLM(EngineConfig())
-    return [c.token_ids for c in llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                                      ignore_eos=True))]
+    return [c.token_ids for c in reference_llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                                                                ignore_eos=True))]
 
 
 TOKENS_OUT_BEFORE_KILL = 3  # of MAX_TOKENS: the victim dies mid-stream, with tokens already out
@@ -118,18 +115,16 @@ def test_killed_decode_worker_fails_its_streams_unavailable_others_finish():
 LONG_PROMPT = " ".join(f"Line {i}: the prefill worker computes this prompt in small chunks." for i in range(20))
 
 
-def test_killed_prefill_worker_is_retried_on_another():
-    from pdserve.config import EngineConfig
-    from pdserve.engine.llm import LLM
+def test_killed_prefill_worker_is_retried_on_another(reference_llm):
     from pdserve.requests import SamplingParams
 
-    expected = LLM(EngineConfig()).generate([LONG_PROMPT], SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                                          ignore_eos=True))[0].token_ids
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
     try:
         secured = cluster_flags(sup.workdir)
         children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--max-chunk-tokens", "16", *secured])
                     for n in ("prefill-0", "prefill-1", "decode-0")]
+        expected = reference_llm.generate([LONG_PROMPT], SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                                                        ignore_eos=True))[0].token_ids  # while they start
         ports = [sup.wait_ready(c, 240) for c in children]
         router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers",
                                       f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",

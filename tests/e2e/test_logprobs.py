@@ -29,14 +29,10 @@ SAMPLING = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=Tru
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(reference_llm):
     """The prompt's ids and the in-process engine's greedy completion, with logprobs."""
-    from pdserve.config import EngineConfig
-    from pdserve.engine.llm import LLM
-
-    llm = LLM(EngineConfig())
-    prompt = tuple(llm.tokenizer.encode(TEXT))
-    return prompt, llm.generate([list(prompt)], SAMPLING)[0]
+    prompt = tuple(reference_llm.tokenizer.encode(TEXT))
+    return prompt, reference_llm.generate([list(prompt)], SAMPLING)[0]
 
 
 def _security(service) -> Security:

@@ -48,14 +48,11 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from pdserve.config import EngineConfig
-    from pdserve.engine.llm import LLM
+def reference(reference_llm):
     from pdserve.requests import SamplingParams
 
-    llm = LLM(EngineConfig())
-    return [c.token_ids for c in llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                                      ignore_eos=True))]
+    return [c.token_ids for c in reference_llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
+                                                                                ignore_eos=True))]
 
 
 GREEDY = {"temperature": 0, "ignore_eos": True}

@@ -17,14 +17,12 @@ PROMPTS = ["The capital of France is", "Once upon a time, in a small village by 
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(reference_llm):
     """Greedy ids from the in-process engine (itself checked token for token against transformers)."""
-    from pdserve.config import EngineConfig
-    from pdserve.engine.llm import LLM
     from pdserve.requests import SamplingParams
 
-    llm = LLM(EngineConfig())
-    return [c.token_ids for c in llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))]
+    return [c.token_ids for c in reference_llm.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0,
+                                                                                ignore_eos=True))]
 
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
