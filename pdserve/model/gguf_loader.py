@@ -1,4 +1,5 @@
-"""A llama.cpp GGUF file: metadata -> ModelConfig, tensors dequantized to float.
+"""A llama.cpp GGUF file: metadata -> ModelConfig, tensors dequantized to float (the file read by
+pdserve/gguf_file.py, the bytes dequantised by gguf_dequant.py: gguf-py only for types those lack).
 
 GGUF stores the Llama q/k projections with their rows permuted for an interleaved (GPT-J) rotary
 layout; this project rotates halves (rotate-half), so the permutation is undone on load:
@@ -10,13 +11,15 @@ layout; this project rotates halves (rotate-half), so the permutation is undone 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from pdserve.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor
 from pdserve.model.config import Architecture, ModelConfig
 from pdserve.model.errors import ModelLoadError, UnsupportedModelError
+from pdserve.model.gguf_dequant import dequantize
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.model.rope import FreqFactorRopeScaling, LinearRopeScaling, NoRopeScaling, RopeScaling
 from pdserve.model.weights import build_model
@@ -41,34 +44,56 @@ _LAYER_NAMES = {
 }
 
 
+class GGUFCheckpoint(NamedTuple):
+    """An opened GGUF file, its tensor entries under the transformers names, and its config."""
+
+    file: GGUFFile
+    tensors: dict[str, GGUFTensor]
+    config: ModelConfig
+
+    def read(self, name: str, raw: np.ndarray | None = None) -> torch.Tensor:
+        """Tensor `name` dequantised to float32 in the transformers shape, q/k rows in
+        rotate-half order; `raw`: some of its rows ([rows, row_bytes], default all of them).
+        Raises UnsupportedModelError for a type neither this project nor gguf-py dequantises."""
+        tensor = self.tensors[name]
+        values = dequantize_tensor(self.file, tensor, self.file.raw(tensor) if raw is None else raw)
+        if raw is None:
+            values = values.reshape(tensor.shape)
+        if name.split(".")[-2] in ("q_proj", "k_proj"):
+            return unpermute_rows(values, values.shape[0] // self.config.head_dim)
+        return values
+
+
 def load_gguf_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> tuple[ModelConfig, LlamaForCausalLM]:
-    reader = open_gguf(path)
-    tensors = {_hf_name(t.name): t for t in reader.tensors}
-    config = gguf_config(gguf_metadata(reader), tensors, fallback_name=path.stem)
-
-    def fetch(name: str) -> torch.Tensor:
-        weight = _dequantize(tensors[name], path)
-        heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}.get(name.split(".")[-2])
-        return weight if heads is None else unpermute_rows(weight, heads)
-
-    return config, build_model(config, fetch, str(path), device, dtype)
+    checkpoint = open_gguf_checkpoint(path)
+    return checkpoint.config, build_model(checkpoint.config, checkpoint.read, str(path), device, dtype)
 
 
-def open_gguf(path: Path) -> Any:
-    from gguf import GGUFReader
+def open_gguf_checkpoint(path: Path) -> GGUFCheckpoint:
+    """Raises ModelLoadError (a damaged file), UnsupportedModelError (an architecture not run here)."""
+    file = open_gguf(path)
+    tensors = {_hf_name(name): tensor for name, tensor in file.tensors.items()}
+    return GGUFCheckpoint(file, tensors, gguf_config(file, tensors, fallback_name=path.stem))
 
+
+def open_gguf(path: Path) -> GGUFFile:
     try:
-        return GGUFReader(str(path))
-    except Exception as exc:  # the reader raises assorted errors on damaged files
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        return GGUFFile(path)
+    except GGUFFormatError as exc:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
 
 
-def gguf_metadata(reader: Any) -> dict[str, Any]:
-    """Key -> value for every scalar, string and list field (the token table included)."""
-    return {name: field.contents() for name, field in reader.fields.items()}
+def dequantize_tensor(file: GGUFFile, tensor: GGUFTensor, raw: np.ndarray) -> torch.Tensor:
+    """`raw` (rows of `tensor`, [rows, row_bytes]) -> [rows, row elements] float32."""
+    try:
+        return dequantize(raw, tensor.kind)
+    except NotImplementedError as exc:
+        raise UnsupportedModelError(f"{file.path}: tensor {tensor.name} type {tensor.kind.name}: {exc}") from exc
 
 
-def gguf_config(meta: dict[str, Any], tensors: dict[str, Any], fallback_name: str) -> ModelConfig:
+def gguf_config(file: GGUFFile, tensors: dict[str, GGUFTensor], fallback_name: str) -> ModelConfig:
+    """The model config from the file's metadata; `tensors` under the transformers names."""
+    meta = file.metadata
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         supported = ", ".join(SUPPORTED_ARCHITECTURES)
@@ -90,7 +115,7 @@ def gguf_config(meta: dict[str, Any], tensors: dict[str, Any], fallback_name: st
         head_dim=head_dim,
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=_gguf_rope(meta, arch, tensors),
+        rope_scaling=_gguf_rope(file, arch, tensors),
         max_position_embeddings=max_pos,
         tie_word_embeddings="lm_head.weight" not in tensors,
         attention_bias=False,
@@ -116,10 +141,11 @@ def _keyed(meta: dict[str, Any], arch: str):
     return key
 
 
-def _gguf_rope(meta: dict[str, Any], arch: str, tensors: dict[str, Any]) -> RopeScaling:
+def _gguf_rope(file: GGUFFile, arch: str, tensors: dict[str, GGUFTensor]) -> RopeScaling:
+    meta = file.metadata
     if "rope_freqs.weight" in tensors:
-        factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float32)
-        return FreqFactorRopeScaling(tuple(float(f) for f in factors))
+        factors = tensors["rope_freqs.weight"]
+        return FreqFactorRopeScaling(tuple(dequantize_tensor(file, factors, file.raw(factors)).flatten().tolist()))
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return NoRopeScaling()
@@ -144,13 +170,3 @@ def _hf_name(gguf_name: str) -> str:
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
     return gguf_name
-
-
-def _dequantize(tensor: Any, path: Path) -> torch.Tensor:
-    from gguf.quants import dequantize
-
-    try:
-        values = dequantize(tensor.data, tensor.tensor_type)
-    except NotImplementedError as exc:
-        raise UnsupportedModelError(f"{path}: tensor {tensor.name} type {tensor.tensor_type.name}: {exc}") from exc
-    return torch.from_numpy(np.array(values, dtype=np.float32))  # a copy: the file is mapped read-only

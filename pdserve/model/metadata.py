@@ -6,7 +6,7 @@ import re
 
 from pdserve.model.config import ModelConfig
 from pdserve.model.errors import ModelLoadError
-from pdserve.model.gguf_loader import _hf_name, gguf_config, gguf_metadata, open_gguf
+from pdserve.model.gguf_loader import open_gguf_checkpoint
 from pdserve.model.hf_loader import read_hf_config
 from pdserve.model.loader import resolve_model_path
 
@@ -19,9 +19,7 @@ def read_model_config(path: str | None) -> ModelConfig:
         return read_hf_config(source)
     if source.suffix != ".gguf":
         raise ModelLoadError(f"{source}: expected a .gguf file or a folder with config.json and *.safetensors")
-    reader = open_gguf(source)
-    tensors = {_hf_name(t.name): t for t in reader.tensors}
-    return gguf_config(gguf_metadata(reader), tensors, fallback_name=source.stem)
+    return open_gguf_checkpoint(source).config
 
 
 def served_name(path: str | None) -> str:

@@ -88,12 +88,11 @@ class SafetensorsSlices(CheckpointSlices):
         return self._handles[file]
 
 
-class _Quantised(NamedTuple):
-    """What gguf_loader's dequantisation reads of a tensor."""
+class _Stored(NamedTuple):
+    """A GGUF tensor's entry and its stored bytes ([rows, row_bytes] uint8, a view of the file)."""
 
-    name: str
-    data: Any  # numpy array, [rows, stored units of a row] (1-D for vectors)
-    tensor_type: Any
+    info: Any  # pdserve.gguf_file.GGUFTensor
+    data: Any  # numpy array
 
 
 class GGUFSlices(CheckpointSlices):
@@ -101,44 +100,41 @@ class GGUFSlices(CheckpointSlices):
     rank's cut is whole heads, so a slice of the file's rows is the same heads)."""
 
     def __init__(self, path: Path):
-        from pdserve.model.gguf_loader import _hf_name, gguf_config, gguf_metadata, open_gguf
+        from pdserve.model.gguf_loader import open_gguf_checkpoint
 
-        reader = open_gguf(path)
-        self._path = path
-        self._tensors = {_hf_name(t.name): t for t in reader.tensors}
-        self.config = gguf_config(gguf_metadata(reader), self._tensors, fallback_name=path.stem)
+        self._checkpoint = open_gguf_checkpoint(path)
+        self.config = self._checkpoint.config
+        file = self._checkpoint.file
+        self._tensors = {name: _Stored(t, file.raw(t)) for name, t in self._checkpoint.tensors.items()}
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(n) for n in reversed(self._tensors[name].shape))
+        return self._tensors[name].info.shape
 
     def read(self, name: str, cut: Cut | None) -> torch.Tensor:
-        from pdserve.model.gguf_loader import _dequantize, unpermute_rows
-
-        tensor = self._tensors[name]
-        data, narrow = self._stored(tensor, self.shape(name), cut)
+        stored = self._tensors[name]
+        if cut is None or len(stored.info.dims) == 1:
+            self.bytes_read += stored.data.nbytes
+            values = self._checkpoint.read(name)
+            return values if cut is None else values.narrow(0, cut.start, cut.size)
+        data, narrow = self._stored(stored, cut)
         self.bytes_read += data.nbytes
-        values = _dequantize(_Quantised(tensor.name, data, tensor.tensor_type), self._path)
-        if narrow is not None:
-            values = values.narrow(narrow.dim, narrow.start, narrow.size)
-        if name.split(".")[-2] in ("q_proj", "k_proj"):
-            return unpermute_rows(values, values.shape[0] // self.config.head_dim)
-        return values
+        values = self._checkpoint.read(name, data)
+        return values if narrow is None else values.narrow(narrow.dim, narrow.start, narrow.size)
 
-    def _stored(self, tensor: Any, shape: tuple[int, ...], cut: Cut | None) -> tuple[Any, Cut | None]:
-        """The stored units the cut needs, and the cut still to apply once dequantised."""
+    @staticmethod
+    def _stored(stored: _Stored, cut: Cut) -> tuple[Any, Cut | None]:
+        """The stored bytes a cut of a matrix needs, and the cut still to apply once dequantised."""
         import numpy as np
-        from gguf.constants import GGML_QUANT_SIZES
 
-        data = tensor.data
-        if cut is None:
-            return data, None
+        from pdserve.gguf_file import BLOCK_SIZES
+
+        data = stored.data
         if cut.dim == 0:
             return data[cut.start:cut.start + cut.size], None
-        block = GGML_QUANT_SIZES[tensor.tensor_type][0]
-        if cut.start % block or cut.size % block:
+        block = BLOCK_SIZES[stored.info.kind]
+        if cut.start % block.elements or cut.size % block.elements:
             return data, cut
-        units = data.shape[-1] // (shape[1] // block)  # stored units of one block
-        first, last = cut.start // block * units, (cut.start + cut.size) // block * units
+        first, last = cut.start // block.elements * block.nbytes, (cut.start + cut.size) // block.elements * block.nbytes
         return np.ascontiguousarray(data[:, first:last]), None
 
 
