@@ -3,7 +3,7 @@
     lost       a request that ended with an error status, never finished, or has fewer tokens
                than asked for (every request ignores EOS)
     differ     a request complete in both runs whose token ids are not equal (greedy and
-               seeded sampling counted apart)
+               seeded sampling counted apart); pdserve.chaos.ties judges each a near-tie or real
     TBT split  a chat token gap is `during` a fault when [gap start, gap end] meets
                [fault start, fault end + settle_s]; every other gap is `outside`
 """
@@ -36,6 +36,8 @@ class Difference:
     sampled: bool
     first_index: int  # the first token position where the outputs part
     request_id: str  # the faulted run's, as the router named it
+    tokens: tuple[int, int] | None  # (no-fault run's, faulted run's) at first_index; None: one output ends there
+    prefix: tuple[int, ...]  # the tokens both runs share, before first_index
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,19 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def _difference(before: RequestRecord, after: RequestRecord, sampled: bool) -> Difference:
+    a, b = before.token_ids, after.token_ids
+    k = _first_difference(a, b)
+    tokens = (a[k], b[k]) if k < min(len(a), len(b)) else None
+    return Difference(before.index, sampled, k, after.request_id, tokens, tuple(a[:k]))
+
+
 def compare(workload: Workload, baseline: Sequence[RequestRecord], faulted: Sequence[RequestRecord]) -> Comparison:
     """Records are matched by request index; only requests complete in both runs are compared."""
     sampled = {r.index: is_sampled(r) for r in workload.requests}
     before = {r.index: r for r in baseline if complete(r)}
     pairs = [(before[r.index], r) for r in faulted if complete(r) and r.index in before]
-    differences = tuple(Difference(b.index, sampled[b.index], _first_difference(b.token_ids, f.token_ids),
-                                   f.request_id) for b, f in pairs if b.token_ids != f.token_ids)
+    differences = tuple(_difference(b, f, sampled[b.index]) for b, f in pairs if b.token_ids != f.token_ids)
     seeded = sum(sampled[b.index] for b, _ in pairs)
     return Comparison(len(pairs) - seeded, seeded, differences)
 

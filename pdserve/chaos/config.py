@@ -25,6 +25,14 @@ class FaultPlan:
 
 
 @dataclass(frozen=True)
+class TieSpec:
+    """How outputs that differ from the no-fault run are judged (pdserve.chaos.ties)."""
+
+    tie_judge: str = "reference"  # reference: against the fleet's model in this process | strict: every one real
+    tie_epsilon: float = 1e-4  # the largest perturbation a tie may need; measured in pdserve.chaos.ties
+
+
+@dataclass(frozen=True)
 class ChaosConfig:
     seed: int = 0
     fleet_kind: str = "separate"  # separate | up
@@ -32,6 +40,7 @@ class ChaosConfig:
     fleet: FleetSpec = field(default_factory=FleetSpec)
     load: LoadSpec = field(default_factory=LoadSpec)
     plan: FaultPlan = field(default_factory=FaultPlan)
+    ties: TieSpec = field(default_factory=TieSpec)
     settle_s: float = 3.0  # a fault's TBT window lasts this long past its end
     blocks_bound_s: float | None = None  # None: the router's kv timeout + 10 s
     recovery_timeout_s: float = 300.0  # a killed or terminated worker must serve again within this

@@ -4,7 +4,8 @@
     plan     the schedule: seeded faults within [first_s, span], span defaulting to 0.8 x the
              no-fault run's duration (or the preset's fixed schedule)
     fleet B  start, warm up, faulted run with the injector, blocks back to zero
-    judge    lost requests, outputs against the no-fault run, TBT during and outside faults
+    judge    lost requests, outputs against the no-fault run (each difference a near-tie or real,
+             by the tie judge), TBT during and outside faults
 
 Every fleet is stopped in `finally`, whatever happens.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from pdserve.bench import runner
 from pdserve.bench.workloads import Workload
-from pdserve.chaos import analysis, blocks, load
+from pdserve.chaos import analysis, blocks, load, ties
 from pdserve.chaos.config import ChaosConfig
 from pdserve.chaos.fleet import Fleet, role_of
 from pdserve.chaos.injector import FaultRecord, Injector, Outcome
@@ -48,6 +49,8 @@ class ChaosResult:
     faulted: Measured
     windows: tuple[analysis.Window, ...]
     comparison: analysis.Comparison
+    judgements: tuple[ties.Judgement, ...]  # one per difference in comparison, in order
+    tie_judge: str  # which judge made them, for the report
     tbt: analysis.TbtSplit
     verdict: Verdict
 
@@ -134,16 +137,24 @@ def run(config: ChaosConfig) -> ChaosResult:
     return judge(config, workload, schedule, baseline, faulted)
 
 
+def _count(judgements: tuple[ties.Judgement, ...], sampled: bool, tie: bool) -> int:
+    return sum(j.difference.sampled == sampled and j.tie == tie for j in judgements)
+
+
 def judge(config: ChaosConfig, workload: Workload, schedule: tuple[Fault, ...], baseline: Measured,
-          faulted: Measured) -> ChaosResult:
+          faulted: Measured, tie_judge: ties.TieJudge | None = None) -> ChaosResult:
+    """`tie_judge`: None picks one for the fleet (ties.choose); the chaos fleet runs the embedded model."""
     windows = windows_of(faulted.faults, faulted.result.started_at, config.settle_s)
     comparison = analysis.compare(workload, baseline.result.records, faulted.result.records)
+    tie_judge = tie_judge or ties.choose(config.ties)
+    judgements = ties.judge_all(tie_judge, workload, comparison.differences)
     injected = [r for r in faulted.faults if r.started_at is not None]
     verdict = Verdict(
         lost=len(analysis.losses(faulted.result.records)), baseline_lost=len(analysis.losses(baseline.result.records)),
-        greedy_differ=comparison.greedy_differ, seeded_differ=comparison.seeded_differ,
+        greedy_differ=_count(judgements, False, False), seeded_differ=_count(judgements, True, False),
+        greedy_ties=_count(judgements, False, True), seeded_ties=_count(judgements, True, True),
         blocks_zero_after_s=faulted.drain.zero_after_s, baseline_blocks_zero_after_s=baseline.drain.zero_after_s,
         blocks_bound_s=config.bound_s, faults_injected=len(injected),
         faults_not_recovered=sum(r.outcome is Outcome.NOT_RECOVERED for r in injected))
-    return ChaosResult(config, workload, schedule, baseline, faulted, windows, comparison,
-                       analysis.split_tbt(faulted.result.records, windows), verdict)
+    return ChaosResult(config, workload, schedule, baseline, faulted, windows, comparison, judgements,
+                       tie_judge.describe(), analysis.split_tbt(faulted.result.records, windows), verdict)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pdserve.chaos.config import ChaosConfig, FaultPlan
+from pdserve.chaos.config import ChaosConfig, FaultPlan, TieSpec
 from pdserve.chaos.fleet import FleetSpec
 from pdserve.chaos.load import LoadSpec
 from pdserve.chaos.schedule import Fault, FaultKind
@@ -25,7 +25,7 @@ PRESETS = {
     ),
 }
 NAMES = tuple(PRESETS)
-_PARTS = {"fleet": FleetSpec, "load": LoadSpec, "plan": FaultPlan}
+_PARTS = {"fleet": FleetSpec, "load": LoadSpec, "plan": FaultPlan, "ties": TieSpec}
 
 
 def config(name: str, overrides: Mapping[str, Any]) -> ChaosConfig:

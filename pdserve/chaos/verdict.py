@@ -1,4 +1,4 @@
-"""Pass or fail: nothing lost, nothing changed, no block left held beyond the bound."""
+"""Pass or fail: nothing lost, nothing changed for real, no block left held beyond the bound."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Verdict:
     """Blocks times are seconds from the load's end until every worker held no active block;
-    None when that did not happen within the poll limit."""
+    None when that did not happen within the poll limit. `*_differ`: outputs unlike the no-fault
+    run's that the tie judge called real (they fail the run); `*_ties`: those it called
+    floating-point near-ties (reported, not failing)."""
 
     lost: int
     baseline_lost: int
     greedy_differ: int
     seeded_differ: int
+    greedy_ties: int
+    seeded_ties: int
     blocks_zero_after_s: float | None
     baseline_blocks_zero_after_s: float | None
     blocks_bound_s: float

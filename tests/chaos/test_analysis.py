@@ -67,6 +67,14 @@ def test_outputs_are_compared_per_request_greedy_and_seeded_apart():
     assert (c.greedy_compared, c.seeded_compared) == (3, 1)
     assert (c.greedy_differ, c.seeded_differ) == (1, 1)
     assert {(d.index, d.sampled, d.first_index) for d in c.differences} == {(1, True, 1), (2, False, 2)}
+    assert {(d.index, d.tokens, d.prefix) for d in c.differences} == {(1, (2, 9), (1,)), (2, (3, 4), (1, 2))}
+
+
+def test_an_output_that_ends_where_the_other_goes_on_has_no_tokens_to_judge():
+    w = workload(sampled=set(), n=1)
+    longer = record(0, [0.0, 1.0, 2.0], tokens=[1, 2, 3], max_tokens=2)
+    (d,) = compare(w, [record(0, [0.0, 1.0], tokens=[1, 2])], [longer]).differences
+    assert (d.first_index, d.tokens, d.prefix) == (2, None, (1, 2))
 
 
 def test_a_request_lost_in_the_baseline_is_not_compared():

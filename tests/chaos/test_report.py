@@ -14,6 +14,7 @@ from pdserve.chaos.injector import FaultRecord, Outcome
 from pdserve.chaos.load import LoadSpec, build
 from pdserve.chaos.report import format_report, to_document
 from pdserve.chaos.schedule import Fault, FaultKind
+from pdserve.chaos.ties import Call, Judgement, Rule, StrictJudge, TieJudge
 
 T0 = 1.7e9
 CONFIG = ChaosConfig(load=LoadSpec(streams=6, documents=1, chat_tokens=(4, 4), document_tokens=4))
@@ -42,6 +43,21 @@ def measured(recs: tuple, faults: tuple[FaultRecord, ...] = (), zero_after: floa
                     faults, drain, "fake fleet")
 
 
+class TieOn(TieJudge):
+    """Calls the differences of the given requests near-ties (margin 3e-6), the others real."""
+
+    def __init__(self, *indices: int):
+        self.indices = indices
+
+    def judge(self, request, difference) -> Judgement:
+        if request.index in self.indices:
+            return Judgement(difference, Call.TIE, Rule.SEEDED, 3e-6, 1e-4, difference.tokens[0])
+        return Judgement(difference, Call.REAL, Rule.GREEDY, 0.75, 1e-4, difference.tokens[0])
+
+    def describe(self) -> str:
+        return "a test's judge"
+
+
 def kill_record() -> FaultRecord:
     return FaultRecord(KILL, Outcome.RECOVERED, T0 + 2.5, T0 + 4.0)
 
@@ -60,7 +76,7 @@ def test_a_faithful_run_passes_and_its_stall_counts_during_the_fault():
 
 def test_a_lost_request_a_changed_output_and_held_blocks_fail_it_and_are_named():
     faulted = measured(records(changed=1, failed=2), (kill_record(),), zero_after=None)
-    result = judge(CONFIG, WORKLOAD, (KILL,), measured(records()), faulted)
+    result = judge(CONFIG, WORKLOAD, (KILL,), measured(records()), faulted, StrictJudge())
     v = result.verdict
     assert (v.lost, v.greedy_differ + v.seeded_differ, v.blocks_zero_after_s) == (1, 1, None)
     text = format_report(result)
@@ -77,10 +93,27 @@ def test_a_skipped_fault_is_reported_and_not_counted_as_injected():
 
 
 def test_the_document_is_json_with_the_verdict_and_every_request():
-    result = judge(CONFIG, WORKLOAD, (KILL,), measured(records()), measured(records(changed=0), (kill_record(),)))
+    faulted = measured(records(changed=0), (kill_record(),))
+    result = judge(CONFIG, WORKLOAD, (KILL,), measured(records()), faulted, StrictJudge())
     doc = json.loads(json.dumps(to_document(result)))
     assert doc["verdict"]["passed"] is False and doc["verdict"]["failures"]
     assert doc["schedule"][0] == {"at_s": 2.0, "kind": "kill", "target": "decode-1", "stop_s": 0.0}
     assert doc["faulted"]["faults"][0]["outcome"] == "recovered"
     assert len(doc["faulted"]["run"]["requests"]) == len(WORKLOAD.requests)
     assert doc["config"]["plan"]["kinds"] == ["kill", "stop", "term"]
+    assert doc["judgements"]["each"][0]["call"] == "real" and doc["judgements"]["each"][0]["rule"].startswith("strict")
+    assert doc["verdict"]["greedy_differ"] + doc["verdict"]["seeded_differ"] == 1
+
+
+def test_a_near_tie_is_reported_with_its_margin_and_does_not_fail_the_run_a_real_one_does():
+    near = judge(CONFIG, WORKLOAD, (KILL,), measured(records()), measured(records(changed=1), (kill_record(),)),
+                 TieOn(1))
+    v = near.verdict
+    assert v.passed and (v.greedy_differ, v.seeded_differ, v.greedy_ties + v.seeded_ties) == (0, 0, 1)
+    text = format_report(near)
+    assert "near-ties, not failing" in text and "#1 " in text and "at 3: 3 vs 9" in text
+    assert "margin 3e-06 of the CDF mass (epsilon 0.0001); the reference picks 3" in text and text.endswith("PASS")
+    real = judge(CONFIG, WORKLOAD, (KILL,), measured(records()), measured(records(changed=1), (kill_record(),)),
+                 TieOn())
+    assert not real.verdict.passed and "real differences" in format_report(real)
+    assert "outputs differ from the no-fault run" in format_report(real)

@@ -1,4 +1,4 @@
-"""The verdict fails on a lost request, a changed output, blocks held past the bound or a worker not back."""
+"""The verdict fails on a lost request, an output changed for real (not a near-tie), blocks held past the bound or a worker not back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 from pdserve.chaos.verdict import Verdict
 
-CLEAN = Verdict(lost=0, baseline_lost=0, greedy_differ=0, seeded_differ=0, blocks_zero_after_s=1.5,
+CLEAN = Verdict(lost=0, baseline_lost=0, greedy_differ=0, seeded_differ=0, greedy_ties=0, seeded_ties=0,
+                blocks_zero_after_s=1.5,
                 baseline_blocks_zero_after_s=0.2, blocks_bound_s=40.0, faults_injected=4, faults_not_recovered=0)
 
 
@@ -30,6 +31,10 @@ def test_each_failure_fails_the_verdict_with_its_reason(change, reason):
     verdict = replace(CLEAN, **change)
     assert not verdict.passed
     assert verdict.failures == (reason,)
+
+
+def test_near_ties_alone_do_not_fail_it():
+    assert replace(CLEAN, greedy_ties=1, seeded_ties=2).passed
 
 
 def test_blocks_exactly_at_the_bound_pass():
