@@ -55,8 +55,8 @@ class Call(enum.Enum):
 
 
 class Rule(enum.Enum):
-    GREEDY = "greedy logit gap"
-    SEEDED = "seeded CDF distance, of the mass"
+    GREEDY = "greedy: logit gap"
+    SEEDED = "seeded: distance to a CDF boundary"
     UNSEEDED = "unseeded draw, not replayable: real"
     LENGTH = "one output ends where the other goes on: real"
     STRICT = "strict: every difference is real"

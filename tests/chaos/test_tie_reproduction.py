@@ -1,0 +1,82 @@
+"""A batch effect reproduced in process on the embedded model is judged a tie; the same request
+drawing with its seeded index shifted by one (a resumption bug) is judged real.
+
+24 seeded requests (prompts of 30-90 random words, temperature 0.8, 20 tokens), each alone and
+all together, with one torch thread so the numerics are the same from run to run: request 11
+parts at token 17 (a draw within 1e-7 of the mass of a CDF boundary, measured with
+`python -m pdserve.chaos.batch_effects --threads 1`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pdserve.bench.workloads import BenchRequest, Kind
+from pdserve.chaos.analysis import Difference
+from pdserve.chaos.batch_effects import EffectSpec, first_difference, prompts, requests
+from pdserve.chaos.reference import Reference
+from pdserve.chaos.ties import Call, ReferenceJudge, Rule
+from pdserve.requests import Priority
+
+pytestmark = pytest.mark.timeout(900)
+
+SPEC = EffectSpec(seed=0)
+PARTING = 11  # the request that parts alone vs together at one thread; the others are tried after it
+
+
+@pytest.fixture(scope="module")
+def reference():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ref = Reference()
+    try:
+        yield ref
+    finally:
+        ref.close()
+        torch.set_num_threads(threads)
+
+
+def bench_request(index: int, sampling) -> BenchRequest:
+    return BenchRequest(index, 0.0, Kind.CHAT, Priority.NORMAL, prompts(SPEC)[index], sampling.max_tokens,
+                        sampling.temperature, sampling.seed)
+
+
+def difference(index: int, before: tuple[int, ...], after: tuple[int, ...]) -> Difference:
+    k = first_difference(before, after)
+    assert k is not None
+    return Difference(index, True, k, f"request-{index}", (before[k], after[k]), before[:k])
+
+
+@pytest.fixture(scope="module")
+def parted(reference) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(request, its tokens alone, its tokens among all 24): the first request that parts."""
+    batch = requests(SPEC, reference)
+    together = reference.run(batch)
+    for index in (PARTING, *(i for i in range(SPEC.prompts) if i != PARTING)):
+        alone = reference.run([batch[index]])[0]
+        if alone.token_ids != together[index].token_ids:
+            return index, alone.token_ids, together[index].token_ids
+    pytest.fail("no request's tokens differ alone vs batched: this platform's batch effects flip no draw")
+
+
+def test_a_request_that_parts_alone_vs_batched_is_a_tie(reference, parted):
+    index, alone, together = parted
+    batch = requests(SPEC, reference)
+    judged = ReferenceJudge(lambda: reference).judge(bench_request(index, batch[index][1]),
+                                                     difference(index, alone, together))
+    assert (judged.call, judged.rule) == (Call.TIE, Rule.SEEDED), judged
+    assert judged.margin <= judged.epsilon
+
+
+def test_the_same_request_drawing_with_its_index_shifted_by_one_is_real(reference, parted):
+    index, alone, _ = parted
+    prompt, sampling = requests(SPEC, reference)[index]
+    shifted = reference.run([([*prompt, alone[0]], dataclasses.replace(sampling, max_tokens=SPEC.tokens - 1))])[0]
+    resumed = (alone[0], *shifted.token_ids)  # token n drawn with seeded_uniform(seed, n - 1)
+    judged = ReferenceJudge(lambda: reference).judge(bench_request(index, sampling),
+                                                     difference(index, alone, resumed))
+    assert (judged.call, judged.rule) == (Call.REAL, Rule.SEEDED), judged
+    assert judged.margin > 10 * judged.epsilon
