@@ -100,7 +100,7 @@ def _changes(a: torch.Tensor, b: torch.Tensor, params: SamplingParams) -> tuple[
     """a, b: [V] logits of one position in two ways -> (logprob, logprob_top20, gap, cdf)."""
     la, lb = torch.log_softmax(a.double(), dim=-1), torch.log_softmax(b.double(), dim=-1)  # [V]
     delta = (la - lb).abs()
-    top = la.topk(20).indices
+    top = la.topk(min(20, la.shape[-1])).indices
     gap = abs((la[top[0]] - la[top[1]]) - (lb[top[0]] - lb[top[1]])).item()
     cdf = (_cdf(a, params) - _cdf(b, params)).abs().max().item()
     return delta.max().item(), delta[top].max().item(), gap, cdf
