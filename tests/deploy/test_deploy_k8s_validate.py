@@ -95,7 +95,7 @@ def test_every_container_requests_cpu_and_memory_and_caps_memory(rendered, layou
 
 
 def test_gpu_overlay_gives_each_worker_its_gpus_and_the_router_none(rendered):
-    gpus = {"pdserve-prefill": "1", "pdserve-decode": "4"}  # decode: one per tensor-parallel rank
+    gpus = {"pdserve-prefill": "4", "pdserve-decode": "4"}  # one per tensor-parallel rank
     for workload, pod in pod_templates(rendered["gpu"]):
         resources = pod["containers"][0]["resources"]
         wants_gpu = workload["metadata"]["name"] in gpus

@@ -1,5 +1,5 @@
-"""The GPU overlay's decode workers run at tensor parallel size 4 with four GPUs, as the real CLI
-parses their command line; every other layout's workers at size 1."""
+"""The GPU overlay's prefill and decode workers run at tensor parallel size 4 with four GPUs, as
+the real CLI parses their command line; every other layout's workers at size 1."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from test_deploy_gpu_defaults import k8s_workers
 from pdserve.cli import main
 from pdserve.cli.options import engine_config
 
-SIZES = {"base": {"decode": 1}, "cpu-demo": {"decode": 1}, "gpu": {"decode": 4}}
+SIZES = {"base": {"prefill": 1, "decode": 1}, "cpu-demo": {"prefill": 1, "decode": 1},
+         "gpu": {"prefill": 4, "decode": 4}}
 
 
 def sizes(manifests) -> dict[str, int]:
@@ -21,12 +22,13 @@ def sizes(manifests) -> dict[str, int]:
 
 @pytest.mark.parametrize("layout", sorted(SIZES))
 def test_each_layout_s_workers_run_at_their_tensor_parallel_size(rendered, layout):
-    assert sizes(rendered[layout]) == {"prefill": 1, **SIZES[layout]}
+    assert sizes(rendered[layout]) == SIZES[layout]
 
 
-def test_a_gpu_decode_pod_holds_one_gpu_per_rank(rendered):
-    (spec,) = [spec for workload, spec in pod_templates(rendered["gpu"]) if workload["metadata"]["name"] == "pdserve-decode"]
-    (container,) = [c for c in spec["containers"] if c["name"] == "decode"]
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_gpu_worker_pod_holds_one_gpu_per_rank(rendered, role):
+    (spec,) = [spec for workload, spec in pod_templates(rendered["gpu"]) if workload["metadata"]["name"] == f"pdserve-{role}"]
+    (container,) = [c for c in spec["containers"] if c["name"] == role]
     resources = container["resources"]
     assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "4"
-    assert sizes(rendered["gpu"])["decode"] == 4
+    assert sizes(rendered["gpu"])[role] == 4
