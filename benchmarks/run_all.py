@@ -35,6 +35,7 @@ BENCHMARKS = (
                                    "--context", "64", "--steps", "8", "--repeats", "1")),
     Benchmark("tracing_overhead", ("--rounds", "2", "--requests", "2", "--tokens", "16")),
     Benchmark("http_vs_grpc", ("--rounds", "2", "--concurrency", "4", "--tokens", "16")),
+    Benchmark("worker_start", ("--repeats", "1", "--spawns", "1")),
 )
 
 
