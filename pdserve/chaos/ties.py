@@ -21,14 +21,16 @@ what the reference itself would pick under a perturbation of at most epsilon:
     tie      margin <= epsilon (a token the filters removed is never a tie)
     real     otherwise: a resumed request drawing with the wrong index, a lost or doubled token
 
-Epsilon, measured (`python -m pdserve.chaos.batch_effects --threads 1`, the embedded model, fp32
-CPU, 24 prompts of 30-90 words each alone vs all together, seeded, temperature 0.8, 20 tokens):
-the top-two logit gap moved by at most 3.6e-5, any of the 20 most likely raw logprobs by at most
-4.3e-5 (any logprob at all by 8.9e-5, in the far tail), and a CDF boundary by at most 5.4e-6 of
-the mass; 1 of the 24 requests parted (at token 17, neighbouring tokens). Epsilon 1e-4 (TieSpec) is
-about 3x the largest gap change and twice the largest top-20 logprob change (a gap moves by at
-most the sum of two), and about 20x the largest boundary shift; a wrong-index draw or a lost token
-lands a margin of order the tokens' own probabilities away, far above it.
+Epsilon, measured (`python -m pdserve.chaos.batch_effects --threads 1` and `--threads 2`, the
+embedded model, fp32 CPU, 24 prompts of 30-90 words each alone vs all together, seeded,
+temperature 0.8, 20 tokens; the larger of the two figures): the top-two logit gap moved by at
+most 3.8e-5, any of the 20 most likely raw logprobs by at most 4.5e-5 (any logprob at all by
+8.9e-5, in the far tail), and a CDF boundary by at most 6.8e-6 of the mass; at one thread 1 of
+the 24 requests parted (at token 17, neighbouring tokens, 7.7e-9 of the mass from their boundary).
+Epsilon 1e-4 (TieSpec) is about 2.6x the largest gap change and above twice the largest top-20
+logprob change (a gap moves by at most the sum of two), and about 15x the largest boundary shift.
+A wrong-index draw or a lost token lands a margin of order the tokens' own probabilities away
+(0.39 of the mass for that request drawing with its index shifted by one), far above it.
 """
 
 from __future__ import annotations
