@@ -21,7 +21,8 @@ from pdserve.sampling.sampler import Sampler
 
 @dataclass(frozen=True)
 class ReferenceSpec:
-    """The engine the reference runs: the fleet's model on the CPU, with a small KV pool."""
+    """The engine the reference runs: the fleet's model on the CPU in fp32, with a small KV pool
+    and no prefix cache (each `logits` call is a whole prefill, whatever came before)."""
 
     model: str | None = None  # None: the embedded SmolLM2, as the chaos fleet's workers run
     kv_blocks: int = 256  # 4,096 tokens: the longest chaos document and its output fit
@@ -44,7 +45,8 @@ class RecordingSampler(Sampler):
         self.keep = False
         self.rows: list[tuple[SamplingParams, int, torch.Tensor]] = []
 
-    def sample(self, logits: torch.Tensor, params, token_indices, generator) -> list[int]:
+    def sample(self, logits: torch.Tensor, params: Sequence[SamplingParams], token_indices: Sequence[int],
+               generator: torch.Generator) -> list[int]:
         if logits.shape[0]:
             self.last = logits[-1].detach().clone()
         if self.keep:

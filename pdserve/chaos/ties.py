@@ -31,6 +31,10 @@ Epsilon 1e-4 (TieSpec) is about 2.6x the largest gap change and above twice the 
 logprob change (a gap moves by at most the sum of two), and about 15x the largest boundary shift.
 A wrong-index draw or a lost token lands a margin of order the tokens' own probabilities away
 (0.39 of the mass for that request drawing with its index shifted by one), far above it.
+
+NOTE: these are fp32 CPU figures, as the chaos fleet runs; workers in bfloat16 on a GPU would move
+logits by far more than epsilon, and would need both a measured epsilon and a reference on their
+device.
 """
 
 from __future__ import annotations
