@@ -42,6 +42,8 @@ class Difference:
 
 @dataclass(frozen=True)
 class Comparison:
+    """Every difference, near-ties included (the verdict counts the tie judge's calls apart)."""
+
     greedy_compared: int
     seeded_compared: int
     differences: tuple[Difference, ...]
