@@ -58,15 +58,27 @@ def difference(index: int, before: tuple[int, ...], after: tuple[int, ...]) -> D
 
 
 @pytest.fixture(scope="module")
-def parted(reference) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    """(request, its tokens alone, its tokens among all 24): the first request that parts."""
+def runs(reference) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Request -> (its tokens alone, its tokens among all 24), for PARTING and, when PARTING does
+    not part on this platform, the others until one does."""
     batch = requests(SPEC, reference)
     together = reference.run(batch)
+    found = {}
     for index in (PARTING, *(i for i in range(SPEC.prompts) if i != PARTING)):
-        alone = reference.run([batch[index]])[0]
-        if alone.token_ids != together[index].token_ids:
-            return index, alone.token_ids, together[index].token_ids
-    pytest.fail("no request's tokens differ alone vs batched: this platform's batch effects flip no draw")
+        found[index] = (reference.run([batch[index]])[0].token_ids, together[index].token_ids)
+        if found[index][0] != found[index][1]:
+            break
+    return found
+
+
+@pytest.fixture(scope="module")
+def parted(runs) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(request, alone, together) of the first request that parts. Batch effects are a property of
+    the CPU's kernels: on a platform where none of the 24 parts, there is no tie to judge."""
+    for index, (alone, together) in runs.items():
+        if alone != together:
+            return index, alone, together
+    pytest.skip("no request's tokens differ alone vs batched on this platform's kernels: no tie to judge")
 
 
 def test_a_request_that_parts_alone_vs_batched_is_a_tie(reference, parted):
@@ -78,8 +90,9 @@ def test_a_request_that_parts_alone_vs_batched_is_a_tie(reference, parted):
     assert judged.margin <= judged.epsilon
 
 
-def test_the_same_request_drawing_with_its_index_shifted_by_one_is_real(reference, parted):
-    index, alone, _ = parted
+def test_the_same_request_drawing_with_its_index_shifted_by_one_is_real(reference, runs):
+    index = next(iter(runs))
+    alone = runs[index][0]
     prompt, sampling = requests(SPEC, reference)[index]
     shifted = reference.run([([*prompt, alone[0]], replace(sampling, max_tokens=SPEC.tokens - 1))])[0]
     resumed = (alone[0], *shifted.token_ids)  # token n drawn with seeded_uniform(seed, n - 1)
