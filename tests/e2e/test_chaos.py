@@ -14,7 +14,9 @@ from pdserve.chaos.schedule import FaultKind
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 # Seed 3 with faults placed within 2-20 s: SIGSTOP decode-0 and prefill-1, SIGKILL prefill-0, SIGTERM decode-0.
-CI = {"streams": 40, "chat_words": (40, 120), "chat_tokens": (12, 20), "faults": 4, "stop_s": (3.0, 8.0),
+# Chats arrive at 2 a second (the last at 20.0 s for this seed), so the load outlasts the last fault
+# however fast the machine serves it (all at once, a quiet machine finished before the SIGTERM was due).
+CI = {"streams": 40, "rate": 2.0, "chat_words": (40, 120), "chat_tokens": (12, 20), "faults": 4, "stop_s": (3.0, 8.0),
       "recovery_s": 25.0, "span_s": 20.0, "seed": 3, "progress": False, "duration_limit_s": 400.0,
       "recovery_timeout_s": 180.0}
 
