@@ -16,6 +16,7 @@ import signal
 
 from pdserve.cli.options import add_engine_flags
 from pdserve.config import DeadlineConfig
+from pdserve.procs.parent_watch import supervisor_pid, watch_parent
 from pdserve.rpc.security import add_security_flags
 from router.flow import FlowConfig
 from router.discovery import MAX_REGISTERED_WORKERS
@@ -117,11 +118,14 @@ async def _serve(args: argparse.Namespace) -> int:
         _write_ready(args.ready_file, {"port": service.port, "metrics_port": service.metrics_port,
                                        "internal_port": internal_port, "http_port": http_port})
     stops = _stop_queue(service)
+    supervisor = _watch_supervisor(stops)
     metrics = f", metrics on :{service.metrics_port}/metrics" if service.metrics_port else ""
     registry = f", registry on :{internal_port}" if internal_port else ""
     http = f", HTTP (OpenAI API) on :{http_port}" if http_port else ""
     print(f"pdserve {args.role} serving on {args.host}:{service.port}{http}{metrics}{registry}", flush=True)
     stop = await stops.get()
+    if supervisor is not None:
+        supervisor.cancel()
     if stop is Stop.DRAIN:
         left = await service.drain(args.drain_timeout_s)
         print(f"pdserve {args.role} drained ({left} requests left)", flush=True)
@@ -145,6 +149,19 @@ def _stop_queue(service) -> asyncio.Queue[Stop]:
     if isinstance(service, WorkerService):
         service.on_engine_failure(lambda _: stops.put_nowait(Stop.ENGINE_FAILED))
     return stops
+
+
+def _watch_supervisor(stops: asyncio.Queue[Stop]) -> asyncio.Task | None:
+    """Under a supervisor (pdserve up, a test fleet, the chaos harness): stop now once it is gone."""
+    parent = supervisor_pid(os.environ)
+    if parent is None:
+        return None
+
+    def orphaned() -> None:
+        print("pdserve: the supervisor that started this process is gone; stopping", flush=True)
+        stops.put_nowait(Stop.INTERRUPT)
+
+    return asyncio.ensure_future(watch_parent(parent, orphaned))
 
 
 def _write_ready(path: str, ports: dict[str, int | None]) -> None:

@@ -3,7 +3,8 @@ only: when to restart is the caller's choice (see pdserve/cli/fleet.py for `pdse
 runs `python -m pdserve.cli.main <argv> --ready-file F`: a command line, not an import.
 
 Each child runs in a process group of its own (signals reach what it started, and a Ctrl-C
-at the terminal reaches only the parent, which then stops the children in order).
+at the terminal reaches only the parent, which then stops the children in order). A child stops
+by itself once this process is gone, even killed (`parent_watch`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pdserve.procs.parent_watch import SUPERVISOR_PID_ENV
 
 PR_SET_PDEATHSIG = 1
 
@@ -85,7 +88,8 @@ class Supervisor:
         cmd = [sys.executable, "-m", "pdserve.cli.main", *argv, "--ready-file", str(ready)]
         out = open(log, mode) if log else subprocess.DEVNULL
         try:
-            return subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.Popen(cmd, env={**self.env, SUPERVISOR_PID_ENV: str(os.getpid())}, stdout=out,
+                                    stderr=subprocess.STDOUT,
                                     preexec_fn=self._preexec(cpus), start_new_session=True)
         finally:
             if log:
