@@ -174,8 +174,8 @@ class InProcessSender(KVSender):
         self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._fabric = fabric
-        self._max_blocks = max(1, max_copy_bytes // self.bytes.shape[1])
         self._closed = False
+        self._max_blocks = max(1, max_copy_bytes // self.bytes.shape[1])
 
     async def send(
         self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes,

@@ -274,8 +274,8 @@ class UcxSender(KVSender):
         self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes,
         heads: HeadSlice | None = None
     ) -> TransferResult:
-        started = time.perf_counter()
         deadline = time.monotonic() + timeout_s
+        started = time.perf_counter()
         heads = checked_slice(self.pool, heads)
         block_nbytes = _slice_nbytes(self.pool, heads)
         messages = _plan(pairs, block_nbytes, self._config)
