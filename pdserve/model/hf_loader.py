@@ -34,13 +34,13 @@ def load_hf_model(folder: Path, device: str | torch.device, dtype: torch.dtype) 
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder}: no config.json (expected a transformers checkpoint folder or a .gguf file)")
     config = read_hf_config(folder)
-    index = _tensor_index(folder)
-    with _ShardSet(folder) as shards:
+    index = tensor_index(folder)
+    with ShardSet(folder) as shards:
         model = build_model(config, lambda name: shards.get(index, name), str(folder), device, dtype)
     return config, model
 
 
-def _tensor_index(folder: Path) -> dict[str, str]:
+def tensor_index(folder: Path) -> dict[str, str]:
     """Tensor name -> file name, from the shard index or by listing every safetensors file."""
     if (folder / INDEX_FILE).is_file():
         weight_map = _read_json(folder / INDEX_FILE, INDEX_FILE).get("weight_map")
@@ -57,30 +57,37 @@ def _tensor_index(folder: Path) -> dict[str, str]:
     return index
 
 
-class _ShardSet:
-    """Opens each shard once, on first use; closes all on exit."""
+class ShardSet:
+    """Opens each shard once, on first use; closes all on exit (or `close`)."""
 
     def __init__(self, folder: Path):
         self._folder = folder
         self._open: dict[str, Any] = {}
 
-    def __enter__(self) -> "_ShardSet":
+    def __enter__(self) -> "ShardSet":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         for handle in self._open.values():
             handle.__exit__(None, None, None)
         self._open.clear()
 
-    def get(self, index: dict[str, str], name: str) -> torch.Tensor:
-        file = index[name]
+    def handle(self, file: str) -> Any:
+        """The open safetensors file `file` of the folder."""
         if file not in self._open:
             path = self._folder / file
             if not path.is_file():
                 raise ModelLoadError(f"{self._folder}: shard {file} listed in the index is missing")
             self._open[file] = _open(path).__enter__()
+        return self._open[file]
+
+    def get(self, index: dict[str, str], name: str) -> torch.Tensor:
+        file = index[name]
         try:
-            return self._open[file].get_tensor(name)
+            return self.handle(file).get_tensor(name)
         except SafetensorError as exc:
             raise ModelLoadError(f"{self._folder / file}: cannot read tensor {name!r}: {exc}") from exc
 

@@ -48,11 +48,11 @@ class CheckpointSlices(ABC):
 
 class SafetensorsSlices(CheckpointSlices):
     def __init__(self, folder: Path):
-        from pdserve.model.hf_loader import _tensor_index, read_hf_config
+        from pdserve.model.hf_loader import ShardSet, read_hf_config, tensor_index
 
         self.config = read_hf_config(folder)
-        self._folder, self._index = folder, _tensor_index(folder)
-        self._handles: dict[str, Any] = {}
+        self._folder, self._index = folder, tensor_index(folder)
+        self._shards = ShardSet(folder)
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._slice(name).get_shape())
@@ -64,28 +64,16 @@ class SafetensorsSlices(CheckpointSlices):
         return tensor
 
     def close(self) -> None:
-        for handle in self._handles.values():
-            handle.__exit__(None, None, None)
-        self._handles.clear()
+        self._shards.close()
 
     def _slice(self, name: str) -> Any:
         from safetensors import SafetensorError
 
         file = self._index[name]
         try:
-            return self._handle(file).get_slice(name)
+            return self._shards.handle(file).get_slice(name)
         except SafetensorError as exc:
             raise ModelLoadError(f"{self._folder / file}: cannot read tensor {name!r}: {exc}") from exc
-
-    def _handle(self, file: str) -> Any:
-        from pdserve.model.hf_loader import _open
-
-        if file not in self._handles:
-            path = self._folder / file
-            if not path.is_file():
-                raise ModelLoadError(f"{self._folder}: shard {file} listed in the index is missing")
-            self._handles[file] = _open(path).__enter__()
-        return self._handles[file]
 
 
 class _Stored(NamedTuple):
