@@ -37,7 +37,7 @@ def defaults_rows(device: torch.device) -> list[Row]:
     from pdserve.model.dtypes import serving_dtype
 
     dtype = serving_dtype("auto", device)
-    choice = choose_backend("auto", device.type, flashinfer_problem(device, dtype))
+    choice = choose_backend("auto", device.type, flashinfer_problem(device, dtype), dtype)
     result = f"{str(dtype).removeprefix('torch.')} with {choice.name}"
     if choice.fallback:
         return [Row("defaults: --dtype auto, --attention-backend auto", f"{result}: {choice.fallback}", Verdict.WARN)]

@@ -4,10 +4,11 @@ and every decode figure against the machine's roofline measured in the same run 
     prefill: one prompt of --prompt-tokens tokens, tokens/s of the forward pass
     decode:  batches of --batches sequences at each of --contexts, each with its context already
              in the KV pool, then --steps greedy decode steps; tokens/s = batch x steps / time of
-             the steps, for each attention backend of --backends
+             the steps, for each attention backend of --backends with each weight layout of
+             --weight-layouts (dense: `x @ W`; packed: MKL's pre-packed panels, a copy of the model)
     bound:   the smaller of the compute bound (FLOPs / matmul rate on the model's own projections
-             at that batch) and the memory bound (weights + KV read / bandwidth); "of bound" is
-             tokens/s over it
+             at that batch, the faster weight layout's) and the memory bound (weights + KV read /
+             bandwidth); "of bound" is tokens/s over it
 
 transformers' prefill is timed with generate(1 new token); its decode with its own loop: the batch
 prefilled once into its KV cache, then --steps forward passes of one token per sequence from a
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import inspect
 import os
 import sys
@@ -45,6 +47,7 @@ from pdserve.attention import make_attention_backend  # noqa: E402
 from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
+from pdserve.model.weight_layout import apply_weight_layout  # noqa: E402
 
 BLOCK_SIZE = 16
 
@@ -57,12 +60,12 @@ class Row:
     bound: Bound | None = None
 
     def line(self) -> str:
-        cells = [f"{self.name:<24}"] + [f"{v:>14.1f}" for v in self.ours.values()]
+        cells = [f"{self.name:<24}"] + [f"{v:>22.1f}" for v in self.ours.values()]
         best = max(self.ours.values())
         cells.append(f"{self.reference:14.1f}{best / self.reference:7.2f}x" if self.reference else f"{'-':>14}{'-':>8}")
         if self.bound is not None:
             cells.append(f"{self.bound.tokens_per_s:10.1f} {self.bound.by:>4}")
-            cells += [f"{v / self.bound.tokens_per_s:>20.2f}" for v in self.ours.values()]
+            cells += [f"{v / self.bound.tokens_per_s:>28.2f}" for v in self.ours.values()]
         return "".join(cells)
 
 
@@ -184,9 +187,15 @@ def load_reference(source: Path):
     return model.eval()
 
 
-def decode_row(args, loaded: LoadedModel, reference, roofline: Roofline, size: int, context: int) -> Row:
+def variants(args) -> list[tuple[str, str]]:
+    """(attention backend, weight layout) of every decode column, in order."""
+    return [(b, w) for w in args.weight_layouts.split(",") for b in args.backends.split(",")]
+
+
+def decode_row(args, layouts: dict[str, LoadedModel], reference, roofline: Roofline, size: int, context: int) -> Row:
+    loaded = layouts["dense"]
     batch = prompts(size, context, loaded.config.vocab_size, seed=size)
-    decoders = {b: Decoder(loaded, batch, args.steps, b, args.random_kv) for b in args.backends.split(",")}
+    decoders = {f"{b}/{w}": Decoder(layouts[w], batch, args.steps, b, args.random_kv) for b, w in variants(args)}
     theirs_decoder = ReferenceDecoder(reference, batch, args.steps) if reference and not args.random_kv else None
     ours, theirs = best_of(args.repeats, {b: d.run for b, d in decoders.items()},
                            theirs_decoder.run if theirs_decoder else None)
@@ -194,11 +203,11 @@ def decode_row(args, loaded: LoadedModel, reference, roofline: Roofline, size: i
 
 
 def print_header(args, loaded: LoadedModel) -> None:
-    backends = args.backends.split(",")
+    columns = [f"{b}/{w}" for b, w in variants(args)]
     print(f"model {loaded.config.name}, fp32, {args.threads} threads, {args.steps} steps, best of {args.repeats}, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs{', random KV' if args.random_kv else ''}")
-    print(f"{'tokens/s':<24}" + "".join(f"{b:>14}" for b in backends) + f"{'transformers':>14}{'ratio':>8}"
-          f"{'bound':>10}{'by':>5}" + "".join(f"{b + '/bound':>20}" for b in backends), flush=True)
+    print(f"{'tokens/s':<24}" + "".join(f"{c:>22}" for c in columns) + f"{'transformers':>14}{'ratio':>8}"
+          f"{'bound':>10}{'by':>5}" + "".join(f"{c + ' /bound':>28}" for c in columns), flush=True)
 
 
 def print_roofline(roofline: Roofline) -> None:
@@ -217,6 +226,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backends", default="torch,torch-batched", help="pdserve attention backends to time")
+    parser.add_argument("--weight-layouts", default="dense,packed",
+                        help="projection weight layouts to time (packed: where MKL can, see --weight-layout)")
     parser.add_argument("--random-kv", action="store_true", help="random K/V as the context instead of a prefill")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill row")
     parser.add_argument("--no-transformers", action="store_true", help="time pdserve only")
@@ -225,26 +236,38 @@ def main() -> None:
 
     loaded = load_model(args.model)
     reference = None if args.no_transformers else load_reference(loaded.source_path)
-    roofline = Roofline(loaded.model, loaded.config)
+    layouts = weight_layouts(loaded, args.weight_layouts.split(","))
+    roofline = Roofline([m.model for m in layouts.values()], loaded.config)
     print_header(args, loaded)
     if not args.no_prefill:
-        print(prefill_row(args, loaded, reference).line(), flush=True)
+        print(prefill_row(args, layouts, reference).line(), flush=True)
     for context in (int(c) for c in args.contexts.split(",")):
         for size in (int(b) for b in args.batches.split(",")):
-            print(decode_row(args, loaded, reference, roofline, size, context).line(), flush=True)
+            print(decode_row(args, layouts, reference, roofline, size, context).line(), flush=True)
     print_roofline(roofline)
 
 
-def prefill_row(args, loaded: LoadedModel, reference) -> Row:
-    long_prompt = prompts(1, args.prompt_tokens, loaded.config.vocab_size, seed=0)[0]
-    ours_prefill(loaded, long_prompt[:64])  # warm-up
+def weight_layouts(loaded: LoadedModel, names: list[str]) -> dict[str, LoadedModel]:
+    """layout -> the model in it; packed is a copy of the dense model, packed."""
+    layouts = {"dense": loaded}
+    if "packed" in names:
+        model = copy.deepcopy(loaded.model)
+        apply_weight_layout(model, "packed", "cpu", torch.float32)  # raises where MKL cannot pack
+        layouts["packed"] = dataclasses.replace(loaded, model=model)
+    return layouts
+
+
+def prefill_row(args, layouts: dict[str, LoadedModel], reference) -> Row:
+    """The prefill of each weight layout (the attention backends compute a prefill alike)."""
+    long_prompt = prompts(1, args.prompt_tokens, layouts["dense"].config.vocab_size, seed=0)[0]
+    for loaded in layouts.values():
+        ours_prefill(loaded, long_prompt[:64])  # warm-up
     ours, theirs = best_of(
         args.repeats,
-        {"torch": lambda: ours_prefill(loaded, long_prompt)},
+        {w: (lambda loaded=loaded: ours_prefill(loaded, long_prompt)) for w, loaded in layouts.items()},
         (lambda: hf_prefill(reference, long_prompt)) if reference else None,
     )
-    return Row(f"prefill {args.prompt_tokens} tok", {b: ours["torch"] for b in args.backends.split(",")}, theirs)
-
+    return Row(f"prefill {args.prompt_tokens} tok", {f"{b}/{w}": ours[w] for b, w in variants(args)}, theirs)
 
 if __name__ == "__main__":
     main()

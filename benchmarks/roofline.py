@@ -3,6 +3,7 @@
     matmul rate(B): every projection of the model (its own weights, in layer order, lm_head last)
                     multiplied by a [B, in] input once; FLOPs / seconds, best of a few sweeps.
                     Cold weights as in a real step: the sweep streams all of them from memory.
+                    Given the model in several weight layouts (dense, packed), the fastest.
     bandwidth:      the sum of a tensor far larger than the caches; bytes / seconds.
 
     compute bound (tokens/s) = B / ((B x linear FLOPs + attention FLOPs) / matmul rate(B))
@@ -15,6 +16,7 @@ bound unless the contexts are long).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,8 +47,10 @@ class Bound:
 
 
 class Roofline:
-    def __init__(self, model: torch.nn.Module, config: ModelConfig, repeats: int = 3):
-        self.linears = [m for m in model.modules() if isinstance(m, Linear)]
+    def __init__(self, models: Sequence[torch.nn.Module], config: ModelConfig, repeats: int = 3):
+        """models: one model in each weight layout to measure (the same weights)."""
+        self.layouts = [[m for m in model.modules() if isinstance(m, Linear)] for model in models]
+        self.linears = self.layouts[0]
         self.config = config
         self.repeats = repeats
         self.bandwidth = memory_bandwidth(repeats)  # bytes/s
@@ -55,7 +59,8 @@ class Roofline:
     def matmul_rate(self, batch: int) -> float:
         """FLOP/s of the model's projections at `batch` rows (measured once per batch size)."""
         if batch not in self._rates:
-            self._rates[batch] = self._linear_flops() * batch / self._sweep_seconds(batch)
+            seconds = min(self._sweep_seconds(linears, batch) for linears in self.layouts)
+            self._rates[batch] = self._linear_flops() * batch / seconds
         return self._rates[batch]
 
     def measured_rates(self) -> dict[int, float]:
@@ -81,12 +86,12 @@ class Roofline:
         return 2.0 * sum(m.weight.shape[0] * m.weight.shape[1] for m in self.linears)
 
     @torch.inference_mode()
-    def _sweep_seconds(self, batch: int) -> float:
-        inputs = {m.weight.shape[0]: torch.randn(batch, m.weight.shape[0]) for m in self.linears}
+    def _sweep_seconds(self, linears: list[Linear], batch: int) -> float:
+        inputs = {m.weight.shape[0]: torch.randn(batch, m.weight.shape[0]) for m in linears}
         best = float("inf")
         for _ in range(self.repeats + 1):  # the first sweep warms up
             start = time.perf_counter()
-            for m in self.linears:
+            for m in linears:
                 m(inputs[m.weight.shape[0]])
             best = min(best, time.perf_counter() - start)
         return best

@@ -1,5 +1,6 @@
 """Attention backends behind one interface: torch (reference, CPU and GPU), flashinfer (CUDA) and
-torch-batched (decode attention read from the pool in place; CPU, float32)."""
+torch-batched (decode attention read from the pool in place; CPU, float32/float64; auto's choice
+on a CPU)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.selection import (
     BACKEND_NAMES,
+    BATCHED_DTYPES,
     AttentionBackendUnavailable,
     BackendChoice,
     choose_backend,
@@ -23,10 +25,10 @@ def make_attention_backend(
     name: str, device: str | torch.device, dtype: torch.dtype | None = None
 ) -> AttentionBackend:
     """`auto` picks flashinfer on a CUDA device with a half-precision pool when flashinfer
-    imports, else torch (on CUDA with a warning naming why). `dtype` is the KV pool's dtype
-    (None: not known, assume half)."""
+    imports, torch-batched on a CPU with a float32/float64 pool, else torch (on CUDA with a
+    warning naming why). `dtype` is the KV pool's dtype (None: not known, assume half)."""
     problem = flashinfer_problem(device, dtype) if name in ("auto", "flashinfer") else None
-    choice = choose_backend(name, torch.device(device).type, problem)
+    choice = choose_backend(name, torch.device(device).type, problem, dtype)
     if choice.fallback is not None:
         log.warning("attention backend auto: torch, not flashinfer: %s", choice.fallback)
     return _build(choice, device, dtype)
@@ -46,13 +48,18 @@ def _build(choice: BackendChoice, device: str | torch.device, dtype: torch.dtype
 
 def _batched(device: str | torch.device, dtype: torch.dtype | None) -> AttentionBackend:
     from pdserve.attention.batched_backend import BatchedTorchBackend
-    from pdserve.attention.pool_rows import SUPPORTED_DTYPES
+    from pdserve.attention.native_decode import load_native_decode
 
     if torch.device(device).type != "cpu":
         raise AttentionBackendUnavailable(f"torch-batched attention runs on the CPU, not {device}")
-    if dtype is not None and dtype not in SUPPORTED_DTYPES:
+    if dtype is not None and dtype not in BATCHED_DTYPES:
         raise AttentionBackendUnavailable(f"torch-batched attention computes in float32/float64, not {dtype}")
-    return BatchedTorchBackend()
+    native, problem = load_native_decode()
+    if problem is not None:
+        log.warning("torch-batched attention: decodes by sparse products, not the C kernel: %s", problem)
+    else:
+        log.info("torch-batched attention: decodes by the C kernel (pdserve/attention/paged_decode.c)")
+    return BatchedTorchBackend(native)
 
 
 __all__ = [

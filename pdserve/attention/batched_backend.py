@@ -2,9 +2,10 @@
 
 A second implementation of the torch backend's contract, for passes dominated by decode tokens:
 
-  * every one-token sequence of the pass, whatever its context length, in one sparse product per
-    layer that reads its keys and values where they lie in the pool (pdserve/attention/pool_rows.py):
-    no per-layer gather of each sequence's K/V, no padding to the longest context;
+  * every one-token sequence of the pass, whatever its context length, read where its keys and
+    values lie in the pool: by the C kernel of native_decode.py (float32; each key and value read
+    once per layer), else in one sparse product per layer (pdserve/attention/pool_rows.py); no
+    per-layer gather of each sequence's K/V, no padding to the longest context;
   * every longer chunk exactly as the reference backend computes it (SDPA on the chunk, or on
     its context read from the pool), which is compute-bound and already runs at the matmul rate.
 
@@ -20,6 +21,7 @@ import torch
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch, SeqSpan
+from pdserve.attention.native_decode import NativeDecode, NativePlan
 from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, plan_pool_rows, pool_attention
 from pdserve.attention.torch_backend import Chunk, attend_chunk, plan_chunk
 from pdserve.kv.kv_cache import KVCache
@@ -37,13 +39,16 @@ class _Plan:
     decodes: _Decodes | None
     chunks: tuple[Chunk, ...]
     num_tokens: int
-    pool: PoolRows | None = None  # built on the first layer (the query head count shows there)
+    native: NativePlan | None = None  # the decodes' plan for the C kernel, when it runs them
+    pool: PoolRows | None = None  # else built on the first layer (the query head count shows there)
 
 
 class BatchedTorchBackend(AttentionBackend):
     name = "torch-batched"
 
-    def __init__(self) -> None:
+    def __init__(self, native: NativeDecode | None = None) -> None:
+        """native: the C kernel for the decodes of float32 pools (None: the sparse products)."""
+        self._native = native
         self._plan: _Plan | None = None
 
     def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
@@ -55,7 +60,10 @@ class BatchedTorchBackend(AttentionBackend):
         singles = tuple(s for s in batch.seqs if s.query_len == 1)
         chunks = tuple(plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
         decodes = _Decodes(_rows([s.query_start for s in singles], device), singles) if singles else None
-        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens)
+        native = None
+        if singles and self._native is not None and kv.data.dtype == torch.float32:
+            native = self._native.plan(list(singles), kv)
+        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
@@ -74,6 +82,8 @@ class BatchedTorchBackend(AttentionBackend):
         return out
 
     def _decode(self, layer: int, q: torch.Tensor, kv: KVCache, plan: _Plan, decodes: _Decodes) -> torch.Tensor:
+        if plan.native is not None:
+            return self._native.attend(q[decodes.rows], kv, layer, plan.native)
         if plan.pool is None:
             plan.pool = plan_pool_rows(list(decodes.seqs), kv, q.shape[1])
         return pool_attention(q[decodes.rows], kv, layer, plan.pool)

@@ -9,6 +9,7 @@ import torch
 
 BACKEND_NAMES = ("auto", "torch", "flashinfer", "torch-batched")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+BATCHED_DTYPES = (torch.float32, torch.float64)  # what torch-batched computes
 
 
 class AttentionBackendUnavailable(RuntimeError):
@@ -24,14 +25,18 @@ class BackendChoice:
     fallback: str | None = None
 
 
-def choose_backend(name: str, device_kind: str, flashinfer_problem: str | None) -> BackendChoice:
-    """`auto`: flashinfer when nothing stops it, else torch. `flashinfer` with a problem raises
-    AttentionBackendUnavailable; an unknown name raises ValueError."""
+def choose_backend(name: str, device_kind: str, flashinfer_problem: str | None,
+                   dtype: torch.dtype | None = None) -> BackendChoice:
+    """`auto`: flashinfer when nothing stops it; on a CPU with a float32/float64 pool (`dtype`)
+    torch-batched; else torch. `flashinfer` with a problem raises AttentionBackendUnavailable; an
+    unknown name raises ValueError."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
         if flashinfer_problem is None:
             return BackendChoice("flashinfer")
+        if device_kind == "cpu" and dtype in BATCHED_DTYPES:
+            return BackendChoice("torch-batched")
         return BackendChoice("torch", flashinfer_problem if device_kind == "cuda" else None)
     if name == "flashinfer" and flashinfer_problem is not None:
         raise AttentionBackendUnavailable(

@@ -27,9 +27,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "float32 on CPU")
     g.add_argument("--attention-backend", default=e.attention_backend,
                    choices=["auto", "torch", "flashinfer", "torch-batched"],
-                   help="auto: flashinfer on a CUDA device with a half-precision pool, else torch (the reference); "
-                        "torch-batched: decode attention read from the KV pool in place (CPU, float32; faster "
-                        "at large decode batches)")
+                   help="auto: flashinfer on a CUDA device with a half-precision pool, torch-batched on a CPU "
+                        "with float32 (decode attention read from the KV pool in place by a C kernel built at "
+                        "first use), else torch (the reference)")
+    g.add_argument("--weight-layout", default=e.weight_layout, choices=["auto", "packed", "dense"],
+                   help="auto: projections pre-packed for MKL's GEMM on a CPU with float32 weights (faster "
+                        "matmuls; the packed copy takes the weights' memory again), else dense")
     g.add_argument("--tensor-parallel-size", type=int, default=e.tensor_parallel_size,
                    help="ranks (one process and one device each) splitting the model's heads; must divide "
                         "its KV heads")
@@ -59,6 +62,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     chunk = min(args.max_chunk_tokens or budget // 2, budget)
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
+        weight_layout=args.weight_layout,
         tensor_parallel_size=args.tensor_parallel_size,
         max_model_len=args.max_model_len, calibrate=True,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,

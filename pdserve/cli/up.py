@@ -30,8 +30,8 @@ from router.local_prefill import add_local_prefill_flags, local_prefill_argv
 TICK_S = 0.2
 
 ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
-                "policy", "max_model_len", "device", "dtype", "attention_backend", "recompute_below_tokens",
-                "swap_above_tokens", "tensor_parallel_size")
+                "policy", "max_model_len", "device", "dtype", "attention_backend", "weight_layout",
+                "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size")
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:

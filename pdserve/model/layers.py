@@ -9,21 +9,26 @@ from torch import nn
 from pdserve.attention.base import AttentionBackend
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
+from pdserve.model.packed_weights import PackedWeight
 from pdserve.model.rope import apply_rope
 
 
 class Linear(nn.Module):
     """y = x @ weight + bias, with `weight` stored [in_features, out_features]: the transpose of
     the checkpoint's [out, in]. NOTE: on CPU the skinny matmuls of decode steps (a few rows)
-    run about twice as fast against this layout; prefill-sized matmuls are unaffected."""
+    run about twice as fast against this layout; prefill-sized matmuls are unaffected.
+    With `packed` set (pdserve/model/weight_layout.py) the product reads MKL's pre-packed panels."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: PackedWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out]."""
+        if self.packed is not None:
+            return self.packed(x, self.bias)
         if self.bias is None:
             return x @ self.weight
         return torch.addmm(self.bias, x, self.weight)

@@ -1,4 +1,6 @@
-"""The torch-batched backend against dense float64 attention and against the reference backend."""
+"""The torch-batched backend against dense float64 attention and against the reference backend,
+with its decodes computed both ways: by the C kernel (native_decode.py) and by the sparse products
+(pool_rows.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,22 @@ from pdserve.kv.kv_cache import KVCache, KVShape
 from tests.attention.naive import naive_attention
 from tests.attention.test_attention_torch import LAYERS, Case, build, new_rows
 
+DECODES = ["native", "sparse"]
 
-def run_both(cases, heads, kv_heads, head_dim=16, block_size=4, seed=0, shuffle=False):
+
+@pytest.fixture(params=DECODES)
+def decodes(request, native_decode):
+    """The torch-batched backend's decode implementation: the C kernel or the sparse products."""
+    return native_decode if request.param == "native" else None
+
+
+def run_both(cases, heads, kv_heads, head_dim=16, block_size=4, seed=0, shuffle=False, native=None):
     """Each layer through both backends on copies of one pool; checks against dense attention,
     returns the largest difference between the two backends and the two pools afterwards."""
     kv, batch, q, keys, values = build(cases, heads, kv_heads, head_dim, block_size, seed, shuffle)
     ref_kv = KVCache(kv.shape, kv.num_blocks, kv.data.dtype, "cpu")
     ref_kv.data.copy_(kv.data)
-    ours, ref = BatchedTorchBackend(), TorchAttentionBackend()
+    ours, ref = BatchedTorchBackend(native), TorchAttentionBackend()
     ours.begin(batch, kv)
     ref.begin(batch, ref_kv)
     worst = 0.0
@@ -40,40 +50,42 @@ def run_both(cases, heads, kv_heads, head_dim=16, block_size=4, seed=0, shuffle=
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (9, 3), (8, 2), (4, 1)])
-def test_decodes_of_mixed_lengths_match_dense_and_the_reference(heads, kv_heads):
-    worst, _, _ = run_both([Case(0, 1), Case(3, 1), Case(4, 1), Case(17, 1), Case(40, 1)], heads, kv_heads)
+def test_decodes_of_mixed_lengths_match_dense_and_the_reference(heads, kv_heads, decodes):
+    cases = [Case(0, 1), Case(3, 1), Case(4, 1), Case(17, 1), Case(40, 1)]
+    worst, _, _ = run_both(cases, heads, kv_heads, native=decodes)
     assert worst < 1e-5
 
 
-def test_decodes_of_one_length_match():
-    worst, _, _ = run_both([Case(11, 1)] * 6, 6, 2)
+def test_decodes_of_one_length_match(decodes):
+    worst, _, _ = run_both([Case(11, 1)] * 6, 6, 2, native=decodes)
     assert worst < 1e-5
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_block_sizes(block_size):
-    worst, _, _ = run_both([Case(5, 1), Case(16, 1), Case(31, 1), Case(0, 1)], 6, 3, block_size=block_size)
+def test_block_sizes(block_size, decodes):
+    cases = [Case(5, 1), Case(16, 1), Case(31, 1), Case(0, 1)]
+    worst, _, _ = run_both(cases, 6, 3, block_size=block_size, native=decodes)
     assert worst < 1e-5
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_mixed_batch_of_chunks_and_decodes(seed):
+def test_mixed_batch_of_chunks_and_decodes(seed, decodes):
     cases = [Case(0, 12), Case(7, 1), Case(20, 9), Case(0, 1), Case(33, 1), Case(9, 30)]
-    worst, _, _ = run_both(cases, 9, 3, seed=seed, shuffle=seed % 2 == 1)
+    worst, _, _ = run_both(cases, 9, 3, seed=seed, shuffle=seed % 2 == 1, native=decodes)
     assert worst < 1e-5
 
 
-def test_chunks_only_and_rows_out_of_order():
-    run_both([Case(0, 5), Case(4, 6)], 4, 2, seed=1)
-    run_both([Case(3, 1), Case(0, 5), Case(10, 1), Case(4, 6)], 4, 2, seed=3, shuffle=True)
+def test_chunks_only_and_rows_out_of_order(decodes):
+    run_both([Case(0, 5), Case(4, 6)], 4, 2, seed=1, native=decodes)
+    run_both([Case(3, 1), Case(0, 5), Case(10, 1), Case(4, 6)], 4, 2, seed=3, shuffle=True, native=decodes)
 
 
-def test_the_pool_ends_up_as_the_reference_leaves_it():
-    _, kv, ref_kv = run_both([Case(2, 3), Case(5, 1), Case(9, 1)], 4, 2)
+def test_the_pool_ends_up_as_the_reference_leaves_it(decodes):
+    _, kv, ref_kv = run_both([Case(2, 3), Case(5, 1), Case(9, 1)], 4, 2, native=decodes)
     assert torch.equal(kv.data, ref_kv.data)
 
 
-def test_a_decode_in_the_last_block_of_the_pool_reads_inside_it():
+def test_a_decode_in_the_last_block_of_the_pool_reads_inside_it(decodes):
     """The shifted per-layer views end exactly at the pool's end: a sequence whose blocks are
     the pool's last ones, read in every layer (a view past the end would raise or read garbage)."""
     from pdserve.attention.batch import ForwardBatch, SeqSpan
@@ -89,7 +101,7 @@ def test_a_decode_in_the_last_block_of_the_pool_reads_inside_it():
     q = torch.randn(LAYERS, 1, 4, 8, generator=gen)
     one = torch.zeros(1, dtype=torch.long)
     batch = ForwardBatch(one, one, slots[-1:], (SeqSpan(0, 1, context, table),), one)
-    backend = BatchedTorchBackend()
+    backend = BatchedTorchBackend(decodes)
     backend.begin(batch, kv)
     for layer in range(LAYERS):
         out = backend.forward(layer, q[layer], keys[layer, -1:], values[layer, -1:], kv)

@@ -17,6 +17,7 @@ from pdserve.attention.selection import (
     choose_backend,
     flashinfer_problem,
 )
+from pdserve.attention.batched_backend import BatchedTorchBackend
 from pdserve.attention.torch_backend import TorchAttentionBackend
 
 NOT_INSTALLED = "the flashinfer package is not installed (pip install 'pdserve[gpu]')"
@@ -30,7 +31,10 @@ def test_auto_on_cuda_falls_back_to_torch_naming_why():
     assert choose_backend("auto", "cuda", NOT_INSTALLED) == BackendChoice("torch", fallback=NOT_INSTALLED)
 
 
-def test_auto_on_the_cpu_is_torch_without_a_fallback_to_report():
+def test_auto_on_the_cpu_is_torch_batched_for_full_precision_and_torch_otherwise():
+    assert choose_backend("auto", "cpu", "device cpu is not CUDA", torch.float32) == BackendChoice("torch-batched")
+    assert choose_backend("auto", "cpu", "device cpu is not CUDA", torch.float64) == BackendChoice("torch-batched")
+    assert choose_backend("auto", "cpu", "device cpu is not CUDA", torch.bfloat16) == BackendChoice("torch")
     assert choose_backend("auto", "cpu", "device cpu is not CUDA") == BackendChoice("torch")
 
 
@@ -74,5 +78,6 @@ def test_auto_on_cuda_without_flashinfer_warns_and_gives_torch(cuda_present, mon
 
 def test_auto_on_the_cpu_warns_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="pdserve.attention"):
-        assert isinstance(make_attention_backend("auto", "cpu", torch.float32), TorchAttentionBackend)
+        assert isinstance(make_attention_backend("auto", "cpu", torch.float32), BatchedTorchBackend)
+        assert isinstance(make_attention_backend("auto", "cpu", torch.bfloat16), TorchAttentionBackend)
     assert caplog.records == []

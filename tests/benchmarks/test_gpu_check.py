@@ -53,7 +53,8 @@ def test_half_precision_against_float32(tiny_model, half, tolerance):
     row = half_row(CPU, tiny_model, half=half, new_tokens=6, questions=("Hello!", "What is the capital of France?"),
                    tolerance=tolerance)
     assert row.verdict is Verdict.OK, row.result
-    assert row.check == f"model: {half} (torch) vs float32"
+    backend = "torch-batched" if half == "float32" else "torch"  # auto on a CPU
+    assert row.check == f"model: {half} ({backend}) vs float32"
 
 
 @pytest.mark.timeout(300)
@@ -89,9 +90,9 @@ def test_decode_rows_measure_each_batch_against_the_bound():
     assert all("of the bound" in r.result for r in rows[1:])
 
 
-def test_defaults_on_the_cpu_are_float32_with_torch():
+def test_defaults_on_the_cpu_are_float32_with_torch_batched():
     assert gpu_check.defaults_rows(CPU) == [Row("defaults: --dtype auto, --attention-backend auto",
-                                                "float32 with torch", Verdict.OK)]
+                                                "float32 with torch-batched", Verdict.OK)]
 
 
 def test_the_table_has_every_row_and_a_raising_check_fails_the_run(monkeypatch, capsys):
@@ -105,6 +106,6 @@ def test_the_table_has_every_row_and_a_raising_check_fails_the_run(monkeypatch, 
     assert gpu_check.main(["--device", "cpu"]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "a GPU" and lines[1].split() == ["check", "verdict", "result"]
-    assert lines[3].endswith("  ok       float32 with torch")
+    assert lines[3].endswith("  ok       float32 with torch-batched")
     assert lines[4].split() == ["broken", *"ERROR RuntimeError: out of memory".split()]
     assert gpu_check.main(["--device", "cpu", "--skip", "broken"]) == 0

@@ -20,8 +20,8 @@ from pdserve.cli.options import engine_config
 from pdserve.model.dtypes import DeviceFacts, resolve_dtype
 
 EXPECTED = {  # layout -> (device, dtype, attention backend) on a GPU with bfloat16 and flashinfer
-    "base": ("cpu", torch.float32, "torch"),
-    "cpu-demo": ("cpu", torch.float32, "torch"),
+    "base": ("cpu", torch.float32, "torch-batched"),
+    "cpu-demo": ("cpu", torch.float32, "torch-batched"),
     "gpu": ("cuda", torch.bfloat16, "flashinfer"),
     "compose": ("cuda", torch.bfloat16, "flashinfer"),
 }
@@ -62,7 +62,8 @@ def test_each_worker_runs_with_the_device_dtype_and_backend_of_its_layout(render
         kind = torch.device(config.device).type
         assert kind == device, words
         assert resolve_dtype(config.dtype, DeviceFacts(kind, bf16_supported=True)) == dtype, words
-        assert choose_backend(config.attention_backend, kind, None if kind == "cuda" else "not CUDA").name == backend
+        pool = resolve_dtype(config.dtype, DeviceFacts(kind, bf16_supported=True))
+        assert choose_backend(config.attention_backend, kind, None if kind == "cuda" else "not CUDA", pool).name == backend
 
 
 @pytest.mark.parametrize("layout", ["gpu", "compose"])

@@ -57,25 +57,37 @@ def test_big_batches_equal_the_reference_and_transformers(tiny_loaded, oracle, n
     loaded = tiny_loaded[name]
     prompts = shared_prefix_prompts(count, loaded.config.vocab_size, seed=count)
     ours = run_batch(loaded, "torch-batched", prompts)
-    reference = run_batch(loaded, "torch", prompts)
-    assert max(len(sizes) for sizes in ours.chunk_sizes) == count  # one step decoded the whole batch
-    assert any(ours.requests[f"r{i}"].num_cached_tokens > 0 for i in range(count))  # prefix-cache hits
+    assert_big_batch_equal(ours, run_batch(loaded, "torch", prompts), "reference backend", oracle, name, prompts)
+
+
+def assert_big_batch_equal(ours, other, other_name: str, oracle, name: str, prompts: list[list[int]]) -> None:
+    """One step decoded the whole batch, prefixes were hit, and every request's tokens equal
+    `other`'s and transformers'."""
+    assert max(len(sizes) for sizes in ours.chunk_sizes) == len(prompts)
+    assert any(ours.requests[f"r{i}"].num_cached_tokens > 0 for i in range(len(prompts)))
     for i, prompt in enumerate(prompts):
         tokens = ours.tokens(f"r{i}")
-        assert tokens == reference.tokens(f"r{i}"), f"{name}: request {i} differs from the reference backend"
+        assert tokens == other.tokens(f"r{i}"), f"{name}: request {i} differs from the {other_name}"
         assert tokens == oracle.greedy(name, prompt, NEW_TOKENS), f"{name}: request {i} differs from transformers"
+
+
+def assert_smollm2_alone_and_mixed_equal_transformers(loaded, tokenizer, oracle, alone_backend: str,
+                                                      mixed_backend: str) -> None:
+    """Three chat prompts: the first alone, then all three in one batch sharing the template's prefix."""
+    questions = ("Hi!", "What is the capital of France?", "Name three colours of the rainbow, please.")
+    prompts = [tokenizer.apply_chat_template([ChatMessage("user", q)]) for q in questions]
+    alone = run_batch(loaded, alone_backend, prompts[:1])
+    assert alone.tokens("r0") == oracle.greedy(SMOL, prompts[0], NEW_TOKENS)
+    mixed = run_batch(loaded, mixed_backend, prompts)
+    assert any(mixed.requests[f"r{i}"].num_cached_tokens > 0 for i in range(len(prompts)))
+    for i, prompt in enumerate(prompts):
+        assert mixed.tokens(f"r{i}") == oracle.greedy(SMOL, prompt, NEW_TOKENS), questions[i]
 
 
 @pytest.mark.timeout(600)
 def test_smollm2_batch_one_and_a_mixed_batch_equal_transformers(smol_loaded, smol_tokenizer, oracle):
-    questions = ("Hi!", "What is the capital of France?", "Name three colours of the rainbow, please.")
-    prompts = [smol_tokenizer.apply_chat_template([ChatMessage("user", q)]) for q in questions]
-    alone = run_batch(smol_loaded, "torch-batched", prompts[:1])
-    assert alone.tokens("r0") == oracle.greedy(SMOL, prompts[0], NEW_TOKENS)
-    mixed = run_batch(smol_loaded, "torch-batched", prompts)  # the chat template prefix is shared
-    assert any(mixed.requests[f"r{i}"].num_cached_tokens > 0 for i in range(len(prompts)))
-    for i, prompt in enumerate(prompts):
-        assert mixed.tokens(f"r{i}") == oracle.greedy(SMOL, prompt, NEW_TOKENS), questions[i]
+    assert_smollm2_alone_and_mixed_equal_transformers(smol_loaded, smol_tokenizer, oracle, "torch-batched",
+                                                      "torch-batched")
 
 
 def test_chunked_prefill_beside_decodes_equals_the_reference(tiny_loaded):

@@ -1,0 +1,86 @@
+"""Decode attention by the C kernel of paged_decode.c: each sequence's keys and values read from
+the paged pool once per layer, the query heads of one KV head together (float32 pools).
+
+The second implementation of the decode half of `torch-batched`, beside the sparse products of
+pool_rows.py (which read every key once per query head). `NativeDecode.load()` builds the kernel
+with the machine's C compiler at first use (native_build.py); where that fails, the backend keeps
+the sparse products and says why once. tests/attention/test_native_decode.py compares the two.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pdserve.attention.batch import SeqSpan
+from pdserve.attention.native_build import NativeBuildError, load_library
+from pdserve.kv.kv_cache import KVCache
+
+SOURCE = Path(__file__).with_name("paged_decode.c")
+THREADED_WORK = 1 << 16  # (sequence, KV head, position) triples from which the kernel uses threads
+_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 7 + [ctypes.c_float] + \
+    [ctypes.c_int64] * 2
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """One pass's decode sequences, valid for every layer."""
+
+    tables: torch.Tensor  # [B, width] int64: each sequence's blocks, padded with its first
+    lens: torch.Tensor  # [B] int64: context lengths
+    max_len: int
+    threads: int
+
+
+class NativeDecode:
+    def __init__(self, library: ctypes.CDLL):
+        self._kernel = library.pdserve_paged_decode
+        self._kernel.argtypes = _ARGS
+        self._kernel.restype = ctypes.c_int
+
+    @classmethod
+    def load(cls) -> NativeDecode:
+        """Raises NativeBuildError when the kernel cannot be built or loaded here."""
+        return cls(load_library(SOURCE))
+
+    def plan(self, seqs: list[SeqSpan], kv: KVCache) -> NativePlan:
+        """seqs: the pass's one-token sequences, in the order their outputs are wanted. Raises
+        ValueError for a block table the pool cannot hold (the kernel trusts the plan)."""
+        size = kv.block_size
+        lens = [s.context_len for s in seqs]
+        width = max(-(-n // size) for n in lens)
+        rows = [list(s.block_table[: -(-s.context_len // size)]) for s in seqs]
+        if any(len(r) * size < n for r, n in zip(rows, lens)):
+            raise ValueError("a decode sequence's block table is shorter than its context")
+        tables = torch.tensor([r + [r[0]] * (width - len(r)) for r in rows], dtype=torch.long)
+        if int(tables.min()) < 0 or int(tables.max()) >= kv.num_blocks:
+            raise ValueError(f"a block table names a block outside the pool's {kv.num_blocks}")
+        work = sum(lens) * kv.shape.num_kv_heads
+        threads = torch.get_num_threads() if work >= THREADED_WORK else 1
+        return NativePlan(tables, torch.tensor(lens, dtype=torch.long), max(lens), threads)
+
+    def attend(self, q: torch.Tensor, kv: KVCache, layer: int, plan: NativePlan) -> torch.Tensor:
+        """q: [B, H, D] -> [B, H, D], each sequence attending its whole context in `layer`."""
+        q = q.contiguous()
+        batch, heads, dim = q.shape
+        out = torch.empty_like(q)
+        shape = kv.shape
+        status = self._kernel(
+            kv.data.data_ptr(), q.data_ptr(), out.data_ptr(), plan.tables.data_ptr(), plan.tables.shape[1],
+            plan.lens.data_ptr(), batch, heads, shape.num_kv_heads, dim, kv.block_size, shape.num_layers, layer,
+            1 / math.sqrt(dim), plan.max_len, plan.threads)
+        if status != 0:
+            raise MemoryError("the decode attention kernel could not allocate its scratch or threads")
+        return out
+
+
+def load_native_decode() -> tuple[NativeDecode | None, str | None]:
+    """The kernel, or None and why not."""
+    try:
+        return NativeDecode.load(), None
+    except NativeBuildError as exc:
+        return None, str(exc)

@@ -1,0 +1,109 @@
+"""The C decode kernel alone: against dense attention at head sizes with a lane tail, large
+groups, threads; the plan refusing what the kernel could not read safely; a machine where the
+kernel cannot be built keeps torch-batched working on its sparse products."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from pdserve.attention import make_attention_backend
+from pdserve.attention.batch import SeqSpan
+from pdserve.attention.native_decode import NativeDecode, load_native_decode
+from pdserve.kv.kv_cache import KVCache, KVShape
+from tests.attention.naive import naive_attention
+
+LAYERS = 3
+
+
+def random_pool(lengths, heads, kv_heads, head_dim, block_size, seed):
+    """A pool of random K/V, each sequence on shuffled blocks; returns kv, spans, q [L, B, H, D]."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lengths]
+    kv = KVCache(KVShape(LAYERS, kv_heads, head_dim, block_size), sum(need) + 2, torch.float32, "cpu")
+    kv.data.normal_(generator=gen)
+    order = torch.randperm(kv.num_blocks, generator=gen).tolist()
+    spans, start = [], 0
+    for i, (n, blocks) in enumerate(zip(lengths, need)):
+        spans.append(SeqSpan(i, 1, n, tuple(order[start : start + blocks])))
+        start += blocks
+    return kv, spans, torch.randn(LAYERS, len(lengths), heads, head_dim, generator=gen)
+
+
+def dense_context(kv: KVCache, span: SeqSpan, layer: int):
+    """[n, Hkv, D] keys and values of one sequence, gathered the plain way."""
+    n, size = span.context_len, kv.block_size
+    rows = [kv.data[span.block_table[p // size], layer, :, p % size] for p in range(n)]  # each [2, Hkv, D]
+    both = torch.stack(rows)  # [n, 2, Hkv, D]
+    return both[:, 0], both[:, 1]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 40), (4, 4, 20), (14, 2, 128)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_kernel_equals_dense_attention(native_decode, heads, kv_heads, head_dim, threads):
+    lengths = [1, 5, 16, 17, 63, 130]
+    kv, spans, q = random_pool(lengths, heads, kv_heads, head_dim, block_size=16, seed=heads + head_dim)
+    plan = dataclasses.replace(native_decode.plan(spans, kv), threads=threads)
+    for layer in range(LAYERS):
+        out = native_decode.attend(q[layer], kv, layer, plan)
+        for b, span in enumerate(spans):
+            keys, values = dense_context(kv, span, layer)
+            expected = naive_attention(q[layer][b : b + 1], keys, values, span.context_len - 1)
+            torch.testing.assert_close(out[b : b + 1].double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_more_threads_than_work_and_one_sequence(native_decode):
+    kv, spans, q = random_pool([7], 2, 1, 8, block_size=4, seed=3)
+    plan = dataclasses.replace(native_decode.plan(spans, kv), threads=16)
+    keys, values = dense_context(kv, spans[0], 1)
+    torch.testing.assert_close(native_decode.attend(q[1], kv, 1, plan).double(),
+                               naive_attention(q[1], keys, values, 6), rtol=1e-5, atol=1e-5)
+
+
+def test_a_block_outside_the_pool_is_refused_before_the_kernel_reads(native_decode):
+    kv, spans, _ = random_pool([5, 9], 4, 2, 8, block_size=4, seed=1)
+    bad = dataclasses.replace(spans[1], block_table=(0, kv.num_blocks + 3, 1))
+    with pytest.raises(ValueError, match="outside the pool"):
+        native_decode.plan([spans[0], bad], kv)
+    short = dataclasses.replace(spans[1], block_table=(0,))
+    with pytest.raises(ValueError, match="shorter than its context"):
+        native_decode.plan([short], kv)
+
+
+def test_without_a_working_compiler_torch_batched_uses_its_sparse_products(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")
+    kernel, problem = load_native_decode()
+    assert kernel is None and "/bin/false" in problem
+    with caplog.at_level(logging.WARNING):
+        backend = make_attention_backend("torch-batched", "cpu", torch.float32)
+    assert "sparse products, not the C kernel" in caplog.text
+    kv, spans, q = random_pool([3, 9], 4, 2, 8, block_size=4, seed=2)
+    from pdserve.attention.batch import ForwardBatch
+
+    ids = torch.zeros(2, dtype=torch.long)
+    slots = torch.tensor([spans[i].block_table[(n - 1) // 4] * 4 + (n - 1) % 4 for i, n in enumerate([3, 9])])
+    backend.begin(ForwardBatch(ids, ids, slots, tuple(spans), torch.arange(2)), kv)
+    k = v = torch.randn(2, 2, 8)
+    assert backend.forward(0, q[0], k, v, kv).shape == (2, 4, 8)
+
+
+def test_the_library_is_built_once_and_then_loaded_from_the_cache(tmp_path, monkeypatch, native_decode):
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    NativeDecode.load()
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert len(built) == 1 and built[0].startswith("paged_decode-") and built[0].endswith(".so")
+    NativeDecode.load()
+    assert sorted(p.name for p in tmp_path.iterdir()) == built  # no second build, no temporary left
+
+
+def test_loading_the_kernel_leaves_the_process_floating_point_state_alone(native_decode):
+    """Built with -ffast-math but not linked with it: gcc's crtfastmath.o would flush denormals
+    to zero for the whole process (numpy, hypothesis and every other library in it)."""
+    import numpy as np
+
+    NativeDecode.load()
+    assert np.float32(1e-38) / np.float32(1000) > 0

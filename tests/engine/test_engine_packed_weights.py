@@ -1,0 +1,44 @@
+"""Packed projection weights (`--weight-layout packed`) through the whole Engine: greedy tokens
+equal to the dense model's and to transformers', at batch 1, 64 and 256, with mixed context lengths
+and prefix-cache hits, under both CPU attention backends."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from pdserve.model.packed_weights import packing_problem
+from pdserve.model.weight_layout import pack_linears
+from tests.engine.test_engine_batched_attention import (assert_big_batch_equal,
+                                                       assert_smollm2_alone_and_mixed_equal_transformers, run_batch,
+                                                       shared_prefix_prompts)
+
+pytestmark = pytest.mark.skipif(packing_problem("cpu", torch.float32) is not None,
+                                reason=f"packing unavailable: {packing_problem('cpu', torch.float32)}")
+
+
+def packed(loaded):
+    """A copy of `loaded` with every projection packed (the session's models stay dense)."""
+    model = copy.deepcopy(loaded.model)
+    pack_linears(model)
+    return dataclasses.replace(loaded, model=model)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("name", "count", "backend"), [("llama_gqa_llama3", 64, "torch"),
+                                                        ("qwen2_bias", 64, "torch-batched"),
+                                                        ("llama_untied", 256, "torch-batched")])
+def test_big_batches_equal_the_dense_model_and_transformers(tiny_loaded, oracle, name, count, backend):
+    loaded = tiny_loaded[name]
+    prompts = shared_prefix_prompts(count, loaded.config.vocab_size, seed=count + 1)
+    ours = run_batch(packed(loaded), backend, prompts)
+    assert_big_batch_equal(ours, run_batch(loaded, backend, prompts), "dense model", oracle, name, prompts)
+
+
+@pytest.mark.timeout(600)
+def test_smollm2_batch_one_and_a_mixed_batch_equal_transformers(smol_loaded, smol_tokenizer, oracle):
+    assert_smollm2_alone_and_mixed_equal_transformers(packed(smol_loaded), smol_tokenizer, oracle, "torch",
+                                                      "torch-batched")
