@@ -18,6 +18,7 @@ import torch
 
 from pdserve.attention.batch import SeqSpan
 from pdserve.attention.native_build import NativeBuildError, load_library
+from pdserve.attention.pool_rows import block_tables
 from pdserve.kv.kv_cache import KVCache
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
@@ -52,11 +53,9 @@ class NativeDecode:
         ValueError for a block table the pool cannot hold (the kernel trusts the plan)."""
         size = kv.block_size
         lens = [s.context_len for s in seqs]
-        width = max(-(-n // size) for n in lens)
-        rows = [list(s.block_table[: -(-s.context_len // size)]) for s in seqs]
-        if any(len(r) * size < n for r, n in zip(rows, lens)):
+        if any(len(s.block_table) * size < s.context_len for s in seqs):
             raise ValueError("a decode sequence's block table is shorter than its context")
-        tables = torch.tensor([r + [r[0]] * (width - len(r)) for r in rows], dtype=torch.long)
+        tables = block_tables(seqs, size, max(lens))
         if int(tables.min()) < 0 or int(tables.max()) >= kv.num_blocks:
             raise ValueError(f"a block table names a block outside the pool's {kv.num_blocks}")
         work = sum(lens) * kv.shape.num_kv_heads

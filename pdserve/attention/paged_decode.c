@@ -110,9 +110,9 @@ int pdserve_paged_decode(const float *pool, const float *q, float *out, const in
                          int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t num_layers,
                          int64_t layer, float scale, int64_t max_len, int64_t threads) {
     if (kv_heads < 1 || heads % kv_heads != 0) return -1;
-    int64_t pairs = batch, layer_size = 2 * block_size * kv_heads * head_dim;
+    int64_t layer_size = 2 * block_size * kv_heads * head_dim;
     if (threads < 1) threads = 1;
-    if (threads > pairs) threads = pairs > 0 ? pairs : 1;
+    if (threads > batch) threads = batch > 0 ? batch : 1;
     Work base = {pool, q, out, tables, lens, table_stride, heads, kv_heads, head_dim, block_size,
                  num_layers * layer_size, layer * layer_size, block_size * kv_heads * head_dim,
                  max_len, scale, 0, 0, 0};
@@ -121,8 +121,8 @@ int pdserve_paged_decode(const float *pool, const float *q, float *out, const in
     int started[threads];
     for (int64_t i = 0; i < threads; i++) {
         work[i] = base;
-        work[i].first = pairs * i / threads;
-        work[i].last = pairs * (i + 1) / threads;
+        work[i].first = batch * i / threads;
+        work[i].last = batch * (i + 1) / threads;
         started[i] = i > 0 && pthread_create(&ids[i], NULL, run, &work[i]) == 0;
         if (i > 0 && !started[i]) run(&work[i]); /* no thread: this one computes it */
     }

@@ -57,7 +57,7 @@ def plan_pool_rows(seqs: list[SeqSpan], kv: KVCache, num_heads: int) -> PoolRows
     lengths = torch.tensor([s.context_len for s in seqs])
     max_len = int(lengths.max())
     positions = torch.arange(max_len)
-    tables = _block_tables(seqs, block_size, max_len)  # [B, ceil(max_len / BS)]
+    tables = block_tables(seqs, block_size, max_len)  # [B, ceil(max_len / BS)]
     base = tables[:, positions // block_size] * block_stride + (positions % block_size) * kv_heads  # [B, L]
     heads = torch.arange(num_heads) // (num_heads // kv_heads)  # [H] -> its KV head
     rows = base[:, None, :] + heads[None, :, None]  # [B, H, L]
@@ -102,7 +102,7 @@ def _row_softmax(scores: torch.Tensor, plan: PoolRows) -> torch.Tensor:
     return torch.softmax(dense, dim=-1)[plan.valid]
 
 
-def _block_tables(seqs: list[SeqSpan], block_size: int, max_len: int) -> torch.Tensor:
+def block_tables(seqs: list[SeqSpan], block_size: int, max_len: int) -> torch.Tensor:
     """[B, ceil(max_len / BS)] int64, each row padded with its own first block (never read)."""
     width = -(-max_len // block_size)
     rows = [list(s.block_table[: -(-s.context_len // block_size)]) for s in seqs]

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
+from pdserve.attention.pool_rows import SUPPORTED_DTYPES
+
 BACKEND_NAMES = ("auto", "torch", "flashinfer", "torch-batched")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-BATCHED_DTYPES = (torch.float32, torch.float64)  # what torch-batched computes
+BATCHED_DTYPES = SUPPORTED_DTYPES  # what torch-batched computes
 
 
 class AttentionBackendUnavailable(RuntimeError):

@@ -27,7 +27,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out]."""
-        if self.packed is not None:
+        if self.packed is not None and self.packed.serves(x.shape[0]):
             return self.packed(x, self.bias)
         if self.bias is None:
             return x @ self.weight

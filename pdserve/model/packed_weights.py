@@ -33,7 +33,7 @@ class PackedWeight:
     the op reads only its shape and dtype on the packed path)."""
 
     panels: torch.Tensor
-    weight: torch.Tensor  # [in, out], the dense weight itself (the Linear's parameter)
+    weight: torch.Tensor  # [in, out], the Linear's parameter (a deep copy packs its copy)
     weight_t: torch.Tensor
 
     @classmethod
@@ -43,11 +43,14 @@ class PackedWeight:
         weight_t = weight.detach().t()
         return cls(torch.ops.mkl._mkl_reorder_linear_weight(weight_t.contiguous(), PACK_ROWS), weight, weight_t)
 
+    @staticmethod
+    def serves(rows: int) -> bool:
+        """Whether `rows` rows multiply from the panels: one row is a matrix-vector product, bound
+        by reading the weight, which the dense layout reads fastest."""
+        return rows >= MIN_PACKED_ROWS
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x: [T, in] -> [T, out] (+ bias). One row is a matrix-vector product, bound by reading
-        the weight, which the dense layout reads fastest."""
-        if x.shape[0] < MIN_PACKED_ROWS:
-            return x @ self.weight if bias is None else torch.addmm(bias, x, self.weight)
+        """x: [T, in] -> [T, out] (+ bias), T at least MIN_PACKED_ROWS."""
         return torch.ops.mkl._mkl_linear(x, self.panels, self.weight_t, bias, x.shape[0])
 
     def __deepcopy__(self, memo: dict) -> PackedWeight:
