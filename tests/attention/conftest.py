@@ -1,16 +1,18 @@
-"""The decode kernel, built once a session with this machine's C compiler (into its usual cache)."""
+"""The decode kernel, built once a session with this machine's C compiler (into its usual cache).
+No compiler fails the tests that need it, with what to install: the service would still run (on
+the sparse products), but the suite must not pass without testing the path it serves."""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
 
 @pytest.fixture(scope="session")
 def native_decode():
+    from pdserve.attention.native_build import NativeBuildError
     from pdserve.attention.native_decode import NativeDecode
 
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler here: torch-batched decodes by its sparse products")
-    return NativeDecode.load()  # a compiler that fails to build it fails the test
+    try:
+        return NativeDecode.load()
+    except NativeBuildError as exc:
+        pytest.fail(f"the decode kernel cannot be built here ({exc}); install a C compiler (gcc) or set CC")
