@@ -90,6 +90,7 @@ def test_a_remote_requests_reservation_is_announced_before_the_forward_pass(tiny
             await gate.inside(1)
             remote = asyncio.ensure_future(async_engine.call(
                 lambda e: e.add_remote_request("remote", list(range(5, 25)), SamplingParams(max_tokens=4))))
+            await asyncio.sleep(0)  # the command is queued before the first step may end
             gate.let()  # the first step ends; the remote request is added; the next step reserves
             await asyncio.wait_for(remote, 30)
             await gate.inside(2)  # ... and is now held in its forward pass
