@@ -10,6 +10,12 @@ The pool gets an anonymous mapping of its own, aligned to a huge page inside it,
 never reaches memory the allocator hands to anything else (advising the C heap would make every
 later small allocation there fault in, and zero, a whole 2 MiB page). The tensor keeps the mapping
 alive; it is unmapped when the last view of the pool goes.
+
+NOTE: the mapping is zero by the kernel's contract and is not touched here: a page is committed
+when first written. Writing the whole pool at start (as torch.zeros does) made every worker start
+pay for memory it might never use, and with huge pages asked for, the kernel compacts memory to
+find each one: 13 of a default decode worker's 18 s start went to its 3 GB of pools. The pool that
+must not fault mid-transfer is pre-faulted by its UCX receiver (pdserve/transfer/ucx.py).
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ def _advise_huge(region: mmap.mmap) -> bool:
 
 
 def zeroed_host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros on the CPU; at least a huge page big: in its own mapping, huge pages asked for."""
+    """Zeros on the CPU, like torch.zeros; at least a huge page big: in its own mapping, huge pages
+    asked for, and no page committed until it is written."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE_BYTES:
         return torch.zeros(shape, dtype=dtype)
@@ -43,4 +50,4 @@ def zeroed_host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tens
     _advise_huge(region)
     whole = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping
     offset = -whole.data_ptr() % HUGE_PAGE_BYTES
-    return whole[offset : offset + nbytes].view(dtype).view(shape).zero_()
+    return whole[offset : offset + nbytes].view(dtype).view(shape)

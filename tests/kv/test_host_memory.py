@@ -34,6 +34,19 @@ def test_a_cpu_kv_pool_starts_zeroed():
     assert cache.data.is_contiguous()
 
 
+def test_a_fresh_pool_commits_no_memory_until_written():
+    tensor = zeroed_host_tensor((64, 1 << 20), torch.float32)  # 256 MiB
+    assert _smaps_kib(tensor.data_ptr(), "Rss") < 4096
+    tensor[:8].fill_(1.0)  # 32 MiB
+    assert 32 * 1024 <= _smaps_kib(tensor.data_ptr(), "Rss") < 40 * 1024
+
+
+def _smaps_kib(address: int, field: str) -> int:
+    value = _smaps_field(address, field)
+    assert value is not None and value.endswith(" kB"), value
+    return int(value.split()[0])
+
+
 def _thp_mode() -> str:
     try:
         text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
