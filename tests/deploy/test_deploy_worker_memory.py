@@ -11,59 +11,43 @@ from __future__ import annotations
 import re
 
 import pytest
-from deploy_paths import LAYOUTS
-from k8s_render import pod_templates
+from k8s_render import Manifest, pod_templates
+from test_deploy_tp_sizing import config_map, workers
 
-from pdserve.config import CacheConfig
+from pdserve.config import EngineConfig
 from pdserve.model.metadata import read_model_config
 
+CPU_LAYOUTS = ("base", "cpu-demo")  # the GPU overlay's pools are sized by test_deploy_tp_sizing.py
 # A worker's memory beside its pools: 1.6 GB RSS for a prefill worker with untouched pools
 # (weights dense and packed, torch, the tokenizer; docs/BENCHMARKS.md, "Worker start: the KV
 # pools"), and room for a step's activations and logits.
 REST_BYTES = 2 << 30
 UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-ROLES = ("prefill", "decode")
+
+
+@pytest.mark.parametrize("layout", CPU_LAYOUTS)
+def test_cpu_workers_have_room_for_both_pools_full(rendered, layout):
+    assert "PDSERVE_MODEL" not in config_map(rendered[layout]), "a model other than the embedded one"
+    limits = memory_limits(rendered[layout])
+    for role, (config, _) in workers(rendered, layout).items():
+        assert config.device == "cpu", role
+        need, limit = pools_bytes(config) + REST_BYTES, limits[role]
+        assert need <= limit, f"{layout} {role}: needs {need / 2**30:.2f} GiB, limited to {limit / 2**30:.2f}"
+
+
+def pools_bytes(config: EngineConfig) -> int:
+    """Both pools of the embedded model, full, in float32 (a CPU's dtype)."""
+    cache = config.cache
+    block_bytes = read_model_config(None).kv_shape(cache.block_size).block_numel() * 4
+    return (cache.num_blocks + cache.num_host_blocks) * block_bytes
+
+
+def memory_limits(manifests: list[Manifest]) -> dict[str, int]:
+    """Worker role -> its container's memory limit in bytes."""
+    return {c["name"]: quantity_bytes(c["resources"]["limits"]["memory"]) for _, pod in pod_templates(manifests)
+            for c in pod["containers"] if c["name"] in ("prefill", "decode")}
 
 
 def quantity_bytes(text: str) -> int:
     number, unit = re.fullmatch(r"(\d+)([KMGT]i?)?", text).groups()
     return int(number) * UNITS.get(unit, 1)
-
-
-def flag(args: list[str], name: str, config: dict[str, str]) -> str | None:
-    """The value of `--name=...` in args, with $(VAR) taken from the ConfigMap."""
-    for arg in args:
-        if arg.startswith(f"--{name}="):
-            return re.sub(r"\$\((\w+)\)", lambda m: config[m.group(1)], arg.split("=", 1)[1])
-    return None
-
-
-def workers(manifests: list[dict]) -> dict[str, dict]:
-    return {c["name"]: c for _, pod in pod_templates(manifests) for c in pod["containers"] if c["name"] in ROLES}
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_cpu_workers_have_room_for_both_pools_full(rendered, layout):
-    config = next(m for m in rendered[layout] if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "pdserve-config")
-    data = config["data"]
-    containers = workers(rendered[layout])
-    assert set(containers) == set(ROLES)
-    for role, container in containers.items():
-        if flag(container["args"], "device", data) == "cpu":
-            need, limit = pools_bytes(container["args"], data) + REST_BYTES, limit_bytes(container)
-            assert need <= limit, f"{layout} {role}: needs {need / 2**30:.2f} GiB, limited to {limit / 2**30:.2f}"
-
-
-def pools_bytes(args: list[str], data: dict[str, str]) -> int:
-    """Both pools of the embedded model, full (a CPU worker serves it unless PDSERVE_MODEL says)."""
-    assert "PDSERVE_MODEL" not in data, "a CPU worker of a model this test cannot size"
-    defaults = CacheConfig()
-    block_size = int(flag(args, "block-size", data) or defaults.block_size)
-    blocks = int(flag(args, "kv-blocks", data) or defaults.num_blocks)
-    host_blocks = int(flag(args, "host-kv-blocks", data) or defaults.num_host_blocks)
-    block_bytes = read_model_config(None).kv_shape(block_size).block_numel() * 4  # float32 on a CPU
-    return (blocks + host_blocks) * block_bytes
-
-
-def limit_bytes(container: dict) -> int:
-    return quantity_bytes(container["resources"]["limits"]["memory"])

@@ -8,15 +8,14 @@ import copy
 import dataclasses
 
 import pytest
-import torch
 
 from pdserve.model.weight_layout import pack_linears
 from tests.engine.test_engine_batched_attention import (assert_big_batch_equal,
                                                        assert_smollm2_alone_and_mixed_equal_transformers, run_batch,
                                                        shared_prefix_prompts)
+from tests.model.test_weight_layout import needs_packing
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(),
-                                reason="this torch build has no MKL (a CPU without it serves dense weights)")
+pytestmark = needs_packing
 
 
 def packed(loaded):
