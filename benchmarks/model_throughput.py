@@ -5,9 +5,10 @@ and every decode figure against the machine's roofline measured in the same run 
     decode:  batches of --batches sequences at each of --contexts, each with its context already
              in the KV pool, then --steps greedy decode steps; tokens/s = batch x steps / time of
              the steps, for each attention backend of --backends with each weight layout of
-             --weight-layouts (dense: `x @ W`; packed: MKL's pre-packed panels, a copy of the model)
+             --weight-layouts (dense: `x @ W`; mkl: MKL's pre-packed panels; onednn: oneDNN's
+             blocked weight; each packed layout a copy of the model)
     bound:   the smaller of the compute bound (FLOPs / matmul rate on the model's own projections
-             at that batch, the faster weight layout's) and the memory bound (weights + KV read /
+             at that batch, the fastest weight layout's) and the memory bound (weights + KV read /
              bandwidth); "of bound" is tokens/s over it
 
 transformers' prefill is timed with generate(1 new token); its decode with its own loop: the batch
@@ -226,8 +227,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--backends", default="torch,torch-batched", help="pdserve attention backends to time")
-    parser.add_argument("--weight-layouts", default="dense,packed",
-                        help="projection weight layouts to time (packed: where MKL can, see --weight-layout)")
+    parser.add_argument("--weight-layouts", default="dense,mkl,onednn",
+                        help="projection weight layouts to time (see --weight-layout; each packed one where "
+                             "its library can)")
     parser.add_argument("--random-kv", action="store_true", help="random K/V as the context instead of a prefill")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill row")
     parser.add_argument("--no-transformers", action="store_true", help="time pdserve only")
@@ -248,12 +250,12 @@ def main() -> None:
 
 
 def weight_layouts(loaded: LoadedModel, names: list[str]) -> dict[str, LoadedModel]:
-    """layout -> the model in it; packed is a copy of the dense model, packed."""
+    """layout -> the model in it; each packed layout is a copy of the dense model, packed."""
     layouts = {"dense": loaded}
-    if "packed" in names:
+    for name in (n for n in names if n != "dense"):
         model = copy.deepcopy(loaded.model)
-        apply_weight_layout(model, "packed", "cpu", torch.float32)  # raises where MKL cannot pack
-        layouts["packed"] = dataclasses.replace(loaded, model=model)
+        apply_weight_layout(model, name, "cpu", torch.float32)  # raises where the library cannot pack
+        layouts[name] = dataclasses.replace(loaded, model=model)
     return layouts
 
 

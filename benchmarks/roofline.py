@@ -3,7 +3,7 @@
     matmul rate(B): every projection of the model (its own weights, in layer order, lm_head last)
                     multiplied by a [B, in] input once; FLOPs / seconds, best of a few sweeps.
                     Cold weights as in a real step: the sweep streams all of them from memory.
-                    Given the model in several weight layouts (dense, packed), the fastest.
+                    Given the model in several weight layouts (dense, mkl, onednn), the fastest.
     bandwidth:      the sum of a tensor far larger than the caches; bytes / seconds.
 
     compute bound (tokens/s) = B / ((B x linear FLOPs + attention FLOPs) / matmul rate(B))

@@ -8,7 +8,11 @@
  *   p[g][t]      = softmax over t of scores[g]
  *   out[b, h*G + g] = sum over t of p[g][t] * v[t]
  *
- * Sequences are split over `threads` POSIX threads. Built and loaded by
+ * With head_dim a multiple of 16 (64 and 128 in most models) a sequence is computed in segments of
+ * up to 16 positions of one block: the segment's keys and values are first read in address order
+ * (so their cache misses issue back to back), then each query head scores all 16 positions from
+ * cache and sums the segment's values into registers. Any other head_dim goes one position at a
+ * time. Sequences are split over `threads` POSIX threads. Built and loaded by
  * pdserve/attention/native_decode.py; the caller checks every block id and length first.
  */
 #include <math.h>
@@ -42,9 +46,10 @@ static float dot(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
-static void softmax_rows(float *scores, int64_t rows, int64_t len) {
+/* Each of `rows` score rows (`stride` floats apart) turned into probabilities over its first len. */
+static void softmax_rows(float *scores, int64_t rows, int64_t len, int64_t stride) {
     for (int64_t r = 0; r < rows; r++) {
-        float *s = scores + r * len, top = s[0], total = 0.0f;
+        float *s = scores + r * stride, top = s[0], total = 0.0f;
         for (int64_t t = 1; t < len; t++) top = s[t] > top ? s[t] : top;
         for (int64_t t = 0; t < len; t++) total += (s[t] = expf(s[t] - top));
         float inv = 1.0f / total;
@@ -67,7 +72,8 @@ static void prefetch_next(const Work *w, const int64_t *table, int64_t t, int64_
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(next + i, 0, 3);
 }
 
-static void attend_sequence(const Work *w, int64_t b, float *scores) {
+/* Any head_dim: one position at a time, the query heads of each KV head against its key. */
+static void attend_positions(const Work *w, int64_t b, float *scores) {
     int64_t heads = w->heads, group = heads / w->kv_heads, dim = w->head_dim, len = w->lens[b];
     const int64_t *table = w->tables + b * w->table_stride;
     const float *q = w->q + b * heads * dim;
@@ -76,19 +82,160 @@ static void attend_sequence(const Work *w, int64_t b, float *scores) {
         const float *k = keys_at(w, table, t);
         prefetch_next(w, table, t, len, 0);
         for (int64_t h = 0; h < heads; h++)
-            scores[h * len + t] = dot(q + h * dim, k + (h / group) * dim, dim) * w->scale;
+            scores[h * w->max_len + t] = dot(q + h * dim, k + (h / group) * dim, dim) * w->scale;
     }
-    softmax_rows(scores, heads, len);
+    softmax_rows(scores, heads, len, w->max_len);
     memset(out, 0, sizeof(float) * heads * dim);
     for (int64_t t = 0; t < len; t++) {
         const float *v = keys_at(w, table, t) + w->value_shift;
         prefetch_next(w, table, t, len, w->value_shift);
         for (int64_t h = 0; h < heads; h++) {
-            const float p = scores[h * len + t], *vh = v + (h / group) * dim;
+            const float p = scores[h * w->max_len + t], *vh = v + (h / group) * dim;
             float *o = out + h * dim;
             for (int64_t d = 0; d < dim; d++) o[d] += p * vh[d];
         }
     }
+}
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define HAVE_SEGMENTS 1
+#endif
+#endif
+
+#ifdef HAVE_SEGMENTS
+/* 16-float vectors (GCC and clang vector extensions; the compiler maps them onto what
+ * -march=native offers: one AVX-512 register, two AVX2 ones, four NEON ones). */
+typedef float v16 __attribute__((vector_size(64)));
+#define SEGMENT 16 /* positions per segment: one score vector */
+
+static inline v16 load16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* One vector whose lane i is the sum of the lanes of part[i]: four rounds, each adding the two
+ * halves of pairs of vectors. The rounds leave the sums in bit-reversed order, so callers file
+ * position i's partial sums at part[BITREV[i]] and the result comes out in position order. */
+static const int BITREV[SEGMENT] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+static inline v16 sum_lanes16(const v16 part[SEGMENT]) {
+    v16 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = __builtin_shufflevector(part[2 * i], part[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
+                                       22, 23) +
+               __builtin_shufflevector(part[2 * i], part[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
+                                       28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26,
+                                       27) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 2; i++)
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28,
+                                       29) +
+               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30,
+                                       31);
+    return __builtin_shufflevector(c[0], c[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+           __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+}
+
+/* Reads n floats (a multiple of 16) in address order; returns a value the caller must use, so
+ * the reads are not dropped. */
+static inline float read_through(const float *p, int64_t n) {
+    v16 a = {0}, b = {0};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a += load16(p + i);
+        b += load16(p + i + 16);
+    }
+    for (; i < n; i += 16) a += load16(p + i);
+    return (a + b)[0];
+}
+
+/* scores[h * max_len + i] for the n (<= SEGMENT) positions of a segment, their keys `stride`
+ * floats apart; `chunks` = head_dim / 16, a constant where the call is inlined. */
+static inline __attribute__((always_inline)) void score_segment(const Work *w, const float *q, const float *keys,
+                                                                int64_t stride, int64_t n, float *scores,
+                                                                const int64_t chunks) {
+    int64_t group = w->heads / w->kv_heads, dim = w->head_dim;
+    for (int64_t h = 0; h < w->heads; h++) {
+        v16 qh[chunks], part[SEGMENT];
+        for (int64_t c = 0; c < chunks; c++) qh[c] = load16(q + h * dim + 16 * c);
+        const float *k = keys + (h / group) * dim;
+        for (int64_t i = 0; i < SEGMENT; i++) {
+            v16 acc = {0};
+            if (i < n)
+                for (int64_t c = 0; c < chunks; c++) acc += qh[c] * load16(k + i * stride + 16 * c);
+            part[BITREV[i]] = acc;
+        }
+        v16 sums = sum_lanes16(part) * w->scale;
+        if (n == SEGMENT) store16(scores + h * w->max_len, sums);
+        else memcpy(scores + h * w->max_len, &sums, sizeof(float) * n);
+    }
+}
+
+/* out[h] += sum over i < n of probs[h * max_len + i] * (the segment's value i of h's KV head). */
+static inline __attribute__((always_inline)) void value_segment(const Work *w, const float *probs,
+                                                                const float *values, int64_t stride, int64_t n,
+                                                                float *out, const int64_t chunks) {
+    int64_t group = w->heads / w->kv_heads, dim = w->head_dim;
+    for (int64_t h = 0; h < w->heads; h++) {
+        v16 acc[chunks];
+        for (int64_t c = 0; c < chunks; c++) acc[c] = load16(out + h * dim + 16 * c);
+        const float *v = values + (h / group) * dim, *p = probs + h * w->max_len;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = 0; c < chunks; c++) acc[c] += p[i] * load16(v + i * stride + 16 * c);
+        for (int64_t c = 0; c < chunks; c++) store16(out + h * dim + 16 * c, acc[c]);
+    }
+}
+
+/* The end of the segment starting at t: SEGMENT positions on, the end of t's block, or len. */
+static inline int64_t segment_end(const Work *w, int64_t t, int64_t len) {
+    int64_t end = t + SEGMENT, block_end = (t / w->block_size + 1) * w->block_size;
+    end = end < block_end ? end : block_end;
+    return end < len ? end : len;
+}
+
+static inline __attribute__((always_inline)) void attend_segments(const Work *w, int64_t b, float *scores,
+                                                                  const int64_t chunks) {
+    int64_t heads = w->heads, dim = w->head_dim, len = w->lens[b], stride = w->kv_heads * dim;
+    const int64_t *table = w->tables + b * w->table_stride;
+    const float *q = w->q + b * heads * dim;
+    float *out = w->out + b * heads * dim, read = 0.0f;
+    for (int64_t t = 0, end; t < len; t = end) {
+        end = segment_end(w, t, len);
+        const float *keys = keys_at(w, table, t);
+        read += read_through(keys, (end - t) * stride) + read_through(keys + w->value_shift, (end - t) * stride);
+        score_segment(w, q, keys, stride, end - t, scores + t, chunks);
+    }
+    softmax_rows(scores, heads, len, w->max_len);
+    memset(out, 0, sizeof(float) * heads * dim);
+    volatile float used = read; /* kept: without a use the reads would be compiled away */
+    (void)used;
+    for (int64_t t = 0, end; t < len; t = end) {
+        end = segment_end(w, t, len);
+        value_segment(w, scores + t, keys_at(w, table, t) + w->value_shift, stride, end - t, out, chunks);
+    }
+}
+#endif
+
+static void attend_sequence(const Work *w, int64_t b, float *scores) {
+#ifdef HAVE_SEGMENTS
+    switch (w->head_dim) { /* constant chunk counts: the vectors of a head stay in registers */
+    case 64: attend_segments(w, b, scores, 4); return;
+    case 128: attend_segments(w, b, scores, 8); return;
+    default:
+        if (w->head_dim % 16 == 0) {
+            attend_segments(w, b, scores, w->head_dim / 16);
+            return;
+        }
+    }
+#endif
+    attend_positions(w, b, scores);
 }
 
 static void *run(void *arg) {

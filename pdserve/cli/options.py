@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.config import CacheConfig, EngineConfig, PreemptionConfig, SchedulerConfig
 from pdserve.model.dtypes import DTYPE_NAMES
+from pdserve.model.weight_layout import WEIGHT_LAYOUTS
 from pdserve.requests import Priority, SamplingParams
 
 if TYPE_CHECKING:
@@ -30,9 +31,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="auto: flashinfer on a CUDA device with a half-precision pool, torch-batched on a CPU "
                         "with float32 (decode attention read from the KV pool in place by a C kernel built at "
                         "first use), else torch (the reference)")
-    g.add_argument("--weight-layout", default=e.weight_layout, choices=["auto", "packed", "dense"],
-                   help="auto: projections pre-packed for MKL's GEMM on a CPU with float32 weights (faster "
-                        "matmuls; the packed copy takes the weights' memory again), else dense")
+    g.add_argument("--weight-layout", default=e.weight_layout, choices=WEIGHT_LAYOUTS,
+                   help="auto: on a CPU with float32 weights the projections laid out for oneDNN's GEMM "
+                        "(else MKL's packed panels; faster matmuls, the copy takes the weights' memory "
+                        "again), else dense")
     g.add_argument("--tensor-parallel-size", type=int, default=e.tensor_parallel_size,
                    help="ranks (one process and one device each) splitting the model's heads; must divide "
                         "its KV heads")

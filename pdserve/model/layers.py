@@ -9,7 +9,7 @@ from torch import nn
 from pdserve.attention.base import AttentionBackend
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
-from pdserve.model.packed_weights import PackedWeight
+from pdserve.model.packed_weights import PackedWeight, serves
 from pdserve.model.rope import apply_rope
 
 
@@ -17,7 +17,8 @@ class Linear(nn.Module):
     """y = x @ weight + bias, with `weight` stored [in_features, out_features]: the transpose of
     the checkpoint's [out, in]. NOTE: on CPU the skinny matmuls of decode steps (a few rows)
     run about twice as fast against this layout; prefill-sized matmuls are unaffected.
-    With `packed` set (pdserve/model/weight_layout.py) the product reads MKL's pre-packed panels."""
+    With `packed` set (pdserve/model/weight_layout.py) the product reads a GEMM library's own
+    layout of the weight (oneDNN's or MKL's)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -27,7 +28,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out]."""
-        if self.packed is not None and self.packed.serves(x.shape[0]):
+        if self.packed is not None and serves(x.shape[0]):
             return self.packed(x, self.bias)
         if self.bias is None:
             return x @ self.weight

@@ -1,5 +1,6 @@
-"""The C decode kernel alone: against dense attention at head sizes with a lane tail, large
-groups, threads; the plan refusing what the kernel could not read safely; a machine where the
+"""The C decode kernel alone: against dense attention at head sizes that take its 16-position
+segments (64, 128, any multiple of 16) and that go a position at a time (a lane tail), block sizes
+below, at and above a segment, large groups, threads; the plan refusing what the kernel could not read safely; a machine where the
 kernel cannot be built keeps torch-batched working on its sparse products."""
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ def dense_context(kv: KVCache, span: SeqSpan, layer: int):
     return both[:, 0], both[:, 1]
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 40), (4, 4, 20), (14, 2, 128)])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"),
+                         [(9, 3, 64), (8, 1, 40), (4, 4, 20), (14, 2, 128), (6, 2, 48)])
+@pytest.mark.parametrize("block_size", [16, 8, 32])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_kernel_equals_dense_attention(native_decode, heads, kv_heads, head_dim, threads):
-    lengths = [1, 5, 16, 17, 63, 130]
-    kv, spans, q = random_pool(lengths, heads, kv_heads, head_dim, block_size=16, seed=heads + head_dim)
+def test_the_kernel_equals_dense_attention(native_decode, heads, kv_heads, head_dim, block_size, threads):
+    lengths = [1, 5, 16, 17, 31, 33, 63, 130]
+    kv, spans, q = random_pool(lengths, heads, kv_heads, head_dim, block_size, seed=heads + head_dim + block_size)
     plan = dataclasses.replace(native_decode.plan(spans, kv), threads=threads)
     for layer in range(LAYERS):
         out = native_decode.attend(q[layer], kv, layer, plan)

@@ -1,6 +1,7 @@
-"""Packed projection weights (`--weight-layout packed`) through the whole Engine: greedy tokens
-equal to the dense model's and to transformers', at batch 1, 64 and 256, with mixed context lengths
-and prefix-cache hits, under both CPU attention backends."""
+"""Packed projection weights (`--weight-layout onednn`, what `auto` serves on a CPU) through the
+whole Engine: greedy tokens equal to the dense model's and to transformers', at batch 1, 64 and
+256, with mixed context lengths and prefix-cache hits, under both CPU attention backends. MKL's
+panels are held to the dense model's logits in tests/model/test_weight_layout.py."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ import dataclasses
 
 import pytest
 
+from pdserve.model.onednn_weights import OneDnnWeight
 from pdserve.model.weight_layout import pack_linears
 from tests.engine.test_engine_batched_attention import (assert_big_batch_equal,
                                                        assert_smollm2_alone_and_mixed_equal_transformers, run_batch,
                                                        shared_prefix_prompts)
-from tests.model.test_weight_layout import needs_packing
+from tests.model.test_weight_layout import needs_onednn
 
-pytestmark = needs_packing
+pytestmark = needs_onednn
 
 
 def packed(loaded):
     """A copy of `loaded` with every projection packed (the session's models stay dense)."""
     model = copy.deepcopy(loaded.model)
-    pack_linears(model)
+    pack_linears(model, OneDnnWeight)
     return dataclasses.replace(loaded, model=model)
 
 
