@@ -7,16 +7,17 @@ and every decode figure against the machine's roofline measured in the same run 
              the steps, for each attention backend of --backends with each weight layout of
              --weight-layouts (dense: `x @ W`; mkl: MKL's pre-packed panels; onednn: oneDNN's
              blocked weight; each packed layout a copy of the model)
-    bound:   the smaller of the compute bound (FLOPs / matmul rate on the model's own projections
-             at that batch, the fastest weight layout's) and the memory bound (weights + KV read /
-             bandwidth); "of bound" is tokens/s over it
+    bound:   the smaller of the compute bound (FLOPs / the peak matmul rate on the model's own
+             projections, the fastest weight layout's, at that batch or 256 rows) and the memory
+             bound (weights + KV read / bandwidth); "of bound" is tokens/s over it
 
 transformers' prefill is timed with generate(1 new token); its decode with its own loop: the batch
 prefilled once into its KV cache, then --steps forward passes of one token per sequence from a
 copy of that cache, so both sides time the decode steps alone (taking the difference of two
 generate() calls instead drowns four decode steps in the noise of a batch-256 prefill).
 Each figure is the best of --repeats runs, all sides interleaved (a busy machine slows them
-alike). With --random-kv the contexts are random K/V written straight into the pool instead of
+alike), and each repeat of a decode row starts by measuring the bound's matmul rates and bandwidth
+again (the bound is the best of those), so the bound and the runs see the same moments. With --random-kv the contexts are random K/V written straight into the pool instead of
 a prefill (a decode step costs the same; the prefill of 2,048-token batches takes minutes on a
 CPU); transformers is then not timed.
 
@@ -34,6 +35,7 @@ import inspect
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,11 +167,15 @@ class ReferenceDecoder:
         return self.size * self.steps / (time.perf_counter() - start)
 
 
-def best_of(repeats: int, ours: dict[str, object], reference) -> tuple[dict[str, float], float | None]:
-    """Highest tokens/s of each side over `repeats` interleaved runs."""
+def best_of(repeats: int, ours: dict[str, object], reference,
+            between: Callable[[], None] | None = None) -> tuple[dict[str, float], float | None]:
+    """Highest tokens/s of each side over `repeats` interleaved runs; `between` (the bound's own
+    measurement) runs at the start of each repeat."""
     ours_best = {name: 0.0 for name in ours}
     reference_best = None
     for _ in range(repeats):
+        if between is not None:
+            between()
         for name, run in ours.items():
             ours_best[name] = max(ours_best[name], run())
         if reference is not None:
@@ -199,7 +205,7 @@ def decode_row(args, layouts: dict[str, LoadedModel], reference, roofline: Roofl
     decoders = {f"{b}/{w}": Decoder(layouts[w], batch, args.steps, b, args.random_kv) for b, w in variants(args)}
     theirs_decoder = ReferenceDecoder(reference, batch, args.steps) if reference and not args.random_kv else None
     ours, theirs = best_of(args.repeats, {b: d.run for b, d in decoders.items()},
-                           theirs_decoder.run if theirs_decoder else None)
+                           theirs_decoder.run if theirs_decoder else None, between=lambda: roofline.measure(size))
     return Row(f"decode b{size} ctx{context}", ours, theirs, roofline.bound(size, context + args.steps // 2))
 
 

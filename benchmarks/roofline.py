@@ -4,13 +4,16 @@
                     multiplied by a [B, in] input once; FLOPs / seconds, best of a few sweeps.
                     Cold weights as in a real step: the sweep streams all of them from memory.
                     Given the model in several weight layouts (dense, mkl, onednn), the fastest.
+    peak rate:      the higher of matmul rate(B) and matmul rate(PEAK_ROWS): what the machine
+                    multiplies at, where reading the weights does not limit it.
     bandwidth:      the sum of a tensor far larger than the caches; bytes / seconds.
 
-    compute bound (tokens/s) = B / ((B x linear FLOPs + attention FLOPs) / matmul rate(B))
+    compute bound (tokens/s) = B / ((B x linear FLOPs + attention FLOPs) / peak rate)
     memory bound  (tokens/s) = B / ((weight bytes + KV bytes read) / bandwidth)
 
-The bound of a step is the smaller of the two (batch 1 is memory bound, large batches compute
-bound unless the contexts are long).
+The bound of a step is the smaller of the two: batch 1 is memory bound (its bytes over the
+bandwidth, not over how fast a matrix-vector product happens to stream them), large batches
+compute bound unless the contexts are long.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 
 from pdserve.model.config import ModelConfig
 from pdserve.model.layers import Linear
+
+PEAK_ROWS = 256  # rows at which the projections multiply at their peak (measured: docs/BENCHMARKS.md)
 
 
 @dataclass(frozen=True)
@@ -57,11 +62,19 @@ class Roofline:
         self._rates: dict[int, float] = {}
 
     def matmul_rate(self, batch: int) -> float:
-        """FLOP/s of the model's projections at `batch` rows (measured once per batch size)."""
+        """FLOP/s of the model's projections at `batch` rows (the best measured so far)."""
         if batch not in self._rates:
-            seconds = min(self._sweep_seconds(linears, batch) for linears in self.layouts)
-            self._rates[batch] = self._linear_flops() * batch / seconds
+            self.measure(batch)
         return self._rates[batch]
+
+    def measure(self, batch: int) -> None:
+        """Sweeps the projections at `batch` and PEAK_ROWS rows and reads the bandwidth again,
+        keeping the best of every measurement: called between a row's timed runs, the bound sees
+        the same moments of a noisy machine as the runs it divides."""
+        for rows in {batch, PEAK_ROWS}:
+            seconds = min(self._sweep_seconds(linears, rows) for linears in self.layouts)
+            self._rates[rows] = max(self._rates.get(rows, 0.0), self._linear_flops() * rows / seconds)
+        self.bandwidth = max(self.bandwidth, memory_bandwidth(1))
 
     def measured_rates(self) -> dict[int, float]:
         """batch -> FLOP/s, for the batch sizes measured so far."""
@@ -76,9 +89,13 @@ class Roofline:
         kv = batch * context * c.num_layers * 2 * c.num_kv_heads * c.head_dim * element
         return StepCost(self._linear_flops() * batch + attention, weight_bytes, kv)
 
+    def peak_rate(self, batch: int) -> float:
+        """FLOP/s the projections reach where streaming their weights does not limit them."""
+        return max(self.matmul_rate(batch), self.matmul_rate(PEAK_ROWS))
+
     def bound(self, batch: int, context: int) -> Bound:
         cost = self.cost(batch, context)
-        compute_s = cost.flops / self.matmul_rate(batch)
+        compute_s = cost.flops / self.peak_rate(batch)
         memory_s = (cost.weight_bytes + cost.kv_bytes) / self.bandwidth
         return Bound(batch / compute_s, batch / memory_s)
 

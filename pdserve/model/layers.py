@@ -81,7 +81,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+        # in place in the projection's own output: no fresh buffers between the two matmuls
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class DecoderLayer(nn.Module):
@@ -95,6 +96,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, attn: AttentionBackend
     ) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden], pre-norm residual blocks."""
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, attn)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """x: [T, hidden] -> [T, hidden], pre-norm residual blocks (each sum added into the block's
+        own fresh output, x + y == y + x exactly)."""
+        h = self.self_attn(self.input_layernorm(x), cos, sin, kv, attn).add_(x)
+        return self.mlp(self.post_attention_layernorm(h)).add_(h)
