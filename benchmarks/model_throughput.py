@@ -51,6 +51,7 @@ from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
 from pdserve.model.weight_layout import apply_weight_layout  # noqa: E402
+from pdserve.sampling.sampler import argmax_rows  # noqa: E402
 
 BLOCK_SIZE = 16
 
@@ -127,7 +128,7 @@ class Decoder:
         start = time.perf_counter()
         for step in range(self.steps):
             logits = self.runner.forward([[t] for t in next_ids], [self.context + step] * self.size)
-            next_ids = logits.argmax(-1).tolist()
+            next_ids = argmax_rows(logits).tolist()  # the engine's greedy choice
         return self.size * self.steps / (time.perf_counter() - start)
 
 

@@ -165,3 +165,29 @@ def test_cuda_matches_cpu_for_seeded_and_greedy(logits):
 def test_tiny_temperature_is_effectively_greedy(logits):
     params = [SamplingParams(temperature=1e-30, seed=s) for s in range(6)]
     assert Sampler().sample(logits, params, [0] * 6, gen()) == logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_argmax_rows_takes_torchs_choice_on_ties_nan_and_infinities(dtype):
+    from pdserve.sampling.sampler import argmax_rows
+
+    rows = torch.randn(8, 300, generator=gen(1)).to(dtype)
+    rows[0, 5] = rows[0, 250] = 50  # a tie: the lower id
+    rows[1, 17] = float("nan")
+    rows[1, 40] = float("inf")  # NaN wins over +inf, the first NaN over a later one
+    rows[1, 99] = float("nan")
+    rows[2, 33] = float("inf")
+    rows[3] = float("-inf")  # every entry equal: the first
+    rows[4] = 0.0
+    chosen = argmax_rows(rows)
+    assert chosen.dtype == torch.int64
+    assert chosen.tolist() == rows.argmax(dim=-1).tolist()
+    assert chosen[:5].tolist() == [5, 17, 33, 0, 0]
+    columns = rows.t().contiguous().t()  # the same values, column-major
+    assert argmax_rows(columns).tolist() == rows.argmax(dim=-1).tolist()
+
+
+def test_mixed_greedy_and_sampled_rows_keep_the_greedy_rows_argmax(logits):
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=3)] * 3
+    tokens = Sampler().sample(logits, params, [0] * 6, gen())
+    assert tokens[0::2] == logits[0::2].argmax(dim=-1).tolist()
