@@ -19,7 +19,7 @@ from pdserve.model.mkl_weights import MklPanels
 from pdserve.model.onednn_weights import OneDnnWeight
 from pdserve.model.packed_weights import PackedWeight, PackSummary
 
-# the packings in the order `auto` prefers them (measured: docs/BENCHMARKS.md, "Weight layouts")
+# the packings in the order `auto` prefers them (measured: docs/BENCHMARKS.md, "oneDNN weights and a segment kernel")
 PACKINGS: dict[str, type[PackedWeight]] = {"onednn": OneDnnWeight, "mkl": MklPanels}
 WEIGHT_LAYOUTS = ("auto", *PACKINGS, "dense")
 

@@ -15,8 +15,9 @@ from pdserve.model.weight_layout import (PACKINGS, WeightLayoutUnavailable, appl
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(),
                                reason="this torch build has no MKL (a CPU without it packs for oneDNN or not at all)")
-needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
-                                  reason="this torch build has no oneDNN (a CPU without it packs for MKL or not at all)")
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(),
+    reason="this torch build has no oneDNN (a CPU without it packs for MKL or not at all)")
 packings = pytest.mark.parametrize("packing", [pytest.param(MklPanels, marks=needs_mkl, id="mkl"),
                                                pytest.param(OneDnnWeight, marks=needs_onednn, id="onednn")])
 
@@ -32,7 +33,8 @@ def test_auto_takes_the_first_packing_nothing_stops_and_stays_dense_otherwise():
 
 
 def test_a_packing_where_it_cannot_run_says_why_and_what_to_use():
-    with pytest.raises(WeightLayoutUnavailable, match="onednn weights unavailable: .*not a CPU; use --weight-layout dense"):
+    unavailable = "onednn weights unavailable: .*not a CPU; use --weight-layout dense"
+    with pytest.raises(WeightLayoutUnavailable, match=unavailable):
         choose_weight_layout("onednn", {"onednn": NOT_CPU, "mkl": None})
     with pytest.raises(ValueError, match="unknown weight layout 'packed'; choose one of auto, onednn, mkl, dense"):
         choose_weight_layout("packed", {})
