@@ -4,9 +4,8 @@ load into the layout oneDNN's inner-product primitive computes from (torch's
 
 oneDNN generates its kernels for the instruction sets the CPU reports; on an AMD EPYC with AVX-512
 a decode step of the embedded model ran 1.25-1.4x faster at batches 8-128 this way than from MKL's
-panels (docs/BENCHMARKS.md). The reorder is asked for a row count
-(`HINT_ROWS`); any row count computes from it, which `OneDnnWeight.problem` checks on this machine
-before any model is packed.
+panels (docs/BENCHMARKS.md). The reorder is asked for a row count (`HINT_ROWS`); any row count
+computes from it, which `OneDnnWeight.problem` checks on this machine before any model is packed.
 """
 
 from __future__ import annotations
