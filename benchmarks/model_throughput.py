@@ -17,9 +17,10 @@ copy of that cache, so both sides time the decode steps alone (taking the differ
 generate() calls instead drowns four decode steps in the noise of a batch-256 prefill).
 Each figure is the best of --repeats runs, all sides interleaved (a busy machine slows them
 alike), and each repeat of a decode row starts by measuring the bound's matmul rates and bandwidth
-again (the bound is the best of those), so the bound and the runs see the same moments. With --random-kv the contexts are random K/V written straight into the pool instead of
-a prefill (a decode step costs the same; the prefill of 2,048-token batches takes minutes on a
-CPU); transformers is then not timed.
+again (the bound is the best of those), so the bound and the runs see the same moments. With
+--random-kv the contexts are random K/V written straight into the pool instead of a prefill (a
+decode step costs the same; the prefill of 2,048-token batches takes minutes on a CPU);
+transformers is then not timed.
 
     .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,64,128,256 --contexts 128
     .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,32 --contexts 2048 \

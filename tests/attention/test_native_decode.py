@@ -1,7 +1,8 @@
 """The C decode kernel alone: against dense attention at head sizes that take its 16-position
 segments (64, 128, any multiple of 16) and that go a position at a time (a lane tail), block sizes
-below, at and above a segment, large groups, threads; the plan refusing what the kernel could not read safely; a machine where the
-kernel cannot be built keeps torch-batched working on its sparse products."""
+below, at and above a segment, large groups, threads; the plan refusing what the kernel could not
+read safely; a machine where the kernel cannot be built keeps torch-batched working on its sparse
+products."""
 
 from __future__ import annotations
 
