@@ -8,11 +8,14 @@
  *   p[g][t]      = softmax over t of scores[g]
  *   out[b, h*G + g] = sum over t of p[g][t] * v[t]
  *
- * With head_dim a multiple of 16 (64 and 128 in most models) a sequence is computed in segments of
- * up to 16 positions of one block: the segment's keys and values are first read in address order
- * (so their cache misses issue back to back), then each query head scores all 16 positions from
- * cache and sums the segment's values into registers. Any other head_dim goes one position at a
- * time. Sequences are split over `threads` POSIX threads. Built and loaded by
+ * With head_dim a multiple of 16 (up to 256; 64 and 128 in most models) a sequence is computed in
+ * segments of up to 16 positions of one block. The query heads of one KV head go together in a
+ * span (as many as 16 registers of query or sums hold), so each key and value is loaded once per
+ * span: a span scores all 16 positions (one shuffle tree sums each head's lanes), then, after the
+ * softmax, sums the segment's values into registers. While a segment computes, the next segments'
+ * keys and values (AHEAD of them, across sequences) are asked for into L2 a part at a time, so
+ * memory streams during the arithmetic instead of between it. Any other head_dim goes one position
+ * at a time. Sequences are split over `threads` POSIX threads. Built and loaded by
  * pdserve/attention/native_decode.py; the caller checks every block id and length first.
  */
 #include <math.h>
@@ -22,6 +25,10 @@
 #include <string.h>
 
 #define LANES 16
+#define SEGMENT 16      /* positions per segment: one score vector */
+#define AHEAD 2         /* segments asked for ahead of the one computing */
+#define SPAN_VECTORS 16 /* a span's query (or sum) vectors: half the registers of AVX-512 */
+#define SPAN_HEADS 4    /* the most query heads in a span */
 
 typedef struct {
     const float *pool, *q;
@@ -97,6 +104,47 @@ static void attend_positions(const Work *w, int64_t b, float *scores) {
     }
 }
 
+/* The end of the segment starting at t: SEGMENT positions on, the end of t's block, or len. */
+static inline int64_t segment_end(const Work *w, int64_t t, int64_t len) {
+    int64_t end = t + SEGMENT, block_end = (t / w->block_size + 1) * w->block_size;
+    end = end < block_end ? end : block_end;
+    return end < len ? end : len;
+}
+
+/* The next segment whose keys and values are asked for ahead of use. */
+typedef struct {
+    int64_t b, t;
+} Cursor;
+
+static inline void cursor_next(const Work *w, Cursor *c) {
+    if (c->b >= w->last) return;
+    c->t = segment_end(w, c->t, w->lens[c->b]);
+    while (c->b < w->last && c->t >= w->lens[c->b]) c->b++, c->t = 0;
+}
+
+/* The keys' and values' cache lines of the segment at a cursor, asked for a part at a time while
+ * the segment before computes. */
+typedef struct {
+    uintptr_t first, shift, lines; /* lines = 0: nothing left to ask for */
+} Lines;
+
+static inline Lines segment_lines(const Work *w, Cursor c) {
+    Lines none = {0, 0, 0};
+    if (c.b >= w->last) return none;
+    int64_t bytes = (segment_end(w, c.t, w->lens[c.b]) - c.t) * w->kv_heads * w->head_dim * (int64_t)sizeof(float);
+    uintptr_t k = (uintptr_t)keys_at(w, w->tables + c.b * w->table_stride, c.t), first = k & ~(uintptr_t)63;
+    Lines lines = {first, (uintptr_t)w->value_shift * sizeof(float), (k + bytes - first + 63) / 64};
+    return lines;
+}
+
+/* Part `part` of `parts` of the lines. */
+static inline void prefetch_part(const Lines *l, int64_t part, int64_t parts) {
+    for (uintptr_t i = l->lines * part / parts; i < l->lines * (part + 1) / parts; i++) {
+        __builtin_prefetch((const void *)(l->first + 64 * i), 0, 2); /* into L2 */
+        __builtin_prefetch((const void *)(l->first + l->shift + 64 * i), 0, 2);
+    }
+}
+
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector)
 #define HAVE_SEGMENTS 1
@@ -107,7 +155,6 @@ static void attend_positions(const Work *w, int64_t b, float *scores) {
 /* 16-float vectors (GCC and clang vector extensions; the compiler maps them onto what
  * -march=native offers: one AVX-512 register, two AVX2 ones, four NEON ones). */
 typedef float v16 __attribute__((vector_size(64)));
-#define SEGMENT 16 /* positions per segment: one score vector */
 
 static inline v16 load16(const float *p) {
     v16 v;
@@ -143,79 +190,123 @@ static inline v16 sum_lanes16(const v16 part[SEGMENT]) {
            __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
 }
 
-/* Reads n floats (a multiple of 16) in address order; returns a value the caller must use, so
- * the reads are not dropped. */
-static inline float read_through(const float *p, int64_t n) {
-    v16 a = {0}, b = {0};
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a += load16(p + i);
-        b += load16(p + i + 16);
+/* Query heads [h0, h0 + span) of one KV head against the n (<= SEGMENT) keys of a segment, `stride`
+ * floats apart: each key is loaded once for the span; scores[h * max_len + i]. `span` and `chunks`
+ * (head_dim / 16) are constants where the call is inlined. */
+static inline __attribute__((always_inline)) void score_span(const Work *w, const float *q, const float *keys,
+                                                             int64_t stride, int64_t n, float *scores, int64_t h0,
+                                                             const int64_t span, const int64_t chunks,
+                                                             const Lines *next, int64_t part, int64_t parts) {
+    int64_t dim = w->head_dim;
+    v16 qh[SPAN_VECTORS], sums_of[SPAN_HEADS][SEGMENT];
+    for (int64_t g = 0; g < span; g++)
+        for (int64_t c = 0; c < chunks; c++) qh[g * chunks + c] = load16(q + (h0 + g) * dim + 16 * c);
+    for (int64_t i = 0; i < SEGMENT; i++) {
+        prefetch_part(next, part * SEGMENT + i, parts * SEGMENT);
+        v16 acc[SPAN_HEADS];
+        for (int64_t g = 0; g < span; g++) acc[g] = (v16){0};
+        if (i < n) {
+            v16 k[SPAN_VECTORS];
+            for (int64_t c = 0; c < chunks; c++) k[c] = load16(keys + i * stride + 16 * c);
+            for (int64_t g = 0; g < span; g++)
+                for (int64_t c = 0; c < chunks; c++) acc[g] += qh[g * chunks + c] * k[c];
+        }
+        for (int64_t g = 0; g < span; g++) sums_of[g][BITREV[i]] = acc[g];
     }
-    for (; i < n; i += 16) a += load16(p + i);
-    return (a + b)[0];
+    for (int64_t g = 0; g < span; g++) {
+        v16 sums = sum_lanes16(sums_of[g]) * w->scale;
+        float *row = scores + (h0 + g) * w->max_len;
+        if (n == SEGMENT) store16(row, sums);
+        else memcpy(row, &sums, sizeof(float) * n);
+    }
 }
 
-/* scores[h * max_len + i] for the n (<= SEGMENT) positions of a segment, their keys `stride`
- * floats apart; `chunks` = head_dim / 16, a constant where the call is inlined. */
+/* out[h] += sum over i < n of probs[h * max_len + i] * value i, for the query heads [h0, h0 + span)
+ * of one KV head: each value is loaded once for the span. */
+static inline __attribute__((always_inline)) void value_span(const Work *w, const float *probs, const float *values,
+                                                             int64_t stride, int64_t n, float *out, int64_t h0,
+                                                             const int64_t span, const int64_t chunks) {
+    int64_t dim = w->head_dim;
+    v16 acc[SPAN_VECTORS];
+    for (int64_t g = 0; g < span; g++)
+        for (int64_t c = 0; c < chunks; c++) acc[g * chunks + c] = load16(out + (h0 + g) * dim + 16 * c);
+    for (int64_t i = 0; i < n; i++) {
+        v16 v[SPAN_VECTORS];
+        for (int64_t c = 0; c < chunks; c++) v[c] = load16(values + i * stride + 16 * c);
+        for (int64_t g = 0; g < span; g++) {
+            float p = probs[(h0 + g) * w->max_len + i];
+            for (int64_t c = 0; c < chunks; c++) acc[g * chunks + c] += p * v[c];
+        }
+    }
+    for (int64_t g = 0; g < span; g++)
+        for (int64_t c = 0; c < chunks; c++) store16(out + (h0 + g) * dim + 16 * c, acc[g * chunks + c]);
+}
+
+
+/* The heads of the span starting at query head h0: up to `most`, all of h0's KV head. */
+static inline int64_t span_at(const Work *w, int64_t h0, int64_t most) {
+    int64_t group = w->heads / w->kv_heads, left = group - h0 % group;
+    return left < most ? left : most;
+}
+
+/* The most heads in a span whose query vectors fill at most SPAN_VECTORS registers. */
+static inline int64_t most_heads(int64_t chunks) {
+    int64_t most = SPAN_VECTORS / chunks;
+    return most > SPAN_HEADS ? SPAN_HEADS : most;
+}
+
+/* Every span of query heads against a segment's keys; the lines of the segment `next` segments
+ * on are asked for in as many parts as there are positions to score. */
 static inline __attribute__((always_inline)) void score_segment(const Work *w, const float *q, const float *keys,
                                                                 int64_t stride, int64_t n, float *scores,
-                                                                const int64_t chunks) {
-    int64_t group = w->heads / w->kv_heads, dim = w->head_dim;
-    for (int64_t h = 0; h < w->heads; h++) {
-        v16 qh[chunks], part[SEGMENT];
-        for (int64_t c = 0; c < chunks; c++) qh[c] = load16(q + h * dim + 16 * c);
-        const float *k = keys + (h / group) * dim;
-        for (int64_t i = 0; i < SEGMENT; i++) {
-            v16 acc = {0};
-            if (i < n)
-                for (int64_t c = 0; c < chunks; c++) acc += qh[c] * load16(k + i * stride + 16 * c);
-            part[BITREV[i]] = acc;
+                                                                const int64_t chunks, Cursor ahead) {
+    Lines next = segment_lines(w, ahead);
+    int64_t most = most_heads(chunks), group = w->heads / w->kv_heads;
+    int64_t parts = w->kv_heads * ((group + most - 1) / most), part = 0;
+    for (int64_t h0 = 0, span; h0 < w->heads; h0 += span, part++) {
+        const float *k = keys + (h0 / group) * w->head_dim;
+        switch (span = span_at(w, h0, most)) { /* constant spans: their vectors stay in registers */
+        case 1: score_span(w, q, k, stride, n, scores, h0, 1, chunks, &next, part, parts); break;
+        case 2:
+            if (2 * chunks <= SPAN_VECTORS) score_span(w, q, k, stride, n, scores, h0, 2, chunks, &next, part, parts);
+            break;
+        case 3:
+            if (3 * chunks <= SPAN_VECTORS) score_span(w, q, k, stride, n, scores, h0, 3, chunks, &next, part, parts);
+            break;
+        default:
+            if (4 * chunks <= SPAN_VECTORS) score_span(w, q, k, stride, n, scores, h0, 4, chunks, &next, part, parts);
         }
-        v16 sums = sum_lanes16(part) * w->scale;
-        if (n == SEGMENT) store16(scores + h * w->max_len, sums);
-        else memcpy(scores + h * w->max_len, &sums, sizeof(float) * n);
     }
 }
 
-/* out[h] += sum over i < n of probs[h * max_len + i] * (the segment's value i of h's KV head). */
 static inline __attribute__((always_inline)) void value_segment(const Work *w, const float *probs,
                                                                 const float *values, int64_t stride, int64_t n,
                                                                 float *out, const int64_t chunks) {
-    int64_t group = w->heads / w->kv_heads, dim = w->head_dim;
-    for (int64_t h = 0; h < w->heads; h++) {
-        v16 acc[chunks];
-        for (int64_t c = 0; c < chunks; c++) acc[c] = load16(out + h * dim + 16 * c);
-        const float *v = values + (h / group) * dim, *p = probs + h * w->max_len;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t c = 0; c < chunks; c++) acc[c] += p[i] * load16(v + i * stride + 16 * c);
-        for (int64_t c = 0; c < chunks; c++) store16(out + h * dim + 16 * c, acc[c]);
+    int64_t most = most_heads(chunks), group = w->heads / w->kv_heads;
+    for (int64_t h0 = 0, span; h0 < w->heads; h0 += span) {
+        const float *v = values + (h0 / group) * w->head_dim;
+        switch (span = span_at(w, h0, most)) {
+        case 1: value_span(w, probs, v, stride, n, out, h0, 1, chunks); break;
+        case 2: if (2 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 2, chunks); break;
+        case 3: if (3 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 3, chunks); break;
+        default: if (4 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 4, chunks);
+        }
     }
-}
-
-/* The end of the segment starting at t: SEGMENT positions on, the end of t's block, or len. */
-static inline int64_t segment_end(const Work *w, int64_t t, int64_t len) {
-    int64_t end = t + SEGMENT, block_end = (t / w->block_size + 1) * w->block_size;
-    end = end < block_end ? end : block_end;
-    return end < len ? end : len;
 }
 
 static inline __attribute__((always_inline)) void attend_segments(const Work *w, int64_t b, float *scores,
-                                                                  const int64_t chunks) {
+                                                                  const int64_t chunks, Cursor *ahead) {
     int64_t heads = w->heads, dim = w->head_dim, len = w->lens[b], stride = w->kv_heads * dim;
     const int64_t *table = w->tables + b * w->table_stride;
     const float *q = w->q + b * heads * dim;
-    float *out = w->out + b * heads * dim, read = 0.0f;
+    float *out = w->out + b * heads * dim;
     for (int64_t t = 0, end; t < len; t = end) {
         end = segment_end(w, t, len);
-        const float *keys = keys_at(w, table, t);
-        read += read_through(keys, (end - t) * stride) + read_through(keys + w->value_shift, (end - t) * stride);
-        score_segment(w, q, keys, stride, end - t, scores + t, chunks);
+        score_segment(w, q, keys_at(w, table, t), stride, end - t, scores + t, chunks, *ahead);
+        cursor_next(w, ahead);
     }
     softmax_rows(scores, heads, len, w->max_len);
     memset(out, 0, sizeof(float) * heads * dim);
-    volatile float used = read; /* kept: without a use the reads would be compiled away */
-    (void)used;
     for (int64_t t = 0, end; t < len; t = end) {
         end = segment_end(w, t, len);
         value_segment(w, scores + t, keys_at(w, table, t) + w->value_shift, stride, end - t, out, chunks);
@@ -223,14 +314,14 @@ static inline __attribute__((always_inline)) void attend_segments(const Work *w,
 }
 #endif
 
-static void attend_sequence(const Work *w, int64_t b, float *scores) {
+static void attend_sequence(const Work *w, int64_t b, float *scores, Cursor *ahead) {
 #ifdef HAVE_SEGMENTS
-    switch (w->head_dim) { /* constant chunk counts: the vectors of a head stay in registers */
-    case 64: attend_segments(w, b, scores, 4); return;
-    case 128: attend_segments(w, b, scores, 8); return;
+    switch (w->head_dim) { /* constant chunk counts: a span's vectors stay in registers */
+    case 64: attend_segments(w, b, scores, 4, ahead); return;
+    case 128: attend_segments(w, b, scores, 8, ahead); return;
     default:
-        if (w->head_dim % 16 == 0) {
-            attend_segments(w, b, scores, w->head_dim / 16);
+        if (w->head_dim % 16 == 0 && w->head_dim / 16 <= SPAN_VECTORS) {
+            attend_segments(w, b, scores, w->head_dim / 16, ahead);
             return;
         }
     }
@@ -245,7 +336,13 @@ static void *run(void *arg) {
         w->status = -1;
         return NULL;
     }
-    for (int64_t b = w->first; b < w->last; b++) attend_sequence(w, b, scores);
+    Cursor ahead = {w->first, 0};
+    for (int i = 0; i < AHEAD; i++) {
+        Lines lines = segment_lines(w, ahead);
+        prefetch_part(&lines, 0, 1);
+        cursor_next(w, &ahead);
+    }
+    for (int64_t b = w->first; b < w->last; b++) attend_sequence(w, b, scores, &ahead);
     free(scores);
     w->status = 0;
     return NULL;

@@ -1,6 +1,7 @@
 """The C decode kernel alone: against dense attention at head sizes that take its 16-position
-segments (64, 128, any multiple of 16) and that go a position at a time (a lane tail), block sizes
-below, at and above a segment, large groups, threads; the plan refusing what the kernel could not
+segments (64, 128, any multiple of 16 up to 256) and that go a position at a time (a lane tail, or
+over 256), block sizes below, at and above a segment, query-head groups that make one span, several
+(full and a remainder) or single heads, threads; the plan refusing what the kernel could not
 read safely; a machine where the kernel cannot be built keeps torch-batched working on its sparse
 products."""
 
@@ -44,7 +45,8 @@ def dense_context(kv: KVCache, span: SeqSpan, layer: int):
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"),
-                         [(9, 3, 64), (8, 1, 40), (4, 4, 20), (14, 2, 128), (6, 2, 48)])
+                         [(9, 3, 64), (8, 1, 40), (4, 4, 20), (14, 2, 128), (6, 2, 48), (16, 2, 64),
+                          (5, 1, 64), (12, 12, 64), (4, 2, 256), (2, 1, 272)])
 @pytest.mark.parametrize("block_size", [16, 8, 32])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_kernel_equals_dense_attention(native_decode, heads, kv_heads, head_dim, block_size, threads):
