@@ -5,8 +5,9 @@ and every decode figure against the machine's roofline measured in the same run 
     decode:  batches of --batches sequences at each of --contexts, each with its context already
              in the KV pool, then --steps greedy decode steps; tokens/s = batch x steps / time of
              the steps, for each attention backend of --backends with each weight layout of
-             --weight-layouts (dense: `x @ W`; mkl: MKL's pre-packed panels; onednn: oneDNN's
-             blocked weight; each packed layout a copy of the model)
+             --weight-layouts (dense: `x @ W`, the reference, with torch's small ops; mkl: MKL's
+             pre-packed panels; onednn: oneDNN's blocked weight; each packed layout a copy of the
+             model, its norms, SwiGLU and rotary positions on --layer-kernels, as the engine serves)
     bound:   the smaller of the compute bound (FLOPs / the peak matmul rate on the model's own
              projections, the fastest weight layout's, at that batch or 256 rows) and the memory
              bound (weights + KV read / bandwidth); "of bound" is tokens/s over it
@@ -51,6 +52,7 @@ from pdserve.attention import make_attention_backend  # noqa: E402
 from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
+from pdserve.model.layer_kernels import LAYER_KERNELS, apply_layer_kernels  # noqa: E402
 from pdserve.model.weight_layout import apply_weight_layout  # noqa: E402
 from pdserve.sampling.sampler import argmax_rows  # noqa: E402
 
@@ -238,6 +240,8 @@ def main() -> None:
     parser.add_argument("--weight-layouts", default="dense,mkl,onednn",
                         help="projection weight layouts to time (see --weight-layout; each packed one where "
                              "its library can)")
+    parser.add_argument("--layer-kernels", default="auto", choices=LAYER_KERNELS,
+                        help="the packed layouts' small ops (see --layer-kernels; dense keeps torch's)")
     parser.add_argument("--random-kv", action="store_true", help="random K/V as the context instead of a prefill")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill row")
     parser.add_argument("--no-transformers", action="store_true", help="time pdserve only")
@@ -246,7 +250,7 @@ def main() -> None:
 
     loaded = load_model(args.model)
     reference = None if args.no_transformers else load_reference(loaded.source_path)
-    layouts = weight_layouts(loaded, args.weight_layouts.split(","))
+    layouts = weight_layouts(loaded, args.weight_layouts.split(","), args.layer_kernels)
     roofline = Roofline([m.model for m in layouts.values()], loaded.config)
     print_header(args, loaded)
     if not args.no_prefill:
@@ -257,12 +261,14 @@ def main() -> None:
     print_roofline(roofline)
 
 
-def weight_layouts(loaded: LoadedModel, names: list[str]) -> dict[str, LoadedModel]:
-    """layout -> the model in it; each packed layout is a copy of the dense model, packed."""
+def weight_layouts(loaded: LoadedModel, names: list[str], kernels: str) -> dict[str, LoadedModel]:
+    """layout -> the model in it; each packed layout is a copy of the dense model, packed, its small
+    ops on `kernels`."""
     layouts = {"dense": loaded}
     for name in (n for n in names if n != "dense"):
         model = copy.deepcopy(loaded.model)
         apply_weight_layout(model, name, "cpu", torch.float32)  # raises where the library cannot pack
+        apply_layer_kernels(model, kernels, "cpu", torch.float32)
         layouts[name] = dataclasses.replace(loaded, model=model)
     return layouts
 

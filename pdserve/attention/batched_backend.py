@@ -6,6 +6,8 @@ A second implementation of the torch backend's contract, for passes dominated by
     values lie in the pool: by the C kernel of native_decode.py (float32; each key and value read
     once per layer), else in one sparse product per layer (pdserve/attention/pool_rows.py); no
     per-layer gather of each sequence's K/V, no padding to the longest context;
+  * each layer's new keys and values copied into the pool by that kernel's library where it
+    runs (float32; one copy per token from the projection's output), else by KVCache.write;
   * every longer chunk exactly as the reference backend computes it (SDPA on the chunk, or on
     its context read from the pool), which is compute-bound and already runs at the matmul rate.
 
@@ -40,6 +42,7 @@ class _Plan:
     chunks: tuple[Chunk, ...]
     num_tokens: int
     native: NativePlan | None = None  # the decodes' plan for the C kernel, when it runs them
+    native_writes: bool = False  # the C kernel's library copies K/V into the pool (slots checked)
     pool: PoolRows | None = None  # else built on the first layer (the query head count shows there)
 
 
@@ -60,15 +63,19 @@ class BatchedTorchBackend(AttentionBackend):
         singles = tuple(s for s in batch.seqs if s.query_len == 1)
         chunks = tuple(plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
         decodes = _Decodes(_rows([s.query_start for s in singles], device), singles) if singles else None
-        native = None
-        if singles and self._native is not None and kv.data.dtype == torch.float32:
-            native = self._native.plan(list(singles), kv)
-        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native)
+        native, writes = None, False
+        if self._native is not None and kv.data.dtype == torch.float32:
+            native = self._native.plan(list(singles), kv) if singles else None
+            writes = self._native.slots_problem(batch.slot_mapping, kv) is None  # else kv.write says what is wrong
+        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native, writes)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
         assert plan is not None, "begin() must be called before forward()"
-        kv.write(layer, plan.slot_mapping, k, v)
+        if plan.native_writes:
+            self._native.write(kv, layer, plan.slot_mapping, k, v)
+        else:
+            kv.write(layer, plan.slot_mapping, k, v)
         if plan.decodes is None:
             return self._chunks_only(q, k, v, kv.layer(layer), plan)
         decoded = self._decode(layer, q, kv, plan, plan.decodes)  # [B, H, D]

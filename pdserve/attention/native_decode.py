@@ -23,8 +23,9 @@ from pdserve.kv.kv_cache import KVCache
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 THREADED_WORK = 1 << 16  # (sequence, KV head, position) triples from which the kernel uses threads
-_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 7 + [ctypes.c_float] + \
-    [ctypes.c_int64] * 2
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGS = [_P, _P, _I, _P, _P, _I, _P] + [_I] * 7 + [ctypes.c_float] + [_I] * 2
+_WRITE_ARGS = [_P, _P, _I, _P, _I, _P] + [_I] * 6
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class NativeDecode:
         self._kernel = library.pdserve_paged_decode
         self._kernel.argtypes = _ARGS
         self._kernel.restype = ctypes.c_int
+        self._write = library.pdserve_write_kv
+        self._write.argtypes = _WRITE_ARGS
+        self._write.restype = None
 
     @classmethod
     def load(cls) -> NativeDecode:
@@ -63,18 +67,46 @@ class NativeDecode:
         return NativePlan(tables, torch.tensor(lens, dtype=torch.long), max(lens), threads)
 
     def attend(self, q: torch.Tensor, kv: KVCache, layer: int, plan: NativePlan) -> torch.Tensor:
-        """q: [B, H, D] -> [B, H, D], each sequence attending its whole context in `layer`."""
-        q = q.contiguous()
+        """q: [B, H, D] (each sequence's heads contiguous; sequences may be strided) -> [B, H, D],
+        each sequence attending its whole context in `layer`."""
         batch, heads, dim = q.shape
-        out = torch.empty_like(q)
+        if q.stride(2) != 1 or q.stride(1) != dim:
+            q = q.contiguous()
+        out = torch.empty(batch, heads, dim, dtype=q.dtype)
         shape = kv.shape
         status = self._kernel(
-            kv.data.data_ptr(), q.data_ptr(), out.data_ptr(), plan.tables.data_ptr(), plan.tables.shape[1],
+            kv.data.data_ptr(), q.data_ptr(), q.stride(0), out.data_ptr(), plan.tables.data_ptr(),
+            plan.tables.shape[1],
             plan.lens.data_ptr(), batch, heads, shape.num_kv_heads, dim, kv.block_size, shape.num_layers, layer,
             1 / math.sqrt(dim), plan.max_len, plan.threads)
         if status != 0:
             raise MemoryError("the decode attention kernel could not allocate its scratch or threads")
         return out
+
+    @staticmethod
+    def slots_problem(slot_mapping: torch.Tensor, kv: KVCache) -> str | None:
+        """Why `write` could not take these slots (the C copy trusts them), or None."""
+        slots = kv.num_blocks * kv.block_size
+        if slot_mapping.dtype != torch.long or not slot_mapping.is_contiguous() or slot_mapping.dim() != 1:
+            return "the slot mapping is not one contiguous int64 row"
+        if slot_mapping.numel() and (int(slot_mapping.min()) < 0 or int(slot_mapping.max()) >= slots):
+            return f"a slot lies outside the pool's {slots}"
+        return None
+
+    def write(self, kv: KVCache, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """KVCache.write's copy for float32 pools, from k, v [T, Hkv, D] whose rows may be strided
+        (views of the fused projection's output), at slots `slots_problem` has passed."""
+        shape = kv.shape
+        k, v = _rows(k), _rows(v)
+        self._write(kv.data.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slot_mapping.data_ptr(),
+                    slot_mapping.numel(), shape.num_kv_heads, shape.head_dim, kv.block_size, shape.num_layers, layer)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, Hkv, D] with each token's heads contiguous (a copy where they are not)."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return x.contiguous()
 
 
 def load_native_decode() -> tuple[NativeDecode | None, str | None]:

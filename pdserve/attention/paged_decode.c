@@ -15,8 +15,10 @@
  * softmax, sums the segment's values into registers. While a segment computes, the next segments'
  * keys and values (AHEAD of them, across sequences) are asked for into L2 a part at a time, so
  * memory streams during the arithmetic instead of between it. Any other head_dim goes one position
- * at a time. Sequences are split over `threads` POSIX threads. Built and loaded by
- * pdserve/attention/native_decode.py; the caller checks every block id and length first.
+ * at a time. Sequences are split over `threads` POSIX threads. The queries may be strided (views of
+ * the fused projection's output). pdserve_write_kv copies a layer's new keys and values into the
+ * pool. Built and loaded by pdserve/attention/native_decode.py; the caller checks every block id,
+ * slot and length first.
  */
 #include <math.h>
 #include <pthread.h>
@@ -32,6 +34,7 @@
 
 typedef struct {
     const float *pool, *q;
+    int64_t q_stride; /* floats from one sequence's query heads to the next's */
     float *out;
     const int64_t *tables, *lens;
     int64_t table_stride, heads, kv_heads, head_dim, block_size;
@@ -83,7 +86,7 @@ static void prefetch_next(const Work *w, const int64_t *table, int64_t t, int64_
 static void attend_positions(const Work *w, int64_t b, float *scores) {
     int64_t heads = w->heads, group = heads / w->kv_heads, dim = w->head_dim, len = w->lens[b];
     const int64_t *table = w->tables + b * w->table_stride;
-    const float *q = w->q + b * heads * dim;
+    const float *q = w->q + b * w->q_stride;
     float *out = w->out + b * heads * dim;
     for (int64_t t = 0; t < len; t++) {
         const float *k = keys_at(w, table, t);
@@ -298,7 +301,7 @@ static inline __attribute__((always_inline)) void attend_segments(const Work *w,
                                                                   const int64_t chunks, Cursor *ahead) {
     int64_t heads = w->heads, dim = w->head_dim, len = w->lens[b], stride = w->kv_heads * dim;
     const int64_t *table = w->tables + b * w->table_stride;
-    const float *q = w->q + b * heads * dim;
+    const float *q = w->q + b * w->q_stride;
     float *out = w->out + b * heads * dim;
     for (int64_t t = 0, end; t < len; t = end) {
         end = segment_end(w, t, len);
@@ -349,15 +352,15 @@ static void *run(void *arg) {
 }
 
 /* Returns 0, or -1 when memory or a thread could not be had (nothing is then valid in out). */
-int pdserve_paged_decode(const float *pool, const float *q, float *out, const int64_t *tables,
-                         int64_t table_stride, const int64_t *lens, int64_t batch, int64_t heads,
+int pdserve_paged_decode(const float *pool, const float *q, int64_t q_stride, float *out,
+                         const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t batch, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t num_layers,
                          int64_t layer, float scale, int64_t max_len, int64_t threads) {
     if (kv_heads < 1 || heads % kv_heads != 0) return -1;
     int64_t layer_size = 2 * block_size * kv_heads * head_dim;
     if (threads < 1) threads = 1;
     if (threads > batch) threads = batch > 0 ? batch : 1;
-    Work base = {pool, q, out, tables, lens, table_stride, heads, kv_heads, head_dim, block_size,
+    Work base = {pool, q, q_stride, out, tables, lens, table_stride, heads, kv_heads, head_dim, block_size,
                  num_layers * layer_size, layer * layer_size, block_size * kv_heads * head_dim,
                  max_len, scale, 0, 0, 0};
     Work work[threads];
@@ -377,4 +380,19 @@ int pdserve_paged_decode(const float *pool, const float *q, float *out, const in
         status |= work[i].status;
     }
     return status;
+}
+
+/* Each of `rows` tokens' keys and values (kv_heads * head_dim floats each, the tokens k_stride and
+ * v_stride floats apart) copied into `layer` of the pool at its flat slot (block * block_size +
+ * offset). The caller checks every slot first. */
+void pdserve_write_kv(float *pool, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                      const int64_t *slots, int64_t rows, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                      int64_t num_layers, int64_t layer) {
+    int64_t row = kv_heads * head_dim, layer_size = 2 * block_size * row;
+    for (int64_t t = 0; t < rows; t++) {
+        int64_t block = slots[t] / block_size, offset = slots[t] % block_size;
+        float *keys = pool + block * num_layers * layer_size + layer * layer_size + offset * row;
+        memcpy(keys, k + t * k_stride, sizeof(float) * row);
+        memcpy(keys + block_size * row, v + t * v_stride, sizeof(float) * row);
+    }
 }

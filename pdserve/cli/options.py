@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from pdserve.config import CacheConfig, EngineConfig, PreemptionConfig, SchedulerConfig
 from pdserve.model.dtypes import DTYPE_NAMES
+from pdserve.model.layer_kernels import LAYER_KERNELS
 from pdserve.model.weight_layout import WEIGHT_LAYOUTS
 from pdserve.requests import Priority, SamplingParams
 
@@ -35,6 +36,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="auto: on a CPU with float32 weights the projections laid out for oneDNN's GEMM "
                         "(else MKL's packed panels; faster matmuls, the copy takes the weights' memory "
                         "again), else dense")
+    g.add_argument("--layer-kernels", default=e.layer_kernels, choices=LAYER_KERNELS,
+                   help="the norms, SwiGLU's product and rotary positions; auto: on a CPU with float32 weights "
+                        "one C pass over each row (built at first use), else torch (the reference)")
     g.add_argument("--tensor-parallel-size", type=int, default=e.tensor_parallel_size,
                    help="ranks (one process and one device each) splitting the model's heads; must divide "
                         "its KV heads")
@@ -64,7 +68,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     chunk = min(args.max_chunk_tokens or budget // 2, budget)
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
-        weight_layout=args.weight_layout,
+        weight_layout=args.weight_layout, layer_kernels=args.layer_kernels,
         tensor_parallel_size=args.tensor_parallel_size,
         max_model_len=args.max_model_len, calibrate=True,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,

@@ -31,7 +31,7 @@ TICK_S = 0.2
 
 ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
                 "policy", "max_model_len", "device", "dtype", "attention_backend", "weight_layout",
-                "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size")
+                "layer_kernels", "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size")
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:

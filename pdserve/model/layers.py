@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
+from pdserve.model.layer_kernels import LayerKernels, TorchKernels
 from pdserve.model.packed_weights import PackedWeight, serves
-from pdserve.model.rope import apply_rope
 
 
 class Linear(nn.Module):
@@ -39,14 +38,12 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
-        self.shape = (dim,)
         self.eps = eps
+        self.kernels: LayerKernels = TorchKernels()  # pdserve/model/layer_kernels.py sets the model's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, dim] -> [T, dim]; normalised in float32, then scaled by the learned weight."""
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.shape, self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), self.shape, eps=self.eps).to(x.dtype)
+        return self.kernels.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -58,13 +55,14 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.kernels: LayerKernels = TorchKernels()
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, attn: AttentionBackend
     ) -> torch.Tensor:
         tokens, heads, kv_heads, head_dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qk, v = self.qkv_proj(x).split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
-        qk = apply_rope(qk.view(tokens, heads + kv_heads, head_dim), cos, sin)  # [T, H + Hkv, D]
+        qk = self.kernels.rope(qk.view(tokens, heads + kv_heads, head_dim), cos, sin)  # [T, H + Hkv, D]
         q, k = qk.split([heads, kv_heads], dim=1)  # [T, H, D], [T, Hkv, D]
         out = attn.forward(self.layer, q, k, v.view(tokens, kv_heads, head_dim), kv)  # [T, H, D]
         return self.o_proj(out.reshape(tokens, heads * head_dim))
@@ -78,11 +76,10 @@ class MLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.kernels: LayerKernels = TorchKernels()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
-        # in place in the projection's own output: no fresh buffers between the two matmuls
-        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
+        return self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, hidden]
 
 
 class DecoderLayer(nn.Module):

@@ -15,6 +15,7 @@ from pdserve.model.errors import ModelLoadError
 from pdserve.model.gguf_loader import load_gguf_model
 from pdserve.model.hf_loader import load_hf_model
 from pdserve.model.llama import LlamaForCausalLM
+from pdserve.model.layer_kernels import apply_layer_kernels
 from pdserve.model.weight_layout import apply_weight_layout
 from pdserve.parallel.ranks import Alone, RankGroup
 
@@ -71,12 +72,14 @@ def load_model_shard(path: str | None, device: str | torch.device, dtype: torch.
 
 def load_engine_model(config: "EngineConfig") -> LoadedModel:
     """The model an engine runs: the whole model with its projections laid out as
-    `config.weight_layout` asks, or at tensor_parallel_size > 1 rank 0's shard with the follower
-    ranks started (LoadedModel.ranks; close them with `ranks.close()`; shards multiply dense)."""
+    `config.weight_layout` asks and its small ops on `config.layer_kernels`, or at
+    tensor_parallel_size > 1 rank 0's shard with the follower ranks started (LoadedModel.ranks;
+    close them with `ranks.close()`; shards multiply dense, with the torch kernels)."""
     if config.tensor_parallel_size == 1:
         dtype = serving_dtype(config.dtype, config.device)
         loaded = load_model(config.model, device=config.device, dtype=dtype)
         apply_weight_layout(loaded.model, config.weight_layout, config.device, dtype)
+        apply_layer_kernels(loaded.model, config.layer_kernels, config.device, dtype)
         return loaded
     from pdserve.parallel.leader import start_leader
 

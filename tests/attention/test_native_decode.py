@@ -113,3 +113,39 @@ def test_loading_the_kernel_leaves_the_process_floating_point_state_alone(native
 
     NativeDecode.load()
     assert np.float32(1e-38) / np.float32(1000) > 0
+
+
+def test_the_kernels_copy_into_the_pool_equals_kv_write(native_decode):
+    kv, _, _ = random_pool([40], 4, 2, 16, block_size=8, seed=5)
+    expected = KVCache(kv.shape, kv.num_blocks, torch.float32, "cpu")
+    expected.data.copy_(kv.data)
+    fused = torch.randn(6, 8 * 16)  # as the qkv projection's output: q heads, then k, then v
+    k, v = fused[:, 4 * 16 : 6 * 16].view(6, 2, 16), fused[:, 6 * 16 :].view(6, 2, 16)  # strided rows
+    slots = torch.tensor([0, 9, 10, 17, kv.num_blocks * 8 - 1, 3])
+    assert NativeDecode.slots_problem(slots, kv) is None
+    native_decode.write(kv, 2, slots, k, v)
+    expected.write(2, slots, k, v)
+    assert torch.equal(kv.data, expected.data)
+
+
+def test_slots_outside_the_pool_go_to_kv_write_which_refuses_them(native_decode):
+    kv, spans, q = random_pool([3], 4, 2, 8, block_size=4, seed=2)
+    assert "outside the pool's" in NativeDecode.slots_problem(torch.tensor([0, kv.num_blocks * 4]), kv)
+    assert "outside the pool's" in NativeDecode.slots_problem(torch.tensor([-1]), kv)
+    assert "int64" in NativeDecode.slots_problem(torch.tensor([0], dtype=torch.int32), kv)
+    from pdserve.attention.batch import ForwardBatch
+
+    backend = make_attention_backend("torch-batched", "cpu", torch.float32)
+    ids = torch.zeros(1, dtype=torch.long)
+    backend.begin(ForwardBatch(ids, ids, torch.tensor([kv.num_blocks * 4]), tuple(spans), ids), kv)
+    with pytest.raises(IndexError):
+        backend.forward(0, q[0], torch.randn(1, 2, 8), torch.randn(1, 2, 8), kv)
+
+
+def test_strided_queries_are_read_where_they_lie(native_decode):
+    kv, spans, q = random_pool([5, 20, 33], 6, 2, 16, block_size=16, seed=4)
+    plan = native_decode.plan(spans, kv)
+    fused = torch.randn(3, 10 * 16)
+    strided = fused[:, : 6 * 16].view(3, 6, 16)
+    contiguous = native_decode.attend(strided.contiguous(), kv, 1, plan)
+    assert torch.equal(native_decode.attend(strided, kv, 1, plan), contiguous)

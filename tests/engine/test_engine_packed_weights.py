@@ -1,7 +1,9 @@
-"""Packed projection weights (`--weight-layout onednn`, what `auto` serves on a CPU) through the
-whole Engine: greedy tokens equal to the dense model's and to transformers', at batch 1, 64 and
-256, with mixed context lengths and prefix-cache hits, under both CPU attention backends. MKL's
-panels are held to the dense model's logits in tests/model/test_weight_layout.py."""
+"""What `auto` serves on a CPU through the whole Engine: packed projection weights
+(`--weight-layout onednn`) and the native layer kernels (`--layer-kernels native`: norms, SwiGLU,
+rotary positions in C). Greedy tokens equal to the reference model's (dense, torch ops) and to
+transformers', at batch 1, 64 and 256, with mixed context lengths and prefix-cache hits, under both
+CPU attention backends. MKL's panels are held to the dense model's logits in
+tests/model/test_weight_layout.py, the native kernels to torch's in tests/model/test_layer_kernels.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import copy
 import dataclasses
 
 import pytest
+import torch
 
+from pdserve.model.layer_kernels import apply_layer_kernels
 from pdserve.model.onednn_weights import OneDnnWeight
 from pdserve.model.weight_layout import pack_linears
 from tests.engine.test_engine_batched_attention import (assert_big_batch_equal,
@@ -21,9 +25,11 @@ pytestmark = needs_onednn
 
 
 def packed(loaded):
-    """A copy of `loaded` with every projection packed (the session's models stay dense)."""
+    """A copy of `loaded` as auto serves it on a CPU: every projection packed for oneDNN, the small
+    ops on the native kernels (the session's models stay the reference)."""
     model = copy.deepcopy(loaded.model)
     pack_linears(model, OneDnnWeight)
+    assert apply_layer_kernels(model, "native", "cpu", torch.float32) == "native"
     return dataclasses.replace(loaded, model=model)
 
 
@@ -31,7 +37,7 @@ def packed(loaded):
 @pytest.mark.parametrize(("name", "count", "backend"), [("llama_gqa_llama3", 64, "torch"),
                                                         ("qwen2_bias", 64, "torch-batched"),
                                                         ("llama_untied", 256, "torch-batched")])
-def test_big_batches_equal_the_dense_model_and_transformers(tiny_loaded, oracle, name, count, backend):
+def test_big_batches_equal_the_reference_model_and_transformers(tiny_loaded, oracle, name, count, backend):
     loaded = tiny_loaded[name]
     prompts = shared_prefix_prompts(count, loaded.config.vocab_size, seed=count + 1)
     ours = run_batch(packed(loaded), backend, prompts)
