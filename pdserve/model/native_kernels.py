@@ -70,7 +70,7 @@ class NativeKernels:
 
 
 def _floats(t: torch.Tensor) -> bool:
-    return t.dtype == torch.float32 and t.device.type == "cpu"
+    return t.dtype == torch.float32 and t.is_cpu  # is_cpu: no device object built on every call
 
 
 def _rows_of_floats(x: torch.Tensor) -> bool:
