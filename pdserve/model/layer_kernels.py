@@ -84,6 +84,7 @@ def apply_layer_kernels(model: nn.Module, name: str, device: str | torch.device,
     chosen = choose_layer_kernels(name, problem)
     if chosen == "native":
         set_layer_kernels(model, native)
+        log.info("layer kernels: native (norms, SwiGLU, rotary positions in pdserve/model/layer_kernels.c)")
     elif name == "auto" and torch.device(device).type == "cpu" and dtype == torch.float32:
         log.info("layer kernels: torch, not native: %s", problem)
     return chosen
