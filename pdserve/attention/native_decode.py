@@ -76,9 +76,8 @@ class NativeDecode:
         shape = kv.shape
         status = self._kernel(
             kv.data.data_ptr(), q.data_ptr(), q.stride(0), out.data_ptr(), plan.tables.data_ptr(),
-            plan.tables.shape[1],
-            plan.lens.data_ptr(), batch, heads, shape.num_kv_heads, dim, kv.block_size, shape.num_layers, layer,
-            1 / math.sqrt(dim), plan.max_len, plan.threads)
+            plan.tables.shape[1], plan.lens.data_ptr(), batch, heads, shape.num_kv_heads, dim, kv.block_size,
+            shape.num_layers, layer, 1 / math.sqrt(dim), plan.max_len, plan.threads)
         if status != 0:
             raise MemoryError("the decode attention kernel could not allocate its scratch or threads")
         return out

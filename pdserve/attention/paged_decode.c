@@ -15,7 +15,7 @@
  * softmax, sums the segment's values into registers. While a segment computes, the next segments'
  * keys and values (AHEAD of them, across sequences) are asked for into L2 a part at a time, so
  * memory streams during the arithmetic instead of between it. Any other head_dim goes one position
- * at a time. Sequences are split over `threads` POSIX threads. The queries may be strided (views of
+ * at a time, asking for the segments ahead the same way. Sequences are split over `threads` POSIX threads. The queries may be strided (views of
  * the fused projection's output). pdserve_write_kv copies a layer's new keys and values into the
  * pool. Built and loaded by pdserve/attention/native_decode.py; the caller checks every block id,
  * slot and length first.
@@ -74,39 +74,6 @@ static const float *keys_at(const Work *w, const int64_t *table, int64_t t) {
     return w->pool + block * w->block_stride + w->layer_offset + (t % w->block_size) * w->kv_heads * w->head_dim;
 }
 
-/* At a block's first position: ask for the next block's keys (or values) while these compute. */
-static void prefetch_next(const Work *w, const int64_t *table, int64_t t, int64_t len, int64_t shift) {
-    if (t % w->block_size != 0 || t + w->block_size >= len) return;
-    const char *next = (const char *)(keys_at(w, table, t + w->block_size) + shift);
-    int64_t bytes = w->block_size * w->kv_heads * w->head_dim * (int64_t)sizeof(float);
-    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(next + i, 0, 3);
-}
-
-/* Any head_dim: one position at a time, the query heads of each KV head against its key. */
-static void attend_positions(const Work *w, int64_t b, float *scores) {
-    int64_t heads = w->heads, group = heads / w->kv_heads, dim = w->head_dim, len = w->lens[b];
-    const int64_t *table = w->tables + b * w->table_stride;
-    const float *q = w->q + b * w->q_stride;
-    float *out = w->out + b * heads * dim;
-    for (int64_t t = 0; t < len; t++) {
-        const float *k = keys_at(w, table, t);
-        prefetch_next(w, table, t, len, 0);
-        for (int64_t h = 0; h < heads; h++)
-            scores[h * w->max_len + t] = dot(q + h * dim, k + (h / group) * dim, dim) * w->scale;
-    }
-    softmax_rows(scores, heads, len, w->max_len);
-    memset(out, 0, sizeof(float) * heads * dim);
-    for (int64_t t = 0; t < len; t++) {
-        const float *v = keys_at(w, table, t) + w->value_shift;
-        prefetch_next(w, table, t, len, w->value_shift);
-        for (int64_t h = 0; h < heads; h++) {
-            const float p = scores[h * w->max_len + t], *vh = v + (h / group) * dim;
-            float *o = out + h * dim;
-            for (int64_t d = 0; d < dim; d++) o[d] += p * vh[d];
-        }
-    }
-}
-
 /* The end of the segment starting at t: SEGMENT positions on, the end of t's block, or len. */
 static inline int64_t segment_end(const Work *w, int64_t t, int64_t len) {
     int64_t end = t + SEGMENT, block_end = (t / w->block_size + 1) * w->block_size;
@@ -145,6 +112,36 @@ static inline void prefetch_part(const Lines *l, int64_t part, int64_t parts) {
     for (uintptr_t i = l->lines * part / parts; i < l->lines * (part + 1) / parts; i++) {
         __builtin_prefetch((const void *)(l->first + 64 * i), 0, 2); /* into L2 */
         __builtin_prefetch((const void *)(l->first + l->shift + 64 * i), 0, 2);
+    }
+}
+
+/* Any head_dim: one position at a time, the query heads of each KV head against its key. At
+ * each segment's first position the segment AHEAD on is asked for, as the segment path does. */
+static void attend_positions(const Work *w, int64_t b, float *scores, Cursor *ahead) {
+    int64_t heads = w->heads, group = heads / w->kv_heads, dim = w->head_dim, len = w->lens[b];
+    const int64_t *table = w->tables + b * w->table_stride;
+    const float *q = w->q + b * w->q_stride;
+    float *out = w->out + b * heads * dim;
+    for (int64_t t = 0, end = 0; t < len; t++) {
+        if (t == end) {
+            end = segment_end(w, t, len);
+            Lines next = segment_lines(w, *ahead);
+            prefetch_part(&next, 0, 1);
+            cursor_next(w, ahead);
+        }
+        const float *k = keys_at(w, table, t);
+        for (int64_t h = 0; h < heads; h++)
+            scores[h * w->max_len + t] = dot(q + h * dim, k + (h / group) * dim, dim) * w->scale;
+    }
+    softmax_rows(scores, heads, len, w->max_len);
+    memset(out, 0, sizeof(float) * heads * dim);
+    for (int64_t t = 0; t < len; t++) {
+        const float *v = keys_at(w, table, t) + w->value_shift;
+        for (int64_t h = 0; h < heads; h++) {
+            const float p = scores[h * w->max_len + t], *vh = v + (h / group) * dim;
+            float *o = out + h * dim;
+            for (int64_t d = 0; d < dim; d++) o[d] += p * vh[d];
+        }
     }
 }
 
@@ -329,7 +326,7 @@ static void attend_sequence(const Work *w, int64_t b, float *scores, Cursor *ahe
         }
     }
 #endif
-    attend_positions(w, b, scores);
+    attend_positions(w, b, scores, ahead);
 }
 
 static void *run(void *arg) {
