@@ -51,7 +51,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 without bf16 support), float32 on CPU
     attention_backend: str = "auto"  # auto | torch | torch-batched | flashinfer
-    weight_layout: str = "auto"  # auto | onednn | mkl | dense (pdserve/model/weight_layout.py)
+    weight_layout: str = "auto"  # auto | onednn | mkl | panels | dense (pdserve/model/weight_layout.py)
     layer_kernels: str = "auto"  # auto | native | torch: norms, SwiGLU, rotary (pdserve/model/layer_kernels.py)
     tensor_parallel_size: int = 1  # ranks (processes) sharing the model's heads, one device each
     max_model_len: int | None = None  # default: the model's max positions

@@ -10,6 +10,7 @@ from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
 from pdserve.model.layer_kernels import LayerKernels, TorchKernels
 from pdserve.model.packed_weights import PackedWeight, serves
+from pdserve.model.panel_weights import streams
 
 
 class Linear(nn.Module):
@@ -17,16 +18,20 @@ class Linear(nn.Module):
     the checkpoint's [out, in]. NOTE: on CPU the skinny matmuls of decode steps (a few rows)
     run about twice as fast against this layout; prefill-sized matmuls are unaffected.
     With `packed` set (pdserve/model/weight_layout.py) the product reads a GEMM library's own
-    layout of the weight (oneDNN's or MKL's)."""
+    layout of the weight (oneDNN's or MKL's); with `streamed` set, a product of a few rows (a
+    small batch's decode step) reads the weight in panels (pdserve/model/panel_weights.py)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: PackedWeight | None = None
+        self.streamed: PackedWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out]."""
+        if self.streamed is not None and streams(x.shape[0]):
+            return self.streamed(x, self.bias)
         if self.packed is not None and serves(x.shape[0]):
             return self.packed(x, self.bias)
         if self.bias is None:

@@ -1,9 +1,10 @@
 """What `auto` serves on a CPU through the whole Engine: packed projection weights
-(`--weight-layout onednn`) and the native layer kernels (`--layer-kernels native`: norms, SwiGLU,
+(`--weight-layout auto`: oneDNN's blocked weight, and the panels for products of up to 6 rows) and
+the native layer kernels (`--layer-kernels native`: norms, SwiGLU,
 rotary positions in C). Greedy tokens equal to the reference model's (dense, torch ops) and to
 transformers', at batch 1, 64 and 256, with mixed context lengths and prefix-cache hits, under both
 CPU attention backends. MKL's panels are held to the dense model's logits in
-tests/model/test_weight_layout.py, the native kernels to torch's in tests/model/test_layer_kernels.py."""
+tests/model/test_weight_layout.py, the few rows' panels in tests/model/test_panel_weights.py, the native kernels to torch's in tests/model/test_layer_kernels.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch
 
 from pdserve.model.layer_kernels import apply_layer_kernels
 from pdserve.model.onednn_weights import OneDnnWeight
-from pdserve.model.weight_layout import pack_linears
+from pdserve.model.panel_weights import load_row_panels
+from pdserve.model.weight_layout import pack_linears, stream_linears
 from tests.engine.test_engine_batched_attention import (assert_big_batch_equal,
                                                        assert_smollm2_alone_and_mixed_equal_transformers, run_batch,
                                                        shared_prefix_prompts)
@@ -25,10 +27,13 @@ pytestmark = needs_onednn
 
 
 def packed(loaded):
-    """A copy of `loaded` as auto serves it on a CPU: every projection packed for oneDNN, the small
-    ops on the native kernels (the session's models stay the reference)."""
+    """A copy of `loaded` as auto serves it on a CPU: every projection packed for oneDNN and in
+    panels, the small ops on the native kernels (the session's models stay the reference)."""
     model = copy.deepcopy(loaded.model)
     pack_linears(model, OneDnnWeight)
+    panels, problem = load_row_panels("cpu", torch.float32)
+    assert panels is not None, problem
+    stream_linears(model, panels)
     assert apply_layer_kernels(model, "native", "cpu", torch.float32) == "native"
     return dataclasses.replace(loaded, model=model)
 

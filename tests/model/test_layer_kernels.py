@@ -6,6 +6,7 @@ the reference."""
 from __future__ import annotations
 
 import copy
+from typing import TypeVar
 
 import pytest
 import torch
@@ -14,16 +15,22 @@ from pdserve.model.layer_kernels import (LayerKernelsUnavailable, TorchKernels, 
                                          choose_layer_kernels, set_layer_kernels)
 from pdserve.model.native_kernels import NativeKernels, load_native_kernels
 
+T = TypeVar("T")
 REFERENCE = TorchKernels()
 CLOSE = {"rtol": 1e-5, "atol": 1e-5}
 
 
+def built(loaded: tuple[T | None, str | None], what: str) -> T:
+    """A native library's loader's result, or the test fails saying why it did not build here."""
+    library, problem = loaded
+    if library is None:
+        pytest.fail(f"{what} cannot be built here ({problem}); install a C compiler (gcc) or set CC")
+    return library
+
+
 @pytest.fixture(scope="module")
 def native() -> NativeKernels:
-    kernels, problem = load_native_kernels("cpu", torch.float32)
-    if kernels is None:
-        pytest.fail(f"the layer kernels cannot be built here ({problem}); install a C compiler (gcc) or set CC")
-    return kernels
+    return built(load_native_kernels("cpu", torch.float32), "the layer kernels")
 
 
 def test_auto_takes_native_where_nothing_stops_it_and_torch_otherwise():

@@ -10,8 +10,8 @@ import torch
 
 from pdserve.model.mkl_weights import MklPanels
 from pdserve.model.onednn_weights import OneDnnWeight
-from pdserve.model.weight_layout import (PACKINGS, WeightLayoutUnavailable, apply_weight_layout,
-                                         choose_weight_layout, pack_linears, packing_problems)
+from pdserve.model.weight_layout import (PACKINGS, PANELS, WeightLayout, WeightLayoutUnavailable,
+                                         apply_weight_layout, choose_weight_layout, pack_linears, packing_problems)
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(),
                                reason="this torch build has no MKL (a CPU without it packs for oneDNN or not at all)")
@@ -25,18 +25,29 @@ NOT_CPU = "device cuda is not a CPU"
 
 
 def test_auto_takes_the_first_packing_nothing_stops_and_stays_dense_otherwise():
-    assert choose_weight_layout("auto", {"onednn": None, "mkl": None}) == "onednn"
-    assert choose_weight_layout("auto", {"onednn": "this torch build has no oneDNN", "mkl": None}) == "mkl"
-    assert choose_weight_layout("auto", {"onednn": NOT_CPU, "mkl": NOT_CPU}) == "dense"
-    assert choose_weight_layout("dense", {"onednn": NOT_CPU, "mkl": NOT_CPU}) == "dense"
-    assert choose_weight_layout("mkl", {"onednn": NOT_CPU, "mkl": None}) == "mkl"
+    assert choose_weight_layout("auto", {"onednn": None, "mkl": None, PANELS: None}) == WeightLayout("onednn", PANELS)
+    no_onednn = {"onednn": "this torch build has no oneDNN", "mkl": None, PANELS: None}
+    assert choose_weight_layout("auto", no_onednn) == WeightLayout("mkl", PANELS)
+    assert choose_weight_layout("auto", {"onednn": NOT_CPU, "mkl": NOT_CPU, PANELS: NOT_CPU}) == WeightLayout("dense")
+    assert choose_weight_layout("dense", {"onednn": NOT_CPU, "mkl": NOT_CPU}) == WeightLayout("dense")
+    assert choose_weight_layout("mkl", {"onednn": NOT_CPU, "mkl": None, PANELS: None}) == WeightLayout("mkl")
+
+
+def test_auto_streams_few_rows_from_panels_only_where_they_build():
+    no_compiler = "no C compiler on this machine"
+    assert choose_weight_layout("auto", {"onednn": None, "mkl": None, PANELS: no_compiler}) == WeightLayout("onednn")
+    assert choose_weight_layout(PANELS, {PANELS: None}) == WeightLayout("dense", PANELS)
+    with pytest.raises(WeightLayoutUnavailable, match=f"panels weights unavailable: {no_compiler}; use"):
+        choose_weight_layout(PANELS, {PANELS: no_compiler})
+    assert str(WeightLayout("onednn", PANELS)) == "panels up to 6 rows, onednn beyond"
+    assert str(WeightLayout("mkl")) == "mkl"
 
 
 def test_a_packing_where_it_cannot_run_says_why_and_what_to_use():
     unavailable = "onednn weights unavailable: .*not a CPU; use --weight-layout dense"
     with pytest.raises(WeightLayoutUnavailable, match=unavailable):
         choose_weight_layout("onednn", {"onednn": NOT_CPU, "mkl": None})
-    with pytest.raises(ValueError, match="unknown weight layout 'packed'; choose one of auto, onednn, mkl, dense"):
+    with pytest.raises(ValueError, match="unknown weight layout 'packed'; choose one of auto, onednn, mkl, panels, dense"):
         choose_weight_layout("packed", {})
 
 
@@ -56,7 +67,7 @@ def test_the_packing_runs_on_a_torch_with_its_library(packing):
 @needs_onednn
 def test_auto_lays_a_cpu_float32_model_out_for_onednn():
     assert packing_problems("cpu", torch.float32)["onednn"] is None
-    assert apply_weight_layout(torch.nn.Sequential(), "auto", "cpu", torch.float32) == "onednn"
+    assert apply_weight_layout(torch.nn.Sequential(), "auto", "cpu", torch.float32) == WeightLayout("onednn", PANELS)
 
 
 @packings
@@ -94,7 +105,7 @@ def test_a_packed_model_computes_the_dense_models_logits(tiny_models, packing, n
 
 def test_dense_asks_nothing_of_the_device():
     model = torch.nn.Linear(2, 2)
-    assert apply_weight_layout(model, "dense", "meta", torch.float16) == "dense"
+    assert apply_weight_layout(model, "dense", "meta", torch.float16) == WeightLayout("dense")
 
 
 @packings

@@ -1,0 +1,114 @@
+"""Projection weights in panels for products of a few rows (decode steps of small batches): the C
+kernel of row_panels.c streams each weight once as one sequential read, every row of the product
+reusing each vector while it is in registers.
+
+At one row a decode step reads every weight once and little else, so it is bound by memory
+bandwidth; torch's `x @ W` (MKL's matrix-vector product) streams the embedded model's weights at
+about 14-16 GB/s on the development machine, oneDNN's blocked weight slower, the panels at 21-24
+GB/s against 26 GB/s the machine reads a plain tensor at (docs/BENCHMARKS.md). Up to
+PANEL_MAX_ROWS rows the panels stay ahead; beyond, the GEMM libraries' blocked layouts compute
+faster (pdserve/model/weight_layout.py chooses).
+
+    panels[p, i, j] = W[i, 64 p + j]    W: Linear.weight [in, out]; the last panel zero-padded
+
+Memory: the panels are a copy beside the dense weight (as a GEMM library's packing is).
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pdserve.attention.native_build import NativeBuildError, load_library
+from pdserve.model.packed_weights import probe_problem
+
+SOURCE = Path(__file__).with_name("row_panels.c")
+PANEL = 64  # columns a panel (row_panels.c)
+PANEL_MAX_ROWS = 6  # products of up to this many rows read the panels (measured: docs/BENCHMARKS.md)
+THREADED_BYTES = 4 << 20  # weights from which the product is split over torch's thread count
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+def streams(rows: int) -> bool:
+    """Whether a product of `rows` rows reads the panels rather than another layout."""
+    return 0 < rows <= PANEL_MAX_ROWS
+
+
+class RowPanels:
+    """The loaded kernel: packs weights into panels and multiplies from them."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._gemm = library.pdserve_panels_gemm
+        self._gemm.argtypes = [_P, _I, _I, _P, _I, _I, _P, _I]
+        self._gemm.restype = None
+
+    @classmethod
+    def load(cls) -> RowPanels:
+        """Raises NativeBuildError when the kernel cannot be built or loaded here."""
+        return cls(load_library(SOURCE))
+
+    def __deepcopy__(self, memo: dict) -> RowPanels:
+        """Stateless: a copied model shares the loaded library."""
+        return self
+
+    def pack(self, weight: torch.Tensor) -> PanelWeight:
+        """weight: [in, out] float32 on the CPU (Linear's layout, kept as given)."""
+        dense = weight.detach()
+        inputs, outputs = dense.shape
+        count = -(-outputs // PANEL)
+        panels = torch.zeros(count * PANEL, inputs, dtype=torch.float32)
+        panels[:outputs] = dense.t()
+        return PanelWeight(panels.view(count, PANEL, inputs).transpose(1, 2).contiguous(), weight, self)
+
+    def multiply(self, x: torch.Tensor, packed: PanelWeight) -> torch.Tensor:
+        """x [T, in] float32 (rows may be strided) -> [T, out]."""
+        inputs, outputs = packed.weight.shape
+        if x.dim() != 2 or x.shape[1] != inputs or not x.is_cpu:
+            raise ValueError(f"a [T, {inputs}] CPU input multiplies this weight, got {list(x.shape)} on {x.device}")
+        if x.dtype != torch.float32 or x.stride(1) != 1 or x.stride(0) < inputs:
+            x = x.float().contiguous()
+        out = torch.empty(x.shape[0], outputs, dtype=torch.float32)
+        threads = torch.get_num_threads() if packed.nbytes >= THREADED_BYTES else 1
+        self._gemm(x.data_ptr(), x.stride(0), x.shape[0], packed.panels.data_ptr(), inputs, outputs,
+                   out.data_ptr(), threads)
+        return out
+
+
+@dataclass(frozen=True)
+class PanelWeight:
+    """One projection's weight in panels [ceil(out / 64), in, 64]."""
+
+    panels: torch.Tensor
+    weight: torch.Tensor  # [in, out], the Linear's parameter (a deep copy packs its copy)
+    kernel: RowPanels
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x: [T, in] -> [T, out] (+ bias)."""
+        out = self.kernel.multiply(x, self)
+        return out if bias is None else out.add_(bias)
+
+    def __deepcopy__(self, memo: dict) -> PanelWeight:
+        return self.kernel.pack(copy.deepcopy(self.weight, memo))
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+def load_row_panels(device: str | torch.device, dtype: torch.dtype) -> tuple[RowPanels | None, str | None]:
+    """The kernel for a model on `device` in `dtype`, or None and why not (not a CPU, not float32,
+    no compiler, or the probe's row counts computed wrongly here)."""
+    if torch.device(device).type != "cpu":
+        return None, f"device {device} is not a CPU"
+    if dtype != torch.float32:
+        return None, f"the panels compute float32, not {dtype}"
+    try:
+        kernel = RowPanels.load()
+    except NativeBuildError as exc:
+        return None, str(exc)
+    problem = probe_problem(kernel.pack, "the panel kernel")
+    return (None, problem) if problem else (kernel, None)

@@ -1,0 +1,100 @@
+/* A projection of a few rows (decode steps of small batches) streamed from the weight in panels
+ * (float32):
+ *
+ *   y[t, c] = sum_i x[t, i] * W[i, c]    for t < rows, c < out
+ *
+ * with W [in, out] packed once at load as panels[p][i][j] = W[i, 64 p + j] (64 columns a panel,
+ * the last one zero-padded). A panel is read front to back, one row of 64 columns (four vectors)
+ * after another, so the whole weight is one sequential stream: a row's product is bound by how
+ * fast memory delivers the weight, and every row of the pass reuses each vector while it is in
+ * registers (up to ROW_TILE rows; more rows take further passes over the panel, from the cache).
+ *
+ * x's rows may be strided (`x_stride` floats from one row's start to the next); y is [rows, out]
+ * contiguous. Panels are split over `threads` POSIX threads (a pass over a large weight).
+ * Built and loaded by pdserve/model/panel_weights.py, which packs the panels and checks every
+ * shape and stride first; tests/model/test_panel_weights.py compares it with the dense product.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PANEL 64   /* columns a panel: four vectors of 16 floats */
+#define ROW_TILE 6 /* rows a pass: 6 x 4 accumulators and the 4 vectors read fit 32 registers */
+
+typedef float vec __attribute__((vector_size(64)));
+
+static inline vec load(const float *p) {
+    vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The first `cols` columns of one panel's product for ROWS rows, into y (row stride `out`). */
+#define PANEL_ROWS(ROWS)                                                                          \
+    static void panel_##ROWS(const float *x, int64_t x_stride, const float *panel, int64_t in,   \
+                             float *y, int64_t out, int64_t cols) {                              \
+        vec acc[ROWS][4] = {{{0}}};                                                               \
+        for (int64_t i = 0; i < in; i++, panel += PANEL) {                                        \
+            vec w0 = load(panel), w1 = load(panel + 16), w2 = load(panel + 32), w3 = load(panel + 48); \
+            for (int r = 0; r < ROWS; r++) {                                                      \
+                float a = x[r * x_stride + i];                                                    \
+                acc[r][0] += a * w0;                                                              \
+                acc[r][1] += a * w1;                                                              \
+                acc[r][2] += a * w2;                                                              \
+                acc[r][3] += a * w3;                                                              \
+            }                                                                                     \
+        }                                                                                         \
+        for (int r = 0; r < ROWS; r++) {                                                          \
+            float tile[PANEL];                                                                    \
+            memcpy(tile, acc[r], sizeof tile);                                                    \
+            memcpy(y + r * out, tile, (size_t)cols * sizeof(float));                              \
+        }                                                                                         \
+    }
+
+PANEL_ROWS(1)
+PANEL_ROWS(2)
+PANEL_ROWS(3)
+PANEL_ROWS(4)
+PANEL_ROWS(5)
+PANEL_ROWS(6)
+
+typedef void (*PanelRows)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t);
+static const PanelRows BY_ROWS[ROW_TILE + 1] = {0, panel_1, panel_2, panel_3, panel_4, panel_5, panel_6};
+
+typedef struct {
+    const float *x, *panels;
+    float *y;
+    int64_t x_stride, rows, in, out, first, last; /* panels [first, last) */
+} Work;
+
+static void *run(void *arg) {
+    const Work *w = arg;
+    for (int64_t p = w->first; p < w->last; p++) {
+        const float *panel = w->panels + p * w->in * PANEL;
+        int64_t c0 = p * PANEL, cols = w->out - c0 < PANEL ? w->out - c0 : PANEL;
+        for (int64_t r = 0; r < w->rows; r += ROW_TILE) {
+            int64_t n = w->rows - r < ROW_TILE ? w->rows - r : ROW_TILE;
+            BY_ROWS[n](w->x + r * w->x_stride, w->x_stride, panel, w->in, w->y + r * w->out + c0, w->out, cols);
+        }
+    }
+    return NULL;
+}
+
+void pdserve_panels_gemm(const float *x, int64_t x_stride, int64_t rows, const float *panels, int64_t in,
+                         int64_t out, float *y, int64_t threads) {
+    int64_t count = (out + PANEL - 1) / PANEL;
+    if (threads < 1) threads = 1;
+    if (threads > count) threads = count > 0 ? count : 1;
+    Work work[threads];
+    pthread_t ids[threads];
+    int started[threads];
+    for (int64_t i = 0; i < threads; i++) {
+        work[i] = (Work){x, panels, y, x_stride, rows, in, out, count * i / threads, count * (i + 1) / threads};
+        started[i] = i > 0 && pthread_create(&ids[i], NULL, run, &work[i]) == 0;
+    }
+    for (int64_t i = 1; i < threads; i++)
+        if (!started[i]) run(&work[i]); /* no thread: this one computes its share */
+    run(&work[0]);
+    for (int64_t i = 1; i < threads; i++)
+        if (started[i]) pthread_join(ids[i], NULL);
+}

@@ -1,0 +1,146 @@
+"""The panels for few rows (pdserve/model/panel_weights.py, row_panels.c): the product against the
+dense one at every row count of a tile and past it, odd widths and depths, strided and non-float32
+inputs, biases, threads; a Linear reading them only for few rows; a copied model packing its own;
+a model's logits against the dense model's; and the machines where they do not build."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pdserve.model.layers import Linear
+from pdserve.model.panel_weights import PANEL_MAX_ROWS, THREADED_BYTES, RowPanels, load_row_panels, streams
+from pdserve.model.weight_layout import (PANELS, WeightLayout, WeightLayoutUnavailable, apply_weight_layout,
+                                         stream_linears)
+from tests.model.test_layer_kernels import built
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def panels() -> RowPanels:
+    return built(load_row_panels("cpu", torch.float32), "the panel kernel")
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return x @ weight if bias is None else torch.addmm(bias, x, weight)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 13, 40])
+@pytest.mark.parametrize(("inputs", "outputs"), [(96, 200), (1, 64), (3, 1), (577, 65), (64, 40), (130, 128)])
+def test_the_product_equals_the_dense_one(panels, rows, inputs, outputs):
+    gen = torch.Generator().manual_seed(rows * 1000 + inputs + outputs)
+    weight, x = torch.randn(inputs, outputs, generator=gen), torch.randn(rows, inputs, generator=gen)
+    torch.testing.assert_close(panels.pack(weight)(x, None), dense(x, weight), rtol=1e-5, atol=1e-4)
+
+
+def test_the_panels_hold_the_weight_by_columns_of_64_and_pad_the_last(panels):
+    weight = torch.arange(3 * 70, dtype=torch.float32).view(3, 70)
+    packed = panels.pack(weight)
+    assert packed.panels.shape == (2, 3, 64)
+    assert torch.equal(packed.panels[0], weight[:, :64])
+    assert torch.equal(packed.panels[1, :, :6], weight[:, 64:])
+    assert not packed.panels[1, :, 6:].any()
+
+
+@pytest.mark.parametrize("rows", [1, 4, 6])
+def test_a_bias_is_added(panels, rows):
+    weight, bias, x = torch.randn(48, 80), torch.randn(80), torch.randn(rows, 48)
+    torch.testing.assert_close(panels.pack(weight)(x, bias), dense(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_strided_rows_are_read_in_place_and_other_inputs_as_their_values(panels):
+    weight = torch.randn(64, 96)
+    wide = torch.randn(5, 160)
+    torch.testing.assert_close(panels.pack(weight)(wide[:, 32:96], None), dense(wide[:, 32:96], weight),
+                               rtol=1e-5, atol=1e-4)  # a view of a fused projection's output
+    column_major = torch.randn(64, 3).t()
+    torch.testing.assert_close(panels.pack(weight)(column_major, None), dense(column_major.contiguous(), weight),
+                               rtol=1e-5, atol=1e-4)
+    doubles = torch.randn(2, 64, dtype=torch.float64)
+    torch.testing.assert_close(panels.pack(weight)(doubles, None), dense(doubles.float(), weight),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_a_wrong_input_is_refused_with_the_shape_it_needs(panels):
+    packed = panels.pack(torch.randn(64, 32))
+    with pytest.raises(ValueError, match=r"a \[T, 64\] CPU input multiplies this weight, got \[2, 63\]"):
+        packed(torch.randn(2, 63), None)
+    with pytest.raises(ValueError, match=r"got \[64\]"):
+        packed(torch.randn(64), None)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_a_large_weight_splits_over_threads_with_the_same_result(panels, rows):
+    weight = torch.randn(1024, THREADED_BYTES // 4096 + 100)  # past the threshold, panels split unevenly
+    x = torch.randn(rows, 1024)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        torch.testing.assert_close(panels.pack(weight)(x, None), dense(x, weight), rtol=1e-4, atol=1e-3)
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Spy:
+    def __init__(self, weight: torch.Tensor):
+        self.weight, self.rows = weight, []
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        self.rows.append(x.shape[0])
+        return x @ self.weight
+
+
+def test_a_linear_reads_the_panels_for_few_rows_only():
+    linear = Linear(8, 4)
+    torch.nn.init.normal_(linear.weight)
+    linear.streamed = spy = Spy(linear.weight)
+    for rows in (1, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1, 64):
+        linear(torch.randn(rows, 8))
+    assert spy.rows == [1, PANEL_MAX_ROWS]
+    assert not streams(0) and streams(1) and not streams(PANEL_MAX_ROWS + 1)
+
+
+def test_a_copied_model_packs_its_own_weight(panels):
+    model = torch.nn.Sequential(Linear(64, 32))
+    torch.nn.init.normal_(model[0].weight)
+    assert stream_linears(model, panels).linears == 1
+    twin = copy.deepcopy(model)
+    assert twin[0].streamed is not model[0].streamed and twin[0].streamed.weight is twin[0].weight
+    with torch.no_grad():
+        model[0].weight.zero_()  # the original's panels are a copy: the twin computes from its own
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(twin(x), x @ twin[0].weight, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["qwen2_bias", "llama_untied"])  # q/k/v biases; an untied lm_head
+def test_a_model_in_panels_computes_the_dense_models_logits(tiny_models, panels, name):
+    """Mixed passes: decode steps of one to a few sequences and the lm_head's few rows read the
+    panels, prefill chunks the dense weight."""
+    from tests.model.test_model_mixed_batch import prompts, run_mixed
+
+    model = tiny_models[name][0].model
+    streamed = copy.deepcopy(model)
+    assert apply_weight_layout(streamed, PANELS, "cpu", torch.float32) == WeightLayout("dense", PANELS)
+    assert all(m.streamed is not None for m in streamed.modules() if isinstance(m, Linear))
+    prompt_ids = prompts(model.config.vocab_size)
+    ours, reference = run_mixed(streamed, prompt_ids), run_mixed(model, prompt_ids)
+    for key, rows in reference.items():
+        torch.testing.assert_close(torch.stack(ours[key]), torch.stack(rows), rtol=1e-4, atol=1e-4)
+
+
+def test_other_devices_and_dtypes_say_why():
+    assert load_row_panels("meta", torch.float32) == (None, "device meta is not a CPU")
+    assert load_row_panels("cpu", torch.bfloat16) == (None, "the panels compute float32, not torch.bfloat16")
+
+
+def test_without_a_compiler_auto_multiplies_few_rows_as_many(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")
+    model = torch.nn.Sequential(Linear(8, 4))
+    layout = apply_weight_layout(model, "auto", "cpu", torch.float32)
+    assert layout.few_rows is None and model[0].streamed is None
+    with pytest.raises(WeightLayoutUnavailable, match="panels weights unavailable: .*/bin/false"):
+        apply_weight_layout(model, PANELS, "cpu", torch.float32)
