@@ -6,8 +6,10 @@ and every decode figure against the machine's roofline measured in the same run 
              in the KV pool, then --steps greedy decode steps; tokens/s = batch x steps / time of
              the steps, for each attention backend of --backends with each weight layout of
              --weight-layouts (dense: `x @ W`, the reference, with torch's small ops; mkl: MKL's
-             pre-packed panels; onednn: oneDNN's blocked weight; each packed layout a copy of the
-             model, its norms, SwiGLU and rotary positions on --layer-kernels, as the engine serves)
+             pre-packed panels; onednn: oneDNN's blocked weight; auto: oneDNN's and, up to 6 rows,
+             streamed panels; each packed layout a copy of the model, its norms, SwiGLU and rotary
+             positions on --layer-kernels and its few-row decode steps fused where both are native,
+             as the engine serves)
     bound:   the smaller of the compute bound (FLOPs / the peak matmul rate on the model's own
              projections, the fastest weight layout's, at that batch or 256 rows) and the memory
              bound (weights + KV read / bandwidth); "of bound" is tokens/s over it
@@ -52,6 +54,7 @@ from pdserve.attention import make_attention_backend  # noqa: E402
 from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
+from pdserve.model.fused_decode import fuse_decode  # noqa: E402
 from pdserve.model.layer_kernels import LAYER_KERNELS, apply_layer_kernels  # noqa: E402
 from pdserve.model.weight_layout import apply_weight_layout  # noqa: E402
 from pdserve.sampling.sampler import argmax_rows  # noqa: E402
@@ -269,6 +272,7 @@ def weight_layouts(loaded: LoadedModel, names: list[str], kernels: str) -> dict[
         model = copy.deepcopy(loaded.model)
         apply_weight_layout(model, name, "cpu", torch.float32)  # raises where the library cannot pack
         apply_layer_kernels(model, kernels, "cpu", torch.float32)
+        fuse_decode(model)  # as the engine serves: where panels and native kernels both run
         layouts[name] = dataclasses.replace(loaded, model=model)
     return layouts
 

@@ -12,11 +12,15 @@ Grouped-query attention: query head h reads KV head h // (num_heads // num_kv_he
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
 from pdserve.attention.batch import ForwardBatch
 from pdserve.kv.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from pdserve.attention.native_decode import NativeDecode, NativePlan
 
 
 class AttentionBackend(ABC):
@@ -33,3 +37,9 @@ class AttentionBackend(ABC):
 
         Mutates `kv`: writes k, v at the batch's slot_mapping in `layer` (KVCache.write).
         Returns the attention output [T, num_heads, head_dim], rows in batch order."""
+
+    def native_decode_pass(self) -> tuple[NativeDecode, NativePlan] | None:
+        """The C kernel and its plan when every token of the planned pass is a decode that kernel
+        attends and writes into the pool (a fused decode step may then call it directly), else
+        None. Called after `begin`."""
+        return None

@@ -88,6 +88,12 @@ class BatchedTorchBackend(AttentionBackend):
             out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
         return out
 
+    def native_decode_pass(self) -> tuple[NativeDecode, NativePlan] | None:
+        plan = self._plan
+        if plan is None or plan.native is None or not plan.native_writes or plan.chunks:
+            return None
+        return (self._native, plan.native) if _covers(plan.decodes.rows, plan.num_tokens) else None
+
     def _decode(self, layer: int, q: torch.Tensor, kv: KVCache, plan: _Plan, decodes: _Decodes) -> torch.Tensor:
         if plan.native is not None:
             return self._native.attend(q[decodes.rows], kv, layer, plan.native)

@@ -46,6 +46,11 @@ def load_library(source: Path) -> ctypes.CDLL:
         raise NativeBuildError(f"loading {target} failed: {exc}") from exc
 
 
+def function_address(function: ctypes._CFuncPtr) -> int:
+    """A loaded library's function as an address another C function can call it through."""
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
 def cache_dir() -> Path:
     explicit = os.environ.get("PDSERVE_CACHE_DIR")
     if explicit:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from pdserve.attention.batch import SeqSpan
-from pdserve.attention.native_build import NativeBuildError, load_library
+from pdserve.attention.native_build import NativeBuildError, function_address, load_library
 from pdserve.attention.pool_rows import block_tables
 from pdserve.kv.kv_cache import KVCache
 
@@ -51,6 +51,11 @@ class NativeDecode:
     def load(cls) -> NativeDecode:
         """Raises NativeBuildError when the kernel cannot be built or loaded here."""
         return cls(load_library(SOURCE))
+
+    def addresses(self) -> dict[str, int]:
+        """The attention and K/V copy's C addresses, for a caller composing kernels in C
+        (pdserve/model/fused_decode.py)."""
+        return {"attend": function_address(self._kernel), "write_kv": function_address(self._write)}
 
     def plan(self, seqs: list[SeqSpan], kv: KVCache) -> NativePlan:
         """seqs: the pass's one-token sequences, in the order their outputs are wanted. Raises

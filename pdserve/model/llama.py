@@ -3,10 +3,14 @@
     tokens -> embed -> N x [ x + attn(norm(x)); x + mlp(norm(x)) ] -> norm -> lm_head -> logits
 
 One forward pass computes a mixed batch (prefill chunks and decode tokens, flattened to T rows,
-see ForwardBatch); logits are computed only for the rows in `batch.logits_indices`.
+see ForwardBatch); logits are computed only for the rows in `batch.logits_indices`. With
+`fused_decode` set (pdserve/model/fused_decode.py), a decode step of a few rows goes through every
+layer in one C call instead of layer by layer.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,6 +21,9 @@ from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
 from pdserve.model.layers import DecoderLayer, Linear, RMSNorm
 from pdserve.model.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from pdserve.model.fused_decode import FusedDecode
 
 
 class LlamaForCausalLM(nn.Module):
@@ -29,6 +36,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)  # weight [hidden, vocab]
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.fused_decode: FusedDecode | None = None  # set by fuse_decode where the layers qualify
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend) -> torch.Tensor:
@@ -39,8 +47,10 @@ class LlamaForCausalLM(nn.Module):
         attn.begin(batch, kv)
         x = self.embed(batch.input_ids)  # [T, hidden]
         cos, sin = self.rotary(batch.positions, x.dtype)  # [T, 1, D/2] each
-        for layer in self.layers:
-            x = layer(x, cos, sin, kv, attn)
+        fused = self.fused_decode.forward(x, cos, sin, batch, kv, attn) if self.fused_decode else None
+        if fused is None:
+            for layer in self.layers:
+                x = layer(x, cos, sin, kv, attn)
         x = self.norm(x[batch.logits_indices])  # [S, hidden]
         return self.lm_head(x)  # [S, vocab]
 

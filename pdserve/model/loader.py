@@ -16,6 +16,7 @@ from pdserve.model.gguf_loader import load_gguf_model
 from pdserve.model.hf_loader import load_hf_model
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.model.layer_kernels import apply_layer_kernels
+from pdserve.model.fused_decode import fuse_decode
 from pdserve.model.weight_layout import apply_weight_layout
 from pdserve.parallel.ranks import Alone, RankGroup
 
@@ -72,7 +73,8 @@ def load_model_shard(path: str | None, device: str | torch.device, dtype: torch.
 
 def load_engine_model(config: "EngineConfig") -> LoadedModel:
     """The model an engine runs: the whole model with its projections laid out as
-    `config.weight_layout` asks and its small ops on `config.layer_kernels`, or at
+    `config.weight_layout` asks, its small ops on `config.layer_kernels` and its decode steps of
+    a few rows fused where both chose native kernels (pdserve/model/fused_decode.py), or at
     tensor_parallel_size > 1 rank 0's shard with the follower ranks started (LoadedModel.ranks;
     close them with `ranks.close()`; shards multiply dense, with the torch kernels)."""
     if config.tensor_parallel_size == 1:
@@ -80,6 +82,7 @@ def load_engine_model(config: "EngineConfig") -> LoadedModel:
         loaded = load_model(config.model, device=config.device, dtype=dtype)
         apply_weight_layout(loaded.model, config.weight_layout, config.device, dtype)
         apply_layer_kernels(loaded.model, config.layer_kernels, config.device, dtype)
+        fuse_decode(loaded.model)  # where both of the above chose their native kernels
         return loaded
     from pdserve.parallel.leader import start_leader
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pdserve.attention.native_build import NativeBuildError, load_library
+from pdserve.attention.native_build import NativeBuildError, function_address, load_library
 from pdserve.model.layer_kernels import TorchKernels
 
 SOURCE = Path(__file__).with_name("layer_kernels.c")
@@ -42,6 +42,10 @@ class NativeKernels:
     def load(cls) -> NativeKernels:
         """Raises NativeBuildError when the kernels cannot be built or loaded here."""
         return cls(load_library(SOURCE))
+
+    def addresses(self) -> dict[str, int]:
+        """Each C function's address, for a caller composing them in C (fused_decode.py)."""
+        return {name: function_address(getattr(self._lib, f"pdserve_{name}")) for name in ("rms_norm", "silu_mul", "rope")}
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if not (_rows_of_floats(x) and _floats(weight) and weight.is_contiguous() and weight.numel() == x.shape[1]):
@@ -74,8 +78,9 @@ def _floats(t: torch.Tensor) -> bool:
 
 
 def _rows_of_floats(x: torch.Tensor) -> bool:
-    """A [T, n] float32 CPU tensor whose rows are contiguous (rows may be strided)."""
-    return _floats(x) and x.dim() == 2 and x.stride(1) == 1 and x.stride(0) >= x.shape[1]
+    """A [T, n] float32 CPU tensor whose rows are contiguous (rows may be strided; one row's
+    stride is whatever torch left it, e.g. 1 after transposing a column)."""
+    return _floats(x) and x.dim() == 2 and x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= x.shape[1])
 
 
 def _rope_fits(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pdserve.attention.native_build import NativeBuildError, load_library
+from pdserve.attention.native_build import NativeBuildError, function_address, load_library
 from pdserve.model.packed_weights import probe_problem
 
 SOURCE = Path(__file__).with_name("row_panels.c")
@@ -55,6 +55,11 @@ class RowPanels:
         """Stateless: a copied model shares the loaded library."""
         return self
 
+    @property
+    def address(self) -> int:
+        """The C product's address, for a caller composing kernels in C (fused_decode.py)."""
+        return function_address(self._gemm)
+
     def pack(self, weight: torch.Tensor) -> PanelWeight:
         """weight: [in, out] float32 on the CPU (Linear's layout, kept as given)."""
         dense = weight.detach()
@@ -69,7 +74,7 @@ class RowPanels:
         inputs, outputs = packed.weight.shape
         if x.dim() != 2 or x.shape[1] != inputs or not x.is_cpu:
             raise ValueError(f"a [T, {inputs}] CPU input multiplies this weight, got {list(x.shape)} on {x.device}")
-        if x.dtype != torch.float32 or x.stride(1) != 1 or x.stride(0) < inputs:
+        if x.dtype != torch.float32 or x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < inputs):
             x = x.float().contiguous()
         out = torch.empty(x.shape[0], outputs, dtype=torch.float32)
         threads = torch.get_num_threads() if packed.nbytes >= THREADED_BYTES else 1

@@ -1,7 +1,7 @@
 """What `auto` serves on a CPU through the whole Engine: packed projection weights
-(`--weight-layout auto`: oneDNN's blocked weight, and the panels for products of up to 6 rows) and
-the native layer kernels (`--layer-kernels native`: norms, SwiGLU,
-rotary positions in C). Greedy tokens equal to the reference model's (dense, torch ops) and to
+(`--weight-layout auto`: oneDNN's blocked weight, and the panels for products of up to 6 rows),
+the native layer kernels (`--layer-kernels native`: norms, SwiGLU, rotary positions in C), and
+decode steps of up to 6 rows through every layer in one C call. Greedy tokens equal to the reference model's (dense, torch ops) and to
 transformers', at batch 1, 64 and 256, with mixed context lengths and prefix-cache hits, under both
 CPU attention backends. MKL's panels are held to the dense model's logits in
 tests/model/test_weight_layout.py, the few rows' panels in tests/model/test_panel_weights.py, the native kernels to torch's in tests/model/test_layer_kernels.py."""
@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 import torch
 
+from pdserve.model.fused_decode import fuse_decode
 from pdserve.model.layer_kernels import apply_layer_kernels
 from pdserve.model.onednn_weights import OneDnnWeight
 from pdserve.model.panel_weights import load_row_panels
@@ -28,13 +29,15 @@ pytestmark = needs_onednn
 
 def packed(loaded):
     """A copy of `loaded` as auto serves it on a CPU: every projection packed for oneDNN and in
-    panels, the small ops on the native kernels (the session's models stay the reference)."""
+    panels, the small ops on the native kernels, few-row decode steps fused (the session's models
+    stay the reference)."""
     model = copy.deepcopy(loaded.model)
     pack_linears(model, OneDnnWeight)
     panels, problem = load_row_panels("cpu", torch.float32)
     assert panels is not None, problem
     stream_linears(model, panels)
     assert apply_layer_kernels(model, "native", "cpu", torch.float32) == "native"
+    assert fuse_decode(model) is not None  # decode steps of up to 6 rows in one C call
     return dataclasses.replace(loaded, model=model)
 
 

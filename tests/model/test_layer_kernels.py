@@ -95,6 +95,17 @@ def test_inputs_the_c_code_was_not_built_for_take_the_reference(native):
                                REFERENCE.rope(heads_apart, angles.cos(), angles.sin()))
 
 
+def test_one_row_with_any_row_stride_runs_native(native, monkeypatch):
+    """A tied model's embedding of one token is a transposed column: [1, n] with stride (1, 1)."""
+    monkeypatch.setattr(native, "_reference", None)  # a fall back would fail on None
+    row = torch.randn(64, 1).t().contiguous()
+    assert row.stride() == (1, 1)
+    weight = torch.randn(64)
+    torch.testing.assert_close(native.rms_norm(row, weight, 1e-6), REFERENCE.rms_norm(row, weight, 1e-6), **CLOSE)
+    gate_up = torch.randn(64, 1).t().contiguous()
+    torch.testing.assert_close(native.silu_mul(gate_up.clone()), REFERENCE.silu_mul(gate_up.clone()), **CLOSE)
+
+
 @pytest.mark.parametrize("name", ["qwen2_bias", "llama_untied"])
 def test_a_model_on_native_kernels_computes_the_reference_logits(tiny_models, native, name):
     from tests.model.test_model_mixed_batch import prompts, run_mixed

@@ -64,6 +64,12 @@ def test_strided_rows_are_read_in_place_and_other_inputs_as_their_values(panels)
                                rtol=1e-5, atol=1e-4)
 
 
+def test_one_row_is_read_in_place_whatever_its_row_stride(panels):
+    weight = torch.randn(64, 70)
+    row = torch.randn(64, 1).t().contiguous()  # [1, 64] with stride (1, 1), as a tied embedding's
+    torch.testing.assert_close(panels.pack(weight)(row, None), dense(row, weight), rtol=1e-5, atol=1e-4)
+
+
 def test_a_wrong_input_is_refused_with_the_shape_it_needs(panels):
     packed = panels.pack(torch.randn(64, 32))
     with pytest.raises(ValueError, match=r"a \[T, 64\] CPU input multiplies this weight, got \[2, 63\]"):

@@ -1,0 +1,170 @@
+"""A decode step of a few rows through every decoder layer in one C call (decode_layers.c): the
+second implementation of the layers' forward pass, for the passes where the modules' Python
+between the kernels is most of what is not reading weights.
+
+It serves a pass only where the modules would run exactly these kernels on these rows: every token
+a decode the attention backend's C kernel attends and writes (`native_decode_pass`), at most
+PANEL_MAX_ROWS rows (the projections read their panels), the native layer kernels on every module
+and float32 throughout. It calls the same C functions in the same order on the same weights, so
+its output equals the modules' bit for bit (tests/model/test_fused_decode.py); any other pass runs
+the modules. At batch 1 the modules spent about 5 ms of a 26 ms step of the embedded model between
+the kernels (docs/BENCHMARKS.md).
+
+`fuse_decode(model)` attaches one where the model's layers qualify (after the weight layout and
+the layer kernels are chosen); a deep copy of the model builds its own, over the copy's weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import logging
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pdserve.attention.base import AttentionBackend
+from pdserve.attention.batch import ForwardBatch
+from pdserve.attention.native_build import NativeBuildError, load_library
+from pdserve.attention.native_decode import NativeDecode, NativePlan
+from pdserve.kv.kv_cache import KVCache
+from pdserve.model.config import ModelConfig
+from pdserve.model.native_kernels import NativeKernels
+from pdserve.model.panel_weights import PANEL_MAX_ROWS, THREADED_BYTES, PanelWeight, RowPanels
+
+SOURCE = Path(__file__).with_name("decode_layers.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+log = logging.getLogger(__name__)
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("rms_norm", "silu_mul", "rope", "gemm", "write_kv", "attend")]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up",
+                                        "down")]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [(name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "inter", "num_layers",
+                                        "block_size", "threaded_floats")] + [("eps", ctypes.c_float),
+                                                                             ("scale", ctypes.c_float)]
+
+
+class _Pass(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("pool", "slots", "tables", "lens", "cos", "sin")] + [
+        (name, _I) for name in ("table_stride", "max_len", "attend_threads", "threads")]
+
+
+class FusedDecode:
+    def __init__(self, library: ctypes.CDLL, layers: list[nn.Module], config: ModelConfig):
+        """layers: the model's DecoderLayers, each on NativeKernels with every projection in panels."""
+        self._library, self.layers, self.config = library, layers, config
+        self._run = library.pdserve_decode_layers
+        self._run.argtypes, self._run.restype = [_P] * 5 + [_I, _P], ctypes.c_int
+        self._scratch = library.pdserve_decode_scratch_floats
+        self._scratch.argtypes, self._scratch.restype = [_P, _I], _I
+        self._table = (_Layer * len(layers))(*(_layer(layer) for layer in layers))
+        self._kernels: tuple[NativeDecode, _Kernels] | None = None  # for the attention kernel last seen
+        attention = layers[0].self_attn
+        self._layer_kernels: NativeKernels = attention.kernels
+        self._panels: RowPanels = attention.qkv_proj.streamed.kernel
+
+    def __deepcopy__(self, memo: dict) -> FusedDecode:
+        """A copy over the copied layers' own weights (the pointer table names the originals')."""
+        return FusedDecode(self._library, copy.deepcopy(self.layers, memo), self.config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, kv: KVCache,
+                attn: AttentionBackend) -> torch.Tensor | None:
+        """x [T, hidden] through every layer, updated in place and returned; None (x untouched)
+        where this pass is not one the fused step serves. Called after `attn.begin(batch, kv)`."""
+        native = attn.native_decode_pass() if 0 < x.shape[0] <= PANEL_MAX_ROWS else None
+        if native is None or not self._fits(x, cos, sin, kv):
+            return None
+        decode, plan = native
+        shape = self._shape(kv)
+        scratch = torch.empty(self._scratch(ctypes.byref(shape), x.shape[0]), dtype=torch.float32)
+        one_pass = _pass(kv, batch, plan, cos, sin)
+        if self._run(ctypes.byref(self._kernels_for(decode)), self._table, ctypes.byref(shape), ctypes.byref(one_pass),
+                     x.data_ptr(), x.shape[0], scratch.data_ptr()) != 0:
+            raise MemoryError("the decode attention kernel could not allocate its scratch or threads")
+        return x
+
+    def _fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache) -> bool:
+        c, table = self.config, (x.shape[0], 1, self.config.head_dim // 2)
+        return (x.dtype == torch.float32 and x.is_cpu and x.is_contiguous() and x.shape[1] == c.hidden_size
+                and all(t.dtype == torch.float32 and t.is_contiguous() and tuple(t.shape) == table for t in (cos, sin))
+                and (kv.shape.num_layers, kv.shape.num_kv_heads, kv.shape.head_dim)
+                == (c.num_layers, c.num_kv_heads, c.head_dim))
+
+    def _shape(self, kv: KVCache) -> _Shape:
+        c = self.config
+        return _Shape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers,
+                      kv.block_size, THREADED_BYTES // 4, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
+
+    def _kernels_for(self, decode: NativeDecode) -> _Kernels:
+        if self._kernels is None or self._kernels[0] is not decode:
+            self._kernels = (decode, _Kernels(**self._layer_kernels.addresses(), gemm=self._panels.address,
+                                              **decode.addresses()))
+        return self._kernels[1]
+
+
+def _layer(layer: nn.Module) -> _Layer:
+    attention, mlp = layer.self_attn, layer.mlp
+    return _Layer(layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                  attention.qkv_proj.streamed.panels.data_ptr(), _pointer(attention.qkv_proj.bias),
+                  attention.o_proj.streamed.panels.data_ptr(), _pointer(attention.o_proj.bias),
+                  mlp.gate_up_proj.streamed.panels.data_ptr(), mlp.down_proj.streamed.panels.data_ptr())
+
+
+def _pointer(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _pass(kv: KVCache, batch: ForwardBatch, plan: NativePlan, cos: torch.Tensor, sin: torch.Tensor) -> _Pass:
+    return _Pass(kv.data.data_ptr(), batch.slot_mapping.data_ptr(), plan.tables.data_ptr(), plan.lens.data_ptr(),
+                 cos.data_ptr(), sin.data_ptr(), plan.tables.shape[1], plan.max_len, plan.threads,
+                 torch.get_num_threads())
+
+
+def fusion_problem(model: nn.Module) -> str | None:
+    """Why `model`'s layers cannot run fused (None: they can): every module on the same native
+    kernels, every projection of the layers in panels, every norm, bias and panel float32 and
+    contiguous."""
+    layers = getattr(model, "layers", None)
+    if not layers:
+        return "the model has no decoder layers"
+    kernels = layers[0].self_attn.kernels
+    if not isinstance(kernels, NativeKernels):
+        return "the layer kernels are not native (--layer-kernels torch, or not a CPU with float32)"
+    for layer in layers:
+        if any(m.kernels is not kernels for m in layer.modules() if hasattr(m, "kernels")):
+            return "the layers' modules do not share one set of native kernels"
+        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        if not all(isinstance(m.streamed, PanelWeight) for m in linears):
+            return "the projections are not in panels (--weight-layout auto or panels, on a CPU with float32)"
+        tensors = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                   *(m.bias for m in linears if m.bias is not None)]
+        if not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+            return "a norm's weight or a bias is not contiguous float32"
+    return None
+
+
+def fuse_decode(model: nn.Module) -> FusedDecode | None:
+    """Attaches a fused decode step to `model` (its `fused_decode`) where its layers qualify;
+    returns it, or None (the model's modules compute every pass, as before)."""
+    problem = fusion_problem(model)
+    if problem is None:
+        try:
+            model.fused_decode = FusedDecode(load_library(SOURCE), list(model.layers), model.config)
+            log.info("decode steps of up to %d rows: every layer in one C call", PANEL_MAX_ROWS)
+            return model.fused_decode
+        except NativeBuildError as exc:
+            problem = str(exc)
+    model.fused_decode = None
+    log.info("decode steps layer by layer: %s", problem)
+    return None
