@@ -29,7 +29,8 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 13, 40])
-@pytest.mark.parametrize(("inputs", "outputs"), [(96, 200), (1, 64), (3, 1), (577, 65), (64, 40), (130, 128)])
+@pytest.mark.parametrize(("inputs", "outputs"), [(96, 200), (1, 64), (3, 1), (577, 65), (64, 40), (130, 128),
+                                                   (96, 130), (33, 448)])  # a group of 3 panels ending short; 7 panels
 def test_the_product_equals_the_dense_one(panels, rows, inputs, outputs):
     gen = torch.Generator().manual_seed(rows * 1000 + inputs + outputs)
     weight, x = torch.randn(inputs, outputs, generator=gen), torch.randn(rows, inputs, generator=gen)
