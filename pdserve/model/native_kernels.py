@@ -45,7 +45,8 @@ class NativeKernels:
 
     def addresses(self) -> dict[str, int]:
         """Each C function's address, for a caller composing them in C (fused_decode.py)."""
-        return {name: function_address(getattr(self._lib, f"pdserve_{name}")) for name in ("rms_norm", "silu_mul", "rope")}
+        names = ("rms_norm", "silu_mul", "rope")
+        return {name: function_address(getattr(self._lib, f"pdserve_{name}")) for name in names}
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if not (_rows_of_floats(x) and _floats(weight) and weight.is_contiguous() and weight.numel() == x.shape[1]):

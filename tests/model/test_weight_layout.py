@@ -47,7 +47,8 @@ def test_a_packing_where_it_cannot_run_says_why_and_what_to_use():
     unavailable = "onednn weights unavailable: .*not a CPU; use --weight-layout dense"
     with pytest.raises(WeightLayoutUnavailable, match=unavailable):
         choose_weight_layout("onednn", {"onednn": NOT_CPU, "mkl": None})
-    with pytest.raises(ValueError, match="unknown weight layout 'packed'; choose one of auto, onednn, mkl, panels, dense"):
+    unknown = "unknown weight layout 'packed'; choose one of auto, onednn, mkl, panels, dense"
+    with pytest.raises(ValueError, match=unknown):
         choose_weight_layout("packed", {})
 
 
