@@ -56,7 +56,8 @@ def test_bench_cli_runs_a_small_chat_workload(target, tmp_path, capsys):
 
 
 def test_time_limit_cancels_the_stream_in_flight_and_sends_no_more(target):
-    w = workloads.build("chat", 3, 0.05, 1)
+    long_chats = workloads.ChatShape(max_tokens=(1000, 1000))  # far longer than the limit at any decode speed
+    w = workloads.chat(3, 0.05, 1, long_chats)
     result = runner.run(target, w, runner.RunOptions(duration_limit_s=1.0, progress=False))
     assert [r.status for r in result.records] == [UNFINISHED, NOT_SENT, NOT_SENT]
     assert result.duration_s == pytest.approx(1.0, abs=0.5)
