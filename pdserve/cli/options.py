@@ -34,9 +34,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "first use), else torch (the reference)")
     g.add_argument("--weight-layout", default=e.weight_layout, choices=WEIGHT_LAYOUTS,
                    help="auto: on a CPU with float32 weights the projections laid out for oneDNN's GEMM "
-                        "(else MKL's packed panels), and products of up to 6 rows (small batches' decode "
-                        "steps) streamed from a copy in panels by a C kernel built at first use; each copy "
-                        "takes the weights' memory again; panels: only the latter; dense: neither")
+                        "(else MKL's packed panels) for prefill chunks, and products of up to 256 rows (decode "
+                        "steps) from a copy in panels by a C kernel built at first use; each copy takes the "
+                        "weights' memory again; panels: only the latter; dense: neither")
     g.add_argument("--layer-kernels", default=e.layer_kernels, choices=LAYER_KERNELS,
                    help="the norms, SwiGLU's product and rotary positions; auto: on a CPU with float32 weights "
                         "one C pass over each row (built at first use), else torch (the reference)")

@@ -1,4 +1,4 @@
-/* A decode step of a few rows through every decoder layer in one call (float32): the same kernels
+/* A decode step through every decoder layer in one call (float32): the same kernels
  * the modules call one at a time (the norms, SwiGLU and rotary positions of layer_kernels.c, the
  * panels of row_panels.c, the K/V copy and attention of pdserve/attention/paged_decode.c), passed
  * in as function pointers and run in the modules' order, on the modules' weights:
@@ -38,7 +38,8 @@ typedef struct { /* one layer's weights: norms [hidden], projections in panels, 
 
 typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, inter, num_layers, block_size;
-    int64_t threaded_floats; /* weights of at least this many floats are split over `threads` */
+    int64_t threaded_floats, threaded_macs; /* products by a weight of at least this many floats, or of
+                                              * at least this many multiply-adds, are split over `threads` */
     float eps, scale;
 } Shape;
 
@@ -58,7 +59,8 @@ typedef struct {
 
 static void project(const Step *st, const float *x, int64_t x_stride, const float *panels, const float *bias,
                     int64_t in, int64_t out, float *y) {
-    int64_t threads = in * out >= st->s->threaded_floats ? st->p->threads : 1;
+    int64_t threaded = in * out >= st->s->threaded_floats || st->rows * in * out >= st->s->threaded_macs;
+    int64_t threads = threaded ? st->p->threads : 1;
     st->k->gemm(x, x_stride, st->rows, panels, in, out, y, threads);
     if (bias)
         for (int64_t t = 0; t < st->rows; t++)

@@ -1,6 +1,6 @@
-"""A decode step of a few rows through every decoder layer in one C call (decode_layers.c): the
-second implementation of the layers' forward pass, for the passes where the modules' Python
-between the kernels is most of what is not reading weights.
+"""A decode step through every decoder layer in one C call (decode_layers.c): the second
+implementation of the layers' forward pass, for the passes where the modules' Python between the
+kernels is what is not reading weights or multiplying.
 
 It serves a pass only where the modules would run exactly these kernels on these rows: every token
 a decode the attention backend's C kernel attends and writes (`native_decode_pass`), at most
@@ -8,7 +8,7 @@ PANEL_MAX_ROWS rows (the projections read their panels), the native layer kernel
 and float32 throughout. It calls the same C functions in the same order on the same weights, so
 its output equals the modules' bit for bit (tests/model/test_fused_decode.py); any other pass runs
 the modules. At batch 1 the modules spent about 5 ms of a 26 ms step of the embedded model between
-the kernels (docs/BENCHMARKS.md).
+the kernels, at batch 64 about 13 ms of 250 (docs/BENCHMARKS.md).
 
 `fuse_decode(model)` attaches one where the model's layers qualify (after the weight layout and
 the layer kernels are chosen); a deep copy of the model builds its own, over the copy's weights.
@@ -32,7 +32,7 @@ from pdserve.attention.native_decode import NativeDecode, NativePlan
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
 from pdserve.model.native_kernels import NativeKernels
-from pdserve.model.panel_weights import PANEL_MAX_ROWS, THREADED_BYTES, PanelWeight, RowPanels
+from pdserve.model.panel_weights import PANEL_MAX_ROWS, THREADED_FLOATS, THREADED_MACS, PanelWeight, RowPanels
 
 SOURCE = Path(__file__).with_name("decode_layers.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -51,7 +51,7 @@ class _Layer(ctypes.Structure):
 
 class _Shape(ctypes.Structure):
     _fields_ = [(name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "inter", "num_layers",
-                                        "block_size", "threaded_floats")] + [("eps", ctypes.c_float),
+                                        "block_size", "threaded_floats", "threaded_macs")] + [("eps", ctypes.c_float),
                                                                              ("scale", ctypes.c_float)]
 
 
@@ -70,6 +70,7 @@ class FusedDecode:
         self._scratch.argtypes, self._scratch.restype = [_P, _I], _I
         self._table = (_Layer * len(layers))(*(_layer(layer) for layer in layers))
         self._kernels: tuple[NativeDecode, _Kernels] | None = None  # for the attention kernel last seen
+        self._shapes: dict[int, _Shape] = {}  # by the pool's block size
         attention = layers[0].self_attn
         self._layer_kernels: NativeKernels = attention.kernels
         self._panels: RowPanels = attention.qkv_proj.streamed.kernel
@@ -102,9 +103,14 @@ class FusedDecode:
                 == (c.num_layers, c.num_kv_heads, c.head_dim))
 
     def _shape(self, kv: KVCache) -> _Shape:
+        if kv.block_size not in self._shapes:
+            self._shapes[kv.block_size] = self._new_shape(kv)
+        return self._shapes[kv.block_size]
+
+    def _new_shape(self, kv: KVCache) -> _Shape:
         c = self.config
         return _Shape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers,
-                      kv.block_size, THREADED_BYTES // 4, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
+                      kv.block_size, THREADED_FLOATS, THREADED_MACS, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
 
     def _kernels_for(self, decode: NativeDecode) -> _Kernels:
         if self._kernels is None or self._kernels[0] is not decode:

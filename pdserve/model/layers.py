@@ -18,8 +18,8 @@ class Linear(nn.Module):
     the checkpoint's [out, in]. NOTE: on CPU the skinny matmuls of decode steps (a few rows)
     run about twice as fast against this layout; prefill-sized matmuls are unaffected.
     With `packed` set (pdserve/model/weight_layout.py) the product reads a GEMM library's own
-    layout of the weight (oneDNN's or MKL's); with `streamed` set, a product of a few rows (a
-    small batch's decode step) reads the weight in panels (pdserve/model/panel_weights.py)."""
+    layout of the weight (oneDNN's or MKL's); with `streamed` set, a product of up to
+    PANEL_MAX_ROWS rows (a decode step) reads the weight in panels (pdserve/model/panel_weights.py)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()

@@ -4,8 +4,8 @@
 
 One forward pass computes a mixed batch (prefill chunks and decode tokens, flattened to T rows,
 see ForwardBatch); logits are computed only for the rows in `batch.logits_indices`. With
-`fused_decode` set (pdserve/model/fused_decode.py), a decode step of a few rows goes through every
-layer in one C call instead of layer by layer.
+`fused_decode` set (pdserve/model/fused_decode.py), a decode step (of up to PANEL_MAX_ROWS
+sequences) goes through every layer in one C call instead of layer by layer.
 """
 
 from __future__ import annotations

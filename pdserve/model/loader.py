@@ -73,8 +73,8 @@ def load_model_shard(path: str | None, device: str | torch.device, dtype: torch.
 
 def load_engine_model(config: "EngineConfig") -> LoadedModel:
     """The model an engine runs: the whole model with its projections laid out as
-    `config.weight_layout` asks, its small ops on `config.layer_kernels` and its decode steps of
-    a few rows fused where both chose native kernels (pdserve/model/fused_decode.py), or at
+    `config.weight_layout` asks, its small ops on `config.layer_kernels` and its decode steps fused
+    where both chose native kernels (pdserve/model/fused_decode.py), or at
     tensor_parallel_size > 1 rank 0's shard with the follower ranks started (LoadedModel.ranks;
     close them with `ranks.close()`; shards multiply dense, with the torch kernels)."""
     if config.tensor_parallel_size == 1:

@@ -1,13 +1,15 @@
-"""Projection weights in panels for products of a few rows (decode steps of small batches): the C
-kernel of row_panels.c streams each weight once as one sequential read, every row of the product
-reusing each vector while it is in registers.
+"""Projection weights in panels for the products of decode steps (up to PANEL_MAX_ROWS rows):
+the C kernel of row_panels.c reads each 64-column panel front to back, every row of the product
+reusing each vector while it is in registers, and the other rows' tiles finding the panel in the
+cache.
 
 At one row a decode step reads every weight once and little else, so it is bound by memory
 bandwidth; torch's `x @ W` (MKL's matrix-vector product) streams the embedded model's weights at
 about 14-16 GB/s on the development machine, oneDNN's blocked weight slower, the panels at 21-24
-GB/s against 26 GB/s the machine reads a plain tensor at (docs/BENCHMARKS.md). Up to
-PANEL_MAX_ROWS rows the panels stay ahead; beyond, the GEMM libraries' blocked layouts compute
-faster (pdserve/model/weight_layout.py chooses).
+GB/s against 26 GB/s the machine reads a plain tensor at. At 8 to 256 rows, one thread, the panels
+multiply as fast as oneDNN's blocked weight or faster (60 against 40 GFLOP/s at 8 rows), and a
+decode step's projections in one layout let the whole step run in C (fused_decode.py); beyond,
+prefill chunks, oneDNN's (pdserve/model/weight_layout.py chooses; docs/BENCHMARKS.md).
 
     panels[p, i, j] = W[i, 64 p + j]    W: Linear.weight [in, out]; the last panel zero-padded
 
@@ -28,14 +30,22 @@ from pdserve.model.packed_weights import probe_problem
 
 SOURCE = Path(__file__).with_name("row_panels.c")
 PANEL = 64  # columns a panel (row_panels.c)
-PANEL_MAX_ROWS = 6  # products of up to this many rows read the panels (measured: docs/BENCHMARKS.md)
-THREADED_BYTES = 4 << 20  # weights from which the product is split over torch's thread count
+PANEL_MAX_ROWS = 256  # products of up to this many rows (decode steps) read the panels (measured: docs/BENCHMARKS.md)
+# a product is split over torch's threads where it takes long enough for a thread's start to pay:
+THREADED_FLOATS = 1 << 20  # a weight of 4 MB, read from memory (one or a few rows)
+THREADED_MACS = 8 << 20  # or this many multiply-adds (many rows)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 def streams(rows: int) -> bool:
     """Whether a product of `rows` rows reads the panels rather than another layout."""
     return 0 < rows <= PANEL_MAX_ROWS
+
+
+def threaded(rows: int, weight_floats: int) -> bool:
+    """Whether a product of `rows` rows by a weight of `weight_floats` is split over threads
+    (decode_layers.c decides the same)."""
+    return weight_floats >= THREADED_FLOATS or rows * weight_floats >= THREADED_MACS
 
 
 class RowPanels:
@@ -77,7 +87,7 @@ class RowPanels:
         if x.dtype != torch.float32 or x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < inputs):
             x = x.float().contiguous()
         out = torch.empty(x.shape[0], outputs, dtype=torch.float32)
-        threads = torch.get_num_threads() if packed.nbytes >= THREADED_BYTES else 1
+        threads = torch.get_num_threads() if threaded(x.shape[0], packed.weight.numel()) else 1
         self._gemm(x.data_ptr(), x.stride(0), x.shape[0], packed.panels.data_ptr(), inputs, outputs,
                    out.data_ptr(), threads)
         return out

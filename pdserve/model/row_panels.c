@@ -1,16 +1,17 @@
-/* A projection of a few rows (decode steps of small batches) streamed from the weight in panels
- * (float32):
+/* The projections of a decode step (one to a few hundred rows) from the weight in panels (float32):
  *
  *   y[t, c] = sum_i x[t, i] * W[i, c]    for t < rows, c < out
  *
  * with W [in, out] packed once at load as panels[p][i][j] = W[i, 64 p + j] (64 columns a panel,
  * the last one zero-padded). A panel is read front to back, one row of 64 columns (four vectors)
  * after another, so the whole weight is one sequential stream: a row's product is bound by how
- * fast memory delivers the weight, and every row of the pass reuses each vector while it is in
- * registers (up to ROW_TILE rows; more rows take further passes over the panel, from the cache).
+ * fast memory delivers the weight, and every row of a tile (up to ROW_TILE rows) reuses each vector
+ * while it is in registers; the next tiles of rows read the same panel again, from the cache, so
+ * many rows are bound by the FMA units instead.
  *
  * x's rows may be strided (`x_stride` floats from one row's start to the next); y is [rows, out]
- * contiguous. Panels are split over `threads` POSIX threads (a pass over a large weight).
+ * contiguous. The (panel, row tile) grid is split over `threads` POSIX threads, the caller saying
+ * how many a product is worth (panel_weights.py's `threaded`).
  * Built and loaded by pdserve/model/panel_weights.py, which packs the panels and checks every
  * shape and stride first; tests/model/test_panel_weights.py compares it with the dense product.
  */
@@ -64,25 +65,27 @@ static const PanelRows BY_ROWS[ROW_TILE + 1] = {0, panel_1, panel_2, panel_3, pa
 typedef struct {
     const float *x, *panels;
     float *y;
-    int64_t x_stride, rows, in, out, first, last; /* panels [first, last) */
+    int64_t x_stride, rows, in, out, first, last; /* tiles [first, last) of the panel-major grid */
 } Work;
 
+/* The grid's tiles are (panel, ROW_TILE rows of x), panel-major: a thread's run of tiles reads each
+ * of its panels from memory once, and its other row tiles find that panel in the cache. */
 static void *run(void *arg) {
     const Work *w = arg;
-    for (int64_t p = w->first; p < w->last; p++) {
+    int64_t tiles = (w->rows + ROW_TILE - 1) / ROW_TILE;
+    for (int64_t t = w->first; t < w->last; t++) {
+        int64_t p = t / tiles, r = t % tiles * ROW_TILE;
         const float *panel = w->panels + p * w->in * PANEL;
         int64_t c0 = p * PANEL, cols = w->out - c0 < PANEL ? w->out - c0 : PANEL;
-        for (int64_t r = 0; r < w->rows; r += ROW_TILE) {
-            int64_t n = w->rows - r < ROW_TILE ? w->rows - r : ROW_TILE;
-            BY_ROWS[n](w->x + r * w->x_stride, w->x_stride, panel, w->in, w->y + r * w->out + c0, w->out, cols);
-        }
+        int64_t n = w->rows - r < ROW_TILE ? w->rows - r : ROW_TILE;
+        BY_ROWS[n](w->x + r * w->x_stride, w->x_stride, panel, w->in, w->y + r * w->out + c0, w->out, cols);
     }
     return NULL;
 }
 
 void pdserve_panels_gemm(const float *x, int64_t x_stride, int64_t rows, const float *panels, int64_t in,
                          int64_t out, float *y, int64_t threads) {
-    int64_t count = (out + PANEL - 1) / PANEL;
+    int64_t count = (out + PANEL - 1) / PANEL * ((rows + ROW_TILE - 1) / ROW_TILE);
     if (threads < 1) threads = 1;
     if (threads > count) threads = count > 0 ? count : 1;
     Work work[threads];

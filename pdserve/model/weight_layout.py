@@ -4,12 +4,13 @@ for and what stops each packing here (`problems`), then the packing itself.
     dense:  Linear.weight [in, out], multiplied by `x @ weight` (the reference; every device)
     onednn: oneDNN's blocked weight beside it (CPU float32; pdserve/model/onednn_weights.py)
     mkl:    MKL's pre-packed panels beside it (CPU float32; pdserve/model/mkl_weights.py)
-    panels: products of up to PANEL_MAX_ROWS rows from the weight in panels, streamed by a C
-            kernel (CPU float32; pdserve/model/panel_weights.py); more rows dense
-    auto:   the panels for few rows where they build, and for more rows the first packing of
-            PACKINGS that nothing stops here, else dense
+    panels: products of up to PANEL_MAX_ROWS rows (decode steps) from the weight in panels, by
+            a C kernel (CPU float32; pdserve/model/panel_weights.py); more rows dense
+    auto:   the panels for decode steps where they build, and for more rows (prefill chunks) the
+            first packing of PACKINGS that nothing stops here, else dense
 
-The choice is a `WeightLayout`: the layout of products of many rows, and of few.
+The choice is a `WeightLayout`: the layout of products of many rows, and of few (up to
+PANEL_MAX_ROWS).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def apply_weight_layout(model: nn.Module, name: str, device: str | torch.device,
         log.info("packed %d projections (%.0f MB) in panels for products of up to %d rows", summary.linears,
                  summary.nbytes / 1e6, PANEL_MAX_ROWS)
     elif name == "auto" and torch.device(device).type == "cpu" and dtype == torch.float32:
-        log.info("no panels for few rows: %s", problems[PANELS])
+        log.info("no panels for decode steps: %s", problems[PANELS])
     return layout
 
 
@@ -96,7 +97,8 @@ def pack_linears(model: nn.Module, packing: type[PackedWeight]) -> PackSummary:
 
 
 def stream_linears(model: nn.Module, panels: RowPanels) -> PackSummary:
-    """Packs every Linear of `model` in panels; each then multiplies a few rows from them."""
+    """Packs every Linear of `model` in panels; each then multiplies up to PANEL_MAX_ROWS rows from
+    them."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     for linear in linears:
         linear.streamed = panels.pack(linear.weight)

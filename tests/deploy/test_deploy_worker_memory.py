@@ -20,7 +20,7 @@ from pdserve.model.metadata import read_model_config
 CPU_LAYOUTS = ("base", "cpu-demo")  # the GPU overlay's pools are sized by test_deploy_tp_sizing.py
 # A worker's memory beside its pools: 1.6 GB RSS for a prefill worker with untouched pools
 # (weights dense and packed, torch, the tokenizer; docs/BENCHMARKS.md, "Worker start: the KV
-# pools"), 0.54 GB more for the panels of few rows' products (--weight-layout auto; "Panels for
+# pools"), 0.54 GB more for the panels of decode steps' products (--weight-layout auto; "Panels for
 # few rows and a fused decode step"), and room for a step's activations and logits.
 REST_BYTES = 5 << 29  # 2.5 GiB
 UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}

@@ -1,10 +1,11 @@
 """What `auto` serves on a CPU through the whole Engine: packed projection weights
-(`--weight-layout auto`: oneDNN's blocked weight, and the panels for products of up to 6 rows),
+(`--weight-layout auto`: oneDNN's blocked weight, and the panels for products of up to 256 rows),
 the native layer kernels (`--layer-kernels native`: norms, SwiGLU, rotary positions in C), and
-decode steps of up to 6 rows through every layer in one C call. Greedy tokens equal to the reference model's (dense, torch ops) and to
-transformers', at batch 1, 64 and 256, with mixed context lengths and prefix-cache hits, under both
-CPU attention backends. MKL's panels are held to the dense model's logits in
-tests/model/test_weight_layout.py, the few rows' panels in tests/model/test_panel_weights.py, the native kernels to torch's in tests/model/test_layer_kernels.py."""
+decode steps through every layer in one C call. Greedy tokens equal to the reference model's
+(dense, torch ops) and to transformers', at batch 1, 64 and 256, with mixed context lengths and
+prefix-cache hits, under both CPU attention backends. MKL's panels are held to the dense model's
+logits in tests/model/test_weight_layout.py, the panels in tests/model/test_panel_weights.py, the
+native kernels to torch's in tests/model/test_layer_kernels.py."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def packed(loaded):
     assert panels is not None, problem
     stream_linears(model, panels)
     assert apply_layer_kernels(model, "native", "cpu", torch.float32) == "native"
-    assert fuse_decode(model) is not None  # decode steps of up to 6 rows in one C call
+    assert fuse_decode(model) is not None  # decode steps in one C call
     return dataclasses.replace(loaded, model=model)
 
 

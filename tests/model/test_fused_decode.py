@@ -1,7 +1,8 @@
 """The fused decode step (pdserve/model/fused_decode.py, decode_layers.c): logits and the KV pool
-equal to the modules' bit for bit over prefills, decode steps of 1 to 6 rows (fused) and of 7 rows
-and mixed passes (the modules), on models with GQA, q/k/v biases and an untied lm_head; the passes
-it leaves to the modules; why a model does not qualify; copies over their own weights."""
+equal to the modules' bit for bit over prefills, decode steps of 1 to 40 rows (fused) and mixed
+passes (the modules), on models with GQA, q/k/v biases and an untied lm_head; the passes it leaves
+to the modules (the reference backend, more rows than the panels serve); why a model does not
+qualify; copies over their own weights."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from pdserve.attention.batched_backend import BatchedTorchBackend
 from pdserve.attention.native_decode import NativeDecode
 from pdserve.attention.torch_backend import TorchAttentionBackend
+from pdserve.model import fused_decode
 from pdserve.model.fused_decode import FusedDecode, fuse_decode, fusion_problem
 from pdserve.model.layer_kernels import apply_layer_kernels
 from pdserve.model.weight_layout import PANELS, apply_weight_layout
@@ -20,8 +22,8 @@ from tests.helpers.paged_driver import PagedDriver
 
 pytestmark = pytest.mark.timeout(300)
 
-PROMPTS = (9, 14, 5, 21, 3, 17, 8, 6)
-# each pass: (sequence index, tokens); decode-only passes of up to 6 rows are the fused ones
+PROMPTS = (9, 14, 5, 21, 3, 17, 8, 6) + tuple(range(2, 34))
+# each pass: (sequence index, tokens); the decode-only passes are the fused ones
 SCHEDULE = [
     [(0, 9), (1, 14), (2, 5)],
     [(0, 1)],
@@ -32,8 +34,10 @@ SCHEDULE = [
     [(6, 1), (0, 1)],
     [(1, 1), (7, 6)],  # a decode beside a prefill: the modules
     [(5, 1)],
+    [(i, n) for i, n in enumerate(PROMPTS) if i >= 8],
+    [(i, 1) for i in range(len(PROMPTS))],  # seven row tiles, the last of four rows
 ]
-FUSED_PASSES = [1, 2, 4, 6, 8]
+FUSED_PASSES = [1, 2, 4, 5, 6, 8, 10]
 
 
 def served(name: str, tiny_models) -> torch.nn.Module:
@@ -95,6 +99,14 @@ def test_the_reference_backend_and_long_passes_run_the_modules(tiny_models):
     seq.tokens.append(9)
     driver.step([(seq, 1)])  # one decode, but the reference backend has no native pass
     assert recorder.served == [False, False]
+
+
+def test_more_rows_than_the_panels_serve_run_the_modules(tiny_models, monkeypatch):
+    monkeypatch.setattr(fused_decode, "PANEL_MAX_ROWS", 6)
+    model = served("llama_gqa_llama3", tiny_models)
+    model.fused_decode = recorder = Recorder(fuse_decode(model))
+    run(model, SCHEDULE[:6])
+    assert [i for i, hit in enumerate(recorder.served) if hit] == [1, 2, 4]  # not the pass of 7 rows
 
 
 def test_a_copy_computes_from_its_own_weights(tiny_models):

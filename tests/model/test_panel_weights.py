@@ -1,6 +1,7 @@
-"""The panels for few rows (pdserve/model/panel_weights.py, row_panels.c): the product against the
-dense one at every row count of a tile and past it, odd widths and depths, strided and non-float32
-inputs, biases, threads; a Linear reading them only for few rows; a copied model packing its own;
+"""The panels for decode-sized products (pdserve/model/panel_weights.py, row_panels.c): the product
+against the dense one at every row count of a tile and past it, odd widths and depths, strided and
+non-float32 inputs, biases, threads over panels and row tiles; a Linear reading them only up to
+PANEL_MAX_ROWS rows; a copied model packing its own;
 a model's logits against the dense model's; and the machines where they do not build."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from pdserve.model.layers import Linear
-from pdserve.model.panel_weights import PANEL_MAX_ROWS, THREADED_BYTES, RowPanels, load_row_panels, streams
+from pdserve.model.panel_weights import (PANEL_MAX_ROWS, THREADED_FLOATS, THREADED_MACS, RowPanels, load_row_panels,
+                                         streams, threaded)
 from pdserve.model.weight_layout import (PANELS, WeightLayout, WeightLayoutUnavailable, apply_weight_layout,
                                          stream_linears)
 from tests.model.test_layer_kernels import built
@@ -28,7 +30,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     return x @ weight if bias is None else torch.addmm(bias, x, weight)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 13, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 13, 40, 67])
 @pytest.mark.parametrize(("inputs", "outputs"), [(96, 200), (1, 64), (3, 1), (577, 65), (64, 40), (130, 128),
                                                    (96, 130), (33, 448)])  # a group of 3 panels ending short; 7 panels
 def test_the_product_equals_the_dense_one(panels, rows, inputs, outputs):
@@ -79,16 +81,24 @@ def test_a_wrong_input_is_refused_with_the_shape_it_needs(panels):
         packed(torch.randn(64), None)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 6])
-def test_a_large_weight_splits_over_threads_with_the_same_result(panels, rows):
-    weight = torch.randn(1024, THREADED_BYTES // 4096 + 100)  # past the threshold, panels split unevenly
-    x = torch.randn(rows, 1024)
+@pytest.mark.parametrize(("rows", "inputs", "outputs"), [
+    (1, 1024, THREADED_FLOATS // 1024 + 100), (3, 1024, THREADED_FLOATS // 1024 + 100),  # a large weight
+    (6, 1024, THREADED_FLOATS // 1024 + 100),
+    (64, 256, THREADED_MACS // (64 * 256) + 70), (67, 300, 450)])  # many rows; row tiles split unevenly
+def test_a_large_product_splits_over_threads_with_the_same_result(panels, rows, inputs, outputs):
+    assert threaded(rows, inputs * outputs)
+    weight, x = torch.randn(inputs, outputs), torch.randn(rows, inputs)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
         torch.testing.assert_close(panels.pack(weight)(x, None), dense(x, weight), rtol=1e-4, atol=1e-3)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_product_is_threaded_by_its_weight_or_its_multiply_adds():
+    assert threaded(1, THREADED_FLOATS) and not threaded(1, THREADED_FLOATS - 1)
+    assert threaded(8, THREADED_MACS // 8) and not threaded(8, THREADED_MACS // 8 - 1)
 
 
 class Spy:
@@ -100,11 +110,11 @@ class Spy:
         return x @ self.weight
 
 
-def test_a_linear_reads_the_panels_for_few_rows_only():
+def test_a_linear_reads_the_panels_up_to_their_row_limit_only():
     linear = Linear(8, 4)
     torch.nn.init.normal_(linear.weight)
     linear.streamed = spy = Spy(linear.weight)
-    for rows in (1, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1, 64):
+    for rows in (1, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1, 2 * PANEL_MAX_ROWS):
         linear(torch.randn(rows, 8))
     assert spy.rows == [1, PANEL_MAX_ROWS]
     assert not streams(0) and streams(1) and not streams(PANEL_MAX_ROWS + 1)

@@ -33,13 +33,13 @@ def test_auto_takes_the_first_packing_nothing_stops_and_stays_dense_otherwise():
     assert choose_weight_layout("mkl", {"onednn": NOT_CPU, "mkl": None, PANELS: None}) == WeightLayout("mkl")
 
 
-def test_auto_streams_few_rows_from_panels_only_where_they_build():
+def test_auto_reads_decode_rows_from_panels_only_where_they_build():
     no_compiler = "no C compiler on this machine"
     assert choose_weight_layout("auto", {"onednn": None, "mkl": None, PANELS: no_compiler}) == WeightLayout("onednn")
     assert choose_weight_layout(PANELS, {PANELS: None}) == WeightLayout("dense", PANELS)
     with pytest.raises(WeightLayoutUnavailable, match=f"panels weights unavailable: {no_compiler}; use"):
         choose_weight_layout(PANELS, {PANELS: no_compiler})
-    assert str(WeightLayout("onednn", PANELS)) == "panels up to 6 rows, onednn beyond"
+    assert str(WeightLayout("onednn", PANELS)) == "panels up to 256 rows, onednn beyond"
     assert str(WeightLayout("mkl")) == "mkl"
 
 
