@@ -116,6 +116,7 @@ def test_cancel_and_resubmit_one_id(fleet):
 
 
 PROMPTS = [f"Write a short story about a robot named Unit {i}." for i in range(8)]
+LOAD_TOKENS = 96  # long enough that a decode worker holds several streams at once, however fast it decodes
 
 
 def _run_all(fleet, max_tokens: int, during=None) -> list:
@@ -170,7 +171,7 @@ def test_a_decode_worker_killed_while_it_prefills_a_turn_itself_loses_nothing(fl
 
 
 def test_a_stalled_decode_worker_is_seen_and_its_streams_resume(fleet):
-    baseline = _tokens(_run_all(fleet, 32))
+    baseline = _tokens(_run_all(fleet, LOAD_TOKENS))
     victim = fleet.children["decode-1"]
 
     def stall():
@@ -179,22 +180,22 @@ def test_a_stalled_decode_worker_is_seen_and_its_streams_resume(fleet):
         time.sleep(10)
         os.killpg(victim.process.pid, signal.SIGCONT)
 
-    assert _tokens(_run_all(fleet, 32, stall)) == baseline
+    assert _tokens(_run_all(fleet, LOAD_TOKENS, stall)) == baseline
     assert not any(fleet.wait_idle().values())
 
 
 def test_a_killed_decode_worker_under_load_loses_nothing_and_is_taken_back(fleet):
-    baseline = _tokens(_run_all(fleet, 32))
+    baseline = _tokens(_run_all(fleet, LOAD_TOKENS))
 
     def kill():
         fleet.wait_running("decode-0", 2)
         os.killpg(fleet.children["decode-0"].process.pid, signal.SIGKILL)
 
-    assert _tokens(_run_all(fleet, 32, kill)) == baseline
+    assert _tokens(_run_all(fleet, LOAD_TOKENS, kill)) == baseline
     fleet.restart("decode-0")
     os.killpg(fleet.children["decode-1"].process.pid, signal.SIGKILL)  # only the restarted worker is left
     with Client(fleet.target, ClientOptions(timeout_s=120)) as client:
-        after = client.generate(PROMPTS[0], max_tokens=32, **GREEDY)
+        after = client.generate(PROMPTS[0], max_tokens=LOAD_TOKENS, **GREEDY)
     assert tuple(after.token_ids) == baseline[0]
     wait_until(lambda: not any(fleet.stats(n).blocks_active for n in ("prefill-0", "decode-0")), 30,
                "zero active blocks on the workers left")
