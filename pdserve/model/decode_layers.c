@@ -38,8 +38,6 @@ typedef struct { /* one layer's weights: norms [hidden], projections in panels, 
 
 typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, inter, num_layers, block_size;
-    int64_t threaded_floats, threaded_macs; /* products by a weight of at least this many floats, or of
-                                              * at least this many multiply-adds, are split over `threads` */
     float eps, scale;
 } Shape;
 
@@ -47,7 +45,7 @@ typedef struct { /* one pass */
     float *pool;
     const int64_t *slots, *tables, *lens;
     const float *cos, *sin;
-    int64_t table_stride, max_len, attend_threads, threads;
+    int64_t table_stride, max_len, attend_threads, threads; /* threads: the most a product runs on */
 } Pass;
 
 typedef struct {
@@ -59,9 +57,7 @@ typedef struct {
 
 static void project(const Step *st, const float *x, int64_t x_stride, const float *panels, const float *bias,
                     int64_t in, int64_t out, float *y) {
-    int64_t threaded = in * out >= st->s->threaded_floats || st->rows * in * out >= st->s->threaded_macs;
-    int64_t threads = threaded ? st->p->threads : 1;
-    st->k->gemm(x, x_stride, st->rows, panels, in, out, y, threads);
+    st->k->gemm(x, x_stride, st->rows, panels, in, out, y, st->p->threads); /* it decides how many */
     if (bias)
         for (int64_t t = 0; t < st->rows; t++)
             for (int64_t c = 0; c < out; c++) y[t * out + c] += bias[c];

@@ -32,7 +32,7 @@ from pdserve.attention.native_decode import NativeDecode, NativePlan
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
 from pdserve.model.native_kernels import NativeKernels
-from pdserve.model.panel_weights import PANEL_MAX_ROWS, THREADED_FLOATS, THREADED_MACS, PanelWeight, RowPanels
+from pdserve.model.panel_weights import PANEL_MAX_ROWS, PanelWeight, RowPanels
 
 SOURCE = Path(__file__).with_name("decode_layers.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -51,8 +51,7 @@ class _Layer(ctypes.Structure):
 
 class _Shape(ctypes.Structure):
     _fields_ = [(name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "inter", "num_layers",
-                                        "block_size", "threaded_floats", "threaded_macs")] + [("eps", ctypes.c_float),
-                                                                             ("scale", ctypes.c_float)]
+                                        "block_size")] + [(name, ctypes.c_float) for name in ("eps", "scale")]
 
 
 class _Pass(ctypes.Structure):
@@ -110,7 +109,7 @@ class FusedDecode:
     def _new_shape(self, kv: KVCache) -> _Shape:
         c = self.config
         return _Shape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers,
-                      kv.block_size, THREADED_FLOATS, THREADED_MACS, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
+                      kv.block_size, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
 
     def _kernels_for(self, decode: NativeDecode) -> _Kernels:
         if self._kernels is None or self._kernels[0] is not decode:

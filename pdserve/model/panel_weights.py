@@ -31,21 +31,12 @@ from pdserve.model.packed_weights import probe_problem
 SOURCE = Path(__file__).with_name("row_panels.c")
 PANEL = 64  # columns a panel (row_panels.c)
 PANEL_MAX_ROWS = 256  # products of up to this many rows (decode steps) read the panels (measured: docs/BENCHMARKS.md)
-# a product is split over torch's threads where it takes long enough for a thread's start to pay:
-THREADED_FLOATS = 1 << 20  # a weight of 4 MB, read from memory (one or a few rows)
-THREADED_MACS = 8 << 20  # or this many multiply-adds (many rows)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 def streams(rows: int) -> bool:
     """Whether a product of `rows` rows reads the panels rather than another layout."""
     return 0 < rows <= PANEL_MAX_ROWS
-
-
-def threaded(rows: int, weight_floats: int) -> bool:
-    """Whether a product of `rows` rows by a weight of `weight_floats` is split over threads
-    (decode_layers.c decides the same)."""
-    return weight_floats >= THREADED_FLOATS or rows * weight_floats >= THREADED_MACS
 
 
 class RowPanels:
@@ -55,6 +46,8 @@ class RowPanels:
         self._gemm = library.pdserve_panels_gemm
         self._gemm.argtypes = [_P, _I, _I, _P, _I, _I, _P, _I]
         self._gemm.restype = None
+        self._threads = library.pdserve_panels_threads
+        self._threads.argtypes, self._threads.restype = [_I] * 4, _I
 
     @classmethod
     def load(cls) -> RowPanels:
@@ -69,6 +62,11 @@ class RowPanels:
     def address(self) -> int:
         """The C product's address, for a caller composing kernels in C (fused_decode.py)."""
         return function_address(self._gemm)
+
+    def threads(self, rows: int, inputs: int, outputs: int, limit: int) -> int:
+        """The threads, of up to `limit`, a product of `rows` rows by an [inputs, outputs] weight runs
+        on: the kernel splits one only where a thread's start pays (row_panels.c decides)."""
+        return self._threads(rows, inputs, outputs, limit)
 
     def pack(self, weight: torch.Tensor) -> PanelWeight:
         """weight: [in, out] float32 on the CPU (Linear's layout, kept as given)."""
@@ -87,9 +85,8 @@ class RowPanels:
         if x.dtype != torch.float32 or x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < inputs):
             x = x.float().contiguous()
         out = torch.empty(x.shape[0], outputs, dtype=torch.float32)
-        threads = torch.get_num_threads() if threaded(x.shape[0], packed.weight.numel()) else 1
         self._gemm(x.data_ptr(), x.stride(0), x.shape[0], packed.panels.data_ptr(), inputs, outputs,
-                   out.data_ptr(), threads)
+                   out.data_ptr(), torch.get_num_threads())
         return out
 
 

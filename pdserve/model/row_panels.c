@@ -10,8 +10,8 @@
  * many rows are bound by the FMA units instead.
  *
  * x's rows may be strided (`x_stride` floats from one row's start to the next); y is [rows, out]
- * contiguous. The (panel, row tile) grid is split over `threads` POSIX threads, the caller saying
- * how many a product is worth (panel_weights.py's `threaded`).
+ * contiguous. The (panel, row tile) grid is split over up to `limit` POSIX threads where the product
+ * is worth it (pdserve_panels_threads: the one place that decides, for every caller).
  * Built and loaded by pdserve/model/panel_weights.py, which packs the panels and checks every
  * shape and stride first; tests/model/test_panel_weights.py compares it with the dense product.
  */
@@ -21,6 +21,9 @@
 
 #define PANEL 64   /* columns a panel: four vectors of 16 floats */
 #define ROW_TILE 6 /* rows a pass: 6 x 4 accumulators and the 4 vectors read fit 32 registers */
+/* a product is split over threads where it takes long enough for a thread's start to pay: */
+#define THREADED_FLOATS (1 << 20) /* a weight of 4 MB, read from memory (one or a few rows) */
+#define THREADED_MACS (8 << 20)   /* or this many multiply-adds (many rows) */
 
 typedef float vec __attribute__((vector_size(64)));
 
@@ -83,11 +86,22 @@ static void *run(void *arg) {
     return NULL;
 }
 
+static int64_t grid_tiles(int64_t rows, int64_t out) {
+    return (out + PANEL - 1) / PANEL * ((rows + ROW_TILE - 1) / ROW_TILE);
+}
+
+/* The threads a product of `rows` rows by an [in, out] weight runs on, of up to `limit`: one unless
+ * its weight or its multiply-adds reach the thresholds above, and never more than its tiles. */
+int64_t pdserve_panels_threads(int64_t rows, int64_t in, int64_t out, int64_t limit) {
+    int64_t tiles = grid_tiles(rows, out);
+    if (in * out < THREADED_FLOATS && rows * in * out < THREADED_MACS) return 1;
+    if (limit > tiles) limit = tiles;
+    return limit < 1 ? 1 : limit;
+}
+
 void pdserve_panels_gemm(const float *x, int64_t x_stride, int64_t rows, const float *panels, int64_t in,
-                         int64_t out, float *y, int64_t threads) {
-    int64_t count = (out + PANEL - 1) / PANEL * ((rows + ROW_TILE - 1) / ROW_TILE);
-    if (threads < 1) threads = 1;
-    if (threads > count) threads = count > 0 ? count : 1;
+                         int64_t out, float *y, int64_t limit) {
+    int64_t count = grid_tiles(rows, out), threads = pdserve_panels_threads(rows, in, out, limit);
     Work work[threads];
     pthread_t ids[threads];
     int started[threads];

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from pdserve.model.layers import Linear
-from pdserve.model.panel_weights import (PANEL_MAX_ROWS, THREADED_FLOATS, THREADED_MACS, RowPanels, load_row_panels,
-                                         streams, threaded)
+from pdserve.model.panel_weights import PANEL_MAX_ROWS, RowPanels, load_row_panels, streams
 from pdserve.model.weight_layout import (PANELS, WeightLayout, WeightLayoutUnavailable, apply_weight_layout,
                                          stream_linears)
 from tests.model.test_layer_kernels import built
@@ -82,11 +81,10 @@ def test_a_wrong_input_is_refused_with_the_shape_it_needs(panels):
 
 
 @pytest.mark.parametrize(("rows", "inputs", "outputs"), [
-    (1, 1024, THREADED_FLOATS // 1024 + 100), (3, 1024, THREADED_FLOATS // 1024 + 100),  # a large weight
-    (6, 1024, THREADED_FLOATS // 1024 + 100),
-    (64, 256, THREADED_MACS // (64 * 256) + 70), (67, 300, 450)])  # many rows; row tiles split unevenly
+    (1, 1024, 1124), (3, 1024, 1124), (6, 1024, 1124),  # a weight over 4 MB
+    (64, 256, 582), (67, 300, 450)])  # over 8M multiply-adds; row tiles split unevenly
 def test_a_large_product_splits_over_threads_with_the_same_result(panels, rows, inputs, outputs):
-    assert threaded(rows, inputs * outputs)
+    assert panels.threads(rows, inputs, outputs, 3) == 3
     weight, x = torch.randn(inputs, outputs), torch.randn(rows, inputs)
     threads = torch.get_num_threads()
     try:
@@ -96,9 +94,11 @@ def test_a_large_product_splits_over_threads_with_the_same_result(panels, rows, 
         torch.set_num_threads(threads)
 
 
-def test_a_product_is_threaded_by_its_weight_or_its_multiply_adds():
-    assert threaded(1, THREADED_FLOATS) and not threaded(1, THREADED_FLOATS - 1)
-    assert threaded(8, THREADED_MACS // 8) and not threaded(8, THREADED_MACS // 8 - 1)
+def test_a_product_is_threaded_by_its_weight_or_its_multiply_adds(panels):
+    assert panels.threads(1, 1024, 1024, 4) == 4 and panels.threads(1, 1024, 1023, 4) == 1  # 4 MB of weight
+    assert panels.threads(32, 512, 512, 4) == 4 and panels.threads(31, 512, 512, 4) == 1  # 8M multiply-adds
+    assert panels.threads(1, 1024, 1024, 64) == 16  # no more threads than (panel, row tile) pairs
+    assert panels.threads(1, 1024, 1024, 0) == 1
 
 
 class Spy:
