@@ -6,10 +6,10 @@ and every decode figure against the machine's roofline measured in the same run 
              in the KV pool, then --steps greedy decode steps; tokens/s = batch x steps / time of
              the steps, for each attention backend of --backends with each weight layout of
              --weight-layouts (dense: `x @ W`, the reference, with torch's small ops; mkl: MKL's
-             pre-packed panels; onednn: oneDNN's blocked weight; auto: oneDNN's and, up to 6 rows,
-             streamed panels; each packed layout a copy of the model, its norms, SwiGLU and rotary
-             positions on --layer-kernels and its few-row decode steps fused where both are native,
-             as the engine serves)
+             pre-packed panels; onednn: oneDNN's blocked weight; auto: oneDNN's and, up to 256 rows,
+             panels; each packed layout a copy of the model, its norms, SwiGLU and rotary
+             positions on --layer-kernels and its decode steps fused where both are native, as the
+             engine serves)
     bound:   the smaller of the compute bound (FLOPs / the peak matmul rate on the model's own
              projections, the fastest weight layout's, at that batch or 256 rows) and the memory
              bound (weights + KV read / bandwidth); "of bound" is tokens/s over it
@@ -18,8 +18,9 @@ transformers' prefill is timed with generate(1 new token); its decode with its o
 prefilled once into its KV cache, then --steps forward passes of one token per sequence from a
 copy of that cache, so both sides time the decode steps alone (taking the difference of two
 generate() calls instead drowns four decode steps in the noise of a batch-256 prefill).
-Each figure is the best of --repeats runs, all sides interleaved (a busy machine slows them
-alike), and each repeat of a decode row starts by measuring the bound's matmul rates and bandwidth
+Each figure is the best of --repeats runs, all sides and all batches of a context interleaved (a
+busy machine slows them alike; every batch's pool is held at once), and each repeat of a decode row
+starts by measuring the bound's matmul rates and bandwidth
 again (the bound is the best of those), so the bound and the runs see the same moments. With
 --random-kv the contexts are random K/V written straight into the pool instead of a prefill (a
 decode step costs the same; the prefill of 2,048-token batches takes minutes on a CPU);
@@ -52,6 +53,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from benchmarks.roofline import Bound, Roofline  # noqa: E402
 from pdserve.attention import make_attention_backend  # noqa: E402
 from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
+from pdserve.engine.host_logits import HostLogits  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
 from pdserve.model.fused_decode import fuse_decode  # noqa: E402
@@ -88,6 +90,7 @@ class PagedRunner:
         self.kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), blocks_per_seq * batch, torch.float32, "cpu")
         self.attn = make_attention_backend(backend, "cpu", torch.float32)
         self.tables = [tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+        self.logits = HostLogits(loaded.config.vocab_size)  # as the engine's model runner reuses one
 
     def forward(self, tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
         """tokens[i]: the new tokens of sequence i, at positions starts[i]...; logits of each last one."""
@@ -101,7 +104,7 @@ class PagedRunner:
             last.append(len(ids) - 1)
         as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
         batch = ForwardBatch(as_long(ids), as_long(positions), as_long(slots), tuple(spans), as_long(last))
-        return self.model(batch, self.kv, self.attn)
+        return self.model(batch, self.kv, self.attn, self.logits.rows(len(last)))
 
 
 def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -206,14 +209,37 @@ def variants(args) -> list[tuple[str, str]]:
     return [(b, w) for w in args.weight_layouts.split(",") for b in args.backends.split(",")]
 
 
-def decode_row(args, layouts: dict[str, LoadedModel], reference, roofline: Roofline, size: int, context: int) -> Row:
-    loaded = layouts["dense"]
-    batch = prompts(size, context, loaded.config.vocab_size, seed=size)
-    decoders = {f"{b}/{w}": Decoder(layouts[w], batch, args.steps, b, args.random_kv) for b, w in variants(args)}
-    theirs_decoder = ReferenceDecoder(reference, batch, args.steps) if reference and not args.random_kv else None
-    ours, theirs = best_of(args.repeats, {b: d.run for b, d in decoders.items()},
-                           theirs_decoder.run if theirs_decoder else None, between=lambda: roofline.measure(size))
-    return Row(f"decode b{size} ctx{context}", ours, theirs, roofline.bound(size, context + args.steps // 2))
+def decode_rows(args, layouts: dict[str, LoadedModel], reference, roofline: Roofline, sizes: list[int],
+                context: int) -> list[Row]:
+    """The decode rows of one context. Every batch's runs are interleaved with the other batches'
+    (all their pools held at once), so that the machine's drifts fall on every batch alike and
+    tokens/s from one batch to the next is a ratio measured in one run."""
+    ours: dict[int, dict[str, Callable[[], float]]] = {}
+    theirs: dict[int, Callable[[], float] | None] = {}
+    for size in sizes:
+        batch = prompts(size, context, layouts["dense"].config.vocab_size, seed=size)
+        ours[size] = {f"{b}/{w}": Decoder(layouts[w], batch, args.steps, b, args.random_kv).run
+                      for b, w in variants(args)}
+        theirs[size] = (ReferenceDecoder(reference, batch, args.steps).run
+                        if reference and not args.random_kv else None)
+    best: dict[int, tuple[dict[str, float], float | None]] = {}
+    for _ in range(args.repeats):
+        for size in sizes:
+            runs, reference_run = best_of(1, ours[size], theirs[size], between=lambda: roofline.measure(size))
+            before, before_reference = best.get(size, ({}, None))
+            best[size] = ({name: max(v, before.get(name, 0.0)) for name, v in runs.items()},
+                          None if reference_run is None else max(reference_run, before_reference or 0.0))
+    return [Row(f"decode b{size} ctx{context}", *best[size], roofline.bound(size, context + args.steps // 2))
+            for size in sizes]
+
+
+def scaling_line(rows: list[Row]) -> str:
+    """Each column's tokens/s at each batch over the batch before (one run, interleaved)."""
+    columns = list(rows[0].ours)
+    steps = [(before, after) for before, after in zip(rows, rows[1:])]
+    cells = [f"{c}: " + ", ".join(f"{a.name.split()[1]}/{b.name.split()[1]} {a.ours[c] / b.ours[c]:.2f}"
+                                  for b, a in steps) for c in columns]
+    return f"{rows[0].name.split()[2]} tokens/s over the batch before: " + "; ".join(cells)
 
 
 def print_header(args, loaded: LoadedModel) -> None:
@@ -258,9 +284,13 @@ def main() -> None:
     print_header(args, loaded)
     if not args.no_prefill:
         print(prefill_row(args, layouts, reference).line(), flush=True)
+    sizes = [int(b) for b in args.batches.split(",")]
     for context in (int(c) for c in args.contexts.split(",")):
-        for size in (int(b) for b in args.batches.split(",")):
-            print(decode_row(args, layouts, reference, roofline, size, context).line(), flush=True)
+        rows = decode_rows(args, layouts, reference, roofline, sizes, context)
+        for row in rows:
+            print(row.line(), flush=True)
+        if len(rows) > 1:
+            print(scaling_line(rows), flush=True)
     print_roofline(roofline)
 
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from pdserve.attention.base import AttentionBackend
+from pdserve.attention.batch import ForwardBatch
 from pdserve.engine.batch_builder import build_forward_batch
+from pdserve.engine.host_logits import HostLogits
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.loader import LoadedModel
 from pdserve.parallel.plan import SwapPlan
@@ -31,7 +33,7 @@ class StepTimes:
 
 
 class ModelRunner:
-    """Owns the device KV pool and the host swap pool of one worker."""
+    """Owns the device KV pool, the host swap pool and the host logits buffer of one worker."""
 
     def __init__(self, loaded: LoadedModel, kv: KVCache, host_kv: KVCache, attn: AttentionBackend, seed: int):
         self.model = loaded.model
@@ -43,6 +45,7 @@ class ModelRunner:
         self.device = kv.data.device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.swap_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.host_logits = HostLogits(loaded.config.vocab_size, pinned=self.device.type == "cuda")
 
     def execute(self, output: SchedulerOutput) -> Sampled:
         """Run the step; return the sampled token of every chunk that samples (and its logprobs
@@ -51,8 +54,7 @@ class ModelRunner:
         if not output.chunks:
             return Sampled()
         batch = build_forward_batch(output.chunks, self.kv.block_size, self.device)
-        with torch.inference_mode():
-            logits = self.model.forward(batch, self.kv, self.attn).float().cpu()  # [S, V]
+        logits = self._logits(batch)  # [S, V] float32 on the host, valid until the next step
         sampling = [c for c in output.chunks if c.samples]
         params = [c.request.sampling for c in sampling]
         tokens = self.sampler.sample(logits, params, [len(c.request.output_token_ids) for c in sampling],
@@ -60,6 +62,15 @@ class ModelRunner:
         ids = [c.request.request_id for c in sampling]
         logprobs = token_logprobs(logits, tokens, [p.logprobs for p in params])
         return Sampled(dict(zip(ids, tokens)), {ids[row]: lp for row, lp in logprobs.items()})
+
+    def _logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """The step's logits in the host buffer: written there by a float32 CPU model's lm_head,
+        else copied there (a GPU's, or a CPU model's of another dtype, as float32)."""
+        out = self.host_logits.rows(batch.logits_indices.shape[0])
+        with torch.inference_mode():
+            if self.device.type == "cpu" and self.model.dtype == torch.float32:
+                return self.model.forward(batch, self.kv, self.attn, out)
+            return out.copy_(self.model.forward(batch, self.kv, self.attn))
 
     def _swap(self, output: SchedulerOutput) -> None:
         """swap_out before swap_in (a block freed by one may be the target of the other). On a

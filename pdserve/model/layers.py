@@ -28,15 +28,18 @@ class Linear(nn.Module):
         self.packed: PackedWeight | None = None
         self.streamed: PackedWeight | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, in] -> [T, out]."""
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, in] -> [T, out_features], written into `out` where given (a buffer of that shape
+        and the weight's dtype, which the caller reuses: the panels and the dense product write
+        into it, a packed weight's product is copied there)."""
         if self.streamed is not None and streams(x.shape[0]):
-            return self.streamed(x, self.bias)
+            return self.streamed(x, self.bias, out)
         if self.packed is not None and serves(x.shape[0]):
-            return self.packed(x, self.bias)
+            y = self.packed(x, self.bias)
+            return y if out is None else out.copy_(y)
         if self.bias is None:
-            return x @ self.weight
-        return torch.addmm(self.bias, x, self.weight)
+            return torch.matmul(x, self.weight, out=out)
+        return torch.addmm(self.bias, x, self.weight, out=out)
 
 
 class RMSNorm(nn.Module):

@@ -39,8 +39,11 @@ class LlamaForCausalLM(nn.Module):
         self.fused_decode: FusedDecode | None = None  # set by fuse_decode where the layers qualify
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend) -> torch.Tensor:
-        """Returns logits [S, vocab] for `batch.logits_indices` (S rows, in that order).
+    def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend,
+                logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns logits [S, vocab] for `batch.logits_indices` (S rows, in that order), written
+        into `logits` where given: an [S, vocab] tensor of the model's dtype and device that the
+        caller reuses step after step (pdserve/engine/host_logits.py says why).
 
         Calls `attn.begin(batch, kv)` once, then each layer writes its K/V at `batch.slot_mapping`.
         """
@@ -52,7 +55,7 @@ class LlamaForCausalLM(nn.Module):
             for layer in self.layers:
                 x = layer(x, cos, sin, kv, attn)
         x = self.norm(x[batch.logits_indices])  # [S, hidden]
-        return self.lm_head(x)  # [S, vocab]
+        return self.lm_head(x, out=logits)  # [S, vocab]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, hidden]. Tied models keep one matrix, the lm_head's [hidden, vocab]: a

@@ -77,14 +77,20 @@ class RowPanels:
         panels[:outputs] = dense.t()
         return PanelWeight(panels.view(count, PANEL, inputs).transpose(1, 2).contiguous(), weight, self)
 
-    def multiply(self, x: torch.Tensor, packed: PanelWeight) -> torch.Tensor:
-        """x [T, in] float32 (rows may be strided) -> [T, out]."""
+    def multiply(self, x: torch.Tensor, packed: PanelWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, in] float32 (rows may be strided) -> [T, out], written into `out` where given (a
+        contiguous float32 [T, out] CPU tensor)."""
         inputs, outputs = packed.weight.shape
         if x.dim() != 2 or x.shape[1] != inputs or not x.is_cpu:
             raise ValueError(f"a [T, {inputs}] CPU input multiplies this weight, got {list(x.shape)} on {x.device}")
         if x.dtype != torch.float32 or x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) < inputs):
             x = x.float().contiguous()
-        out = torch.empty(x.shape[0], outputs, dtype=torch.float32)
+        if out is None:
+            out = torch.empty(x.shape[0], outputs, dtype=torch.float32)
+        elif (tuple(out.shape) != (x.shape[0], outputs) or out.dtype != torch.float32 or not out.is_cpu
+              or not out.is_contiguous()):
+            raise ValueError(f"the product goes into a contiguous float32 [{x.shape[0]}, {outputs}] CPU tensor, "
+                             f"got {out.dtype} {list(out.shape)} on {out.device}")
         self._gemm(x.data_ptr(), x.stride(0), x.shape[0], packed.panels.data_ptr(), inputs, outputs,
                    out.data_ptr(), torch.get_num_threads())
         return out
@@ -98,10 +104,10 @@ class PanelWeight:
     weight: torch.Tensor  # [in, out], the Linear's parameter (a deep copy packs its copy)
     kernel: RowPanels
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x: [T, in] -> [T, out] (+ bias)."""
-        out = self.kernel.multiply(x, self)
-        return out if bias is None else out.add_(bias)
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [T, in] -> [T, out] (+ bias), into `out` where given (see RowPanels.multiply)."""
+        y = self.kernel.multiply(x, self, out)
+        return y if bias is None else y.add_(bias)
 
     def __deepcopy__(self, memo: dict) -> PanelWeight:
         return self.kernel.pack(copy.deepcopy(self.weight, memo))

@@ -78,9 +78,10 @@ class VocabParallelLMHead(nn.Module):
         self.vocab, self.comm = vocab, comm
         self.weight = _frozen(vocab.rows(full.weight.detach(), dim=1))  # [hidden, vocab.size]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [S, hidden] -> logits [S, vocab_size], on every rank."""
-        return self.comm.all_gather(x @ self.weight)[:, : self.vocab.vocab_size]
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [S, hidden] -> logits [S, vocab_size], on every rank (copied into `out` where given)."""
+        logits = self.comm.all_gather(x @ self.weight)[:, : self.vocab.vocab_size]
+        return logits if out is None else out.copy_(logits)
 
 
 class VocabParallelEmbedding(nn.Module):

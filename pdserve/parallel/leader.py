@@ -47,9 +47,10 @@ class LeaderModel(nn.Module):
         self.ranks = ranks
         self.config = shard.config
 
-    def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend,
+                logits: torch.Tensor | None = None) -> torch.Tensor:
         self.ranks.announce(ForwardPlan.of(batch))
-        return self.shard.forward(batch, kv, attn)
+        return self.shard.forward(batch, kv, attn, logits)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -80,6 +80,21 @@ def test_a_wrong_input_is_refused_with_the_shape_it_needs(panels):
         packed(torch.randn(64), None)
 
 
+def test_the_product_goes_into_the_buffer_given(panels):
+    weight, bias, x = torch.randn(64, 70), torch.randn(70), torch.randn(9, 64)
+    out = torch.full((9, 70), float("nan"))
+    y = panels.pack(weight)(x, bias, out)
+    assert y.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, dense(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("out", [torch.empty(9, 71), torch.empty(9, 70, dtype=torch.float64),
+                                 torch.empty(70, 9).t()], ids=["shape", "dtype", "strided"])
+def test_a_wrong_buffer_is_refused_with_the_one_it_needs(panels, out):
+    with pytest.raises(ValueError, match=r"goes into a contiguous float32 \[9, 70\] CPU tensor"):
+        panels.pack(torch.randn(64, 70))(torch.randn(9, 64), None, out)
+
+
 @pytest.mark.parametrize(("rows", "inputs", "outputs"), [
     (1, 1024, 1124), (3, 1024, 1124), (6, 1024, 1124),  # a weight over 4 MB
     (64, 256, 582), (67, 300, 450)])  # over 8M multiply-adds; row tiles split unevenly
@@ -105,7 +120,7 @@ class Spy:
     def __init__(self, weight: torch.Tensor):
         self.weight, self.rows = weight, []
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
         self.rows.append(x.shape[0])
         return x @ self.weight
 

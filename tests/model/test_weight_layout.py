@@ -83,6 +83,33 @@ def test_the_packed_product_equals_the_dense_one(packing, rows, with_bias):
     torch.testing.assert_close(packing.pack(weight)(x, bias), dense, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["dense", "packed", PANELS])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_linear_writes_its_product_into_the_buffer_given(layout, with_bias):
+    from pdserve.model.layers import Linear
+    from pdserve.model.panel_weights import load_row_panels
+
+    linear = Linear(64, 80, bias=with_bias)
+    for p in linear.parameters():
+        torch.nn.init.normal_(p)
+    if layout == "packed":
+        problem = OneDnnWeight.problem("cpu", torch.float32)
+        if problem:
+            pytest.skip(problem)
+        linear.packed = OneDnnWeight.pack(linear.weight)
+    elif layout == PANELS:
+        panels, problem = load_row_panels("cpu", torch.float32)
+        if panels is None:
+            pytest.skip(problem)
+        linear.streamed = panels.pack(linear.weight)
+    x, out = torch.randn(7, 64), torch.full((7, 80), float("nan"))
+    expected = x @ linear.weight + (linear.bias if with_bias else 0)
+    with torch.inference_mode():  # as the model's forward runs
+        assert linear(x, out=out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-4)
+
+
 @packings
 def test_a_non_contiguous_input_is_multiplied_as_its_values(packing):
     weight = torch.randn(64, 48)
