@@ -222,24 +222,24 @@ def decode_rows(args, layouts: dict[str, LoadedModel], reference, roofline: Roof
                       for b, w in variants(args)}
         theirs[size] = (ReferenceDecoder(reference, batch, args.steps).run
                         if reference and not args.random_kv else None)
-    best: dict[int, tuple[dict[str, float], float | None]] = {}
+    best = {size: dict.fromkeys(ours[size], 0.0) for size in sizes}
+    best_reference: dict[int, float | None] = dict.fromkeys(sizes)
     for _ in range(args.repeats):
         for size in sizes:
             runs, reference_run = best_of(1, ours[size], theirs[size], between=lambda: roofline.measure(size))
-            before, before_reference = best.get(size, ({}, None))
-            best[size] = ({name: max(v, before.get(name, 0.0)) for name, v in runs.items()},
-                          None if reference_run is None else max(reference_run, before_reference or 0.0))
-    return [Row(f"decode b{size} ctx{context}", *best[size], roofline.bound(size, context + args.steps // 2))
-            for size in sizes]
+            best[size] = {name: max(best[size][name], v) for name, v in runs.items()}
+            if reference_run is not None:
+                best_reference[size] = max(best_reference[size] or 0.0, reference_run)
+    return [Row(f"decode b{size} ctx{context}", best[size], best_reference[size],
+                roofline.bound(size, context + args.steps // 2)) for size in sizes]
 
 
-def scaling_line(rows: list[Row]) -> str:
+def scaling_line(context: int, sizes: list[int], rows: list[Row]) -> str:
     """Each column's tokens/s at each batch over the batch before (one run, interleaved)."""
-    columns = list(rows[0].ours)
-    steps = [(before, after) for before, after in zip(rows, rows[1:])]
-    cells = [f"{c}: " + ", ".join(f"{a.name.split()[1]}/{b.name.split()[1]} {a.ours[c] / b.ours[c]:.2f}"
-                                  for b, a in steps) for c in columns]
-    return f"{rows[0].name.split()[2]} tokens/s over the batch before: " + "; ".join(cells)
+    pairs = list(zip(zip(sizes, rows), zip(sizes[1:], rows[1:])))
+    cells = [f"{c}: " + ", ".join(f"b{b}/b{a} {after.ours[c] / before.ours[c]:.2f}"
+                                  for (a, before), (b, after) in pairs) for c in rows[0].ours]
+    return f"ctx{context} tokens/s over the batch before: " + "; ".join(cells)
 
 
 def print_header(args, loaded: LoadedModel) -> None:
@@ -290,7 +290,7 @@ def main() -> None:
         for row in rows:
             print(row.line(), flush=True)
         if len(rows) > 1:
-            print(scaling_line(rows), flush=True)
+            print(scaling_line(context, sizes, rows), flush=True)
     print_roofline(roofline)
 
 
