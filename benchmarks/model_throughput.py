@@ -236,9 +236,8 @@ def decode_rows(args, layouts: dict[str, LoadedModel], reference, roofline: Roof
 
 def scaling_line(context: int, sizes: list[int], rows: list[Row]) -> str:
     """Each column's tokens/s at each batch over the batch before (one run, interleaved)."""
-    pairs = list(zip(zip(sizes, rows), zip(sizes[1:], rows[1:])))
-    cells = [f"{c}: " + ", ".join(f"b{b}/b{a} {after.ours[c] / before.ours[c]:.2f}"
-                                  for (a, before), (b, after) in pairs) for c in rows[0].ours]
+    cells = [f"{c}: " + ", ".join(f"b{sizes[i]}/b{sizes[i - 1]} {rows[i].ours[c] / rows[i - 1].ours[c]:.2f}"
+                                  for i in range(1, len(rows))) for c in rows[0].ours]
     return f"ctx{context} tokens/s over the batch before: " + "; ".join(cells)
 
 
