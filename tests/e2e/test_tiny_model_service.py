@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 PROMPTS = [[5, 17, 33, 2, 9], list(range(3, 40)), [11] * 70]
 NEW_TOKENS = 12
+KV_BLOCKS, BLOCK_TOKENS = 64, 16  # the decode worker's pool: --kv-blocks, and the workers' default block size
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(tiny):
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
-    flags = ["--port", "0", "--model", str(tiny), "--threads", "1", "--kv-blocks", "64", "--host-kv-blocks", "16",
+    flags = ["--port", "0", "--model", str(tiny), "--threads", "1", "--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "16",
              "--token-budget", "256", "--max-chunk-tokens", "16", *cluster_flags(sup.workdir)]
     try:
         workers = [sup.spawn(role, [role, *flags]) for role in ("prefill", "decode")]
@@ -87,14 +88,18 @@ def test_tiny_qwen2_conversation_turns_reuse_the_decode_workers_kv_and_equal_tra
 
 def test_tiny_qwen2_later_turns_preempted_over_their_cached_conversation_still_equal_transformers(tiny, client):
     """Later turns decoding over blocks they share with their cached conversation lose their pool
-    to higher-priority requests (preempted: swapped or recomputed) and still equal transformers."""
+    (preempted: swapped or recomputed), to each other and to higher-priority requests, and still
+    equal transformers. The turns alone outgrow the decode pool, so a preemption does not hang on
+    when the higher-priority requests arrive."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
     openings = [[(11 * i + 7 * c) % 90 + 3 for i in range(120)] for c in range(3)]
     pressure = [[(13 * i + 5 * c) % 85 + 4 for i in range(300)] for c in range(3)]
     turns = [[*p, *_greedy(client, p).token_ids, 21, 22, 23] for p in openings]
-    streams = [client.stream(token_ids=t, max_tokens=60, priority="batch", temperature=0, ignore_eos=True)
+    new_tokens = KV_BLOCKS * BLOCK_TOKENS // len(turns) - len(turns[0]) + 2 * BLOCK_TOKENS
+    assert len(turns) * -(-(len(turns[0]) + new_tokens) // BLOCK_TOKENS) > KV_BLOCKS
+    streams = [client.stream(token_ids=t, max_tokens=new_tokens, priority="batch", temperature=0, ignore_eos=True)
                for t in turns]
     heads = [next(s) for s in streams]  # each turn placed and past its first token
     with concurrent.futures.ThreadPoolExecutor(len(pressure)) as pool:
@@ -102,7 +107,7 @@ def test_tiny_qwen2_later_turns_preempted_over_their_cached_conversation_still_e
                                                          priority="normal"), pressure))
     later = [s.collect() for s in streams]
     for turn, head, rest in zip(turns, heads, later):
-        assert [*head.token_ids, *rest.token_ids] == hf_greedy(model, turn, 60)
+        assert [*head.token_ids, *rest.token_ids] == hf_greedy(model, turn, new_tokens)
     for prompt, result in zip(pressure, pushed):
         assert result.token_ids == hf_greedy(model, prompt, 24)
     usages = [r.usage for r in later]
