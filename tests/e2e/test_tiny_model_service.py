@@ -12,6 +12,7 @@ import torch
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions
+from pdserve.config import CacheConfig
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 
@@ -19,7 +20,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 PROMPTS = [[5, 17, 33, 2, 9], list(range(3, 40)), [11] * 70]
 NEW_TOKENS = 12
-KV_BLOCKS, BLOCK_TOKENS = 64, 16  # the decode worker's pool: --kv-blocks, and the workers' default block size
+KV_BLOCKS = 64  # each worker's --kv-blocks
+BLOCK_TOKENS = CacheConfig().block_size  # the workers' default
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,8 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(tiny):
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
-    flags = ["--port", "0", "--model", str(tiny), "--threads", "1", "--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "16",
-             "--token-budget", "256", "--max-chunk-tokens", "16", *cluster_flags(sup.workdir)]
+    flags = ["--port", "0", "--model", str(tiny), "--threads", "1", "--kv-blocks", str(KV_BLOCKS),
+             "--host-kv-blocks", "16", "--token-budget", "256", "--max-chunk-tokens", "16", *cluster_flags(sup.workdir)]
     try:
         workers = [sup.spawn(role, [role, *flags]) for role in ("prefill", "decode")]
         p, d = (sup.wait_ready(w, 300) for w in workers)
