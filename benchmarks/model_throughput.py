@@ -52,6 +52,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from benchmarks.roofline import Bound, Roofline  # noqa: E402
 from pdserve.attention import make_attention_backend  # noqa: E402
+from pdserve.engine.calibration import serving_identity  # noqa: E402
+from pdserve.engine.decode_probe import tune_fused_rows  # noqa: E402
 from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
 from pdserve.engine.host_logits import HostLogits  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
@@ -299,9 +301,15 @@ def weight_layouts(loaded: LoadedModel, names: list[str], kernels: str) -> dict[
     layouts = {"dense": loaded}
     for name in (n for n in names if n != "dense"):
         model = copy.deepcopy(loaded.model)
-        apply_weight_layout(model, name, "cpu", torch.float32)  # raises where the library cannot pack
+        chosen = apply_weight_layout(model, name, "cpu", torch.float32)  # raises where the library cannot pack
         apply_layer_kernels(model, kernels, "cpu", torch.float32)
         fuse_decode(model)  # as the engine serves: where panels and native kernels both run
+        if name == "auto":  # and for as many rows as the engine measures the fused step faster
+            kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), 256, torch.float32, "cpu")
+            tune_fused_rows(model, kv, make_attention_backend("torch-batched", "cpu", torch.float32),
+                            serving_identity(loaded.source_path, model, torch.float32))
+        fused = model.fused_decode.max_rows if model.fused_decode else 0
+        print(f"{name}: {chosen}; decode steps fused up to {fused} rows", flush=True)
         layouts[name] = dataclasses.replace(loaded, model=model)
     return layouts
 

@@ -5,7 +5,9 @@
     project's own (pdserve/gguf_file.py + pdserve/model/gguf_dequant.py, `load_model`), each
     `--repeats` times, medians reported; both models are checked equal parameter for parameter.
 (b) A real `pdserve decode` process (`--threads`, `--kv-blocks`, no KV transport, --insecure) timed from
-    spawn to its "serving" line, `--spawns` times: the import of torch and the rest are in it.
+    spawn to its "serving" line, `--spawns` times: the import of torch and the rest are in it; the
+    last start's phases are the lines it logged at INFO, each at its second since the spawn (the
+    first start on a machine builds the kernels and measures the layouts; later ones read both).
 
     .venv/bin/python benchmarks/worker_start.py [--repeats 2] [--spawns 2] [--threads 1]
 
@@ -72,10 +74,11 @@ def assert_same(old: torch.nn.Module, new: torch.nn.Module) -> None:
     assert not different, f"the two paths load different weights: {different[:3]}"
 
 
-def spawn_to_serving(args: argparse.Namespace) -> float:
-    """Seconds from spawning `pdserve decode` to its "serving" line."""
-    command = [sys.executable, "-m", "pdserve.cli.main", "decode", "--port", "0", "--threads", str(args.threads),
-               "--kv-blocks", str(args.kv_blocks), "--transport", "none", "--insecure"]
+def spawn_to_serving(args: argparse.Namespace, phases: list[tuple[float, str]]) -> float:
+    """Seconds from spawning `pdserve decode` to its "serving" line; `phases` gets each log line
+    the worker printed before it, with its second since the spawn."""
+    command = [sys.executable, "-m", "pdserve.cli.main", "--log-level", "INFO", "decode", "--port", "0",
+               "--threads", str(args.threads), "--kv-blocks", str(args.kv_blocks), "--transport", "none", "--insecure"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "UCX_WARN_UNUSED_ENV_VARS": "n"}
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -86,6 +89,7 @@ def spawn_to_serving(args: argparse.Namespace) -> float:
             if SERVING in line:
                 return time.perf_counter() - started
             said.append(line)
+            phases.append((time.perf_counter() - started, line.rstrip().split(" INFO ")[-1][:110]))
         raise RuntimeError(f"pdserve decode exited ({process.wait()}) before serving: {''.join(said[-5:])}")
     finally:
         try:
@@ -111,7 +115,14 @@ def main() -> int:
     assert_same(old, new)
     print(f"load, gguf-py (GGUFReader + gguf.quants): {old_s:6.2f} s")
     print(f"load, pdserve (gguf_file + gguf_dequant): {new_s:6.2f} s   {old_s / new_s:.1f}x faster, same weights")
-    spawns = [spawn_to_serving(args) for _ in range(args.spawns)]
+    phases: list[tuple[float, str]] = []
+    spawns = []
+    for _ in range(args.spawns):
+        phases.clear()
+        spawns.append(spawn_to_serving(args, phases))
+    print("the last start's phases (seconds since the spawn, at each line the worker logged):")
+    for at, said in phases:
+        print(f"  {at:6.2f}  {said}")
     print(f"pdserve decode, spawn to serving:         {statistics.median(spawns):6.2f} s   "
           f"(median of {args.spawns}: {', '.join(f'{s:.2f}' for s in spawns)})")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

@@ -1,6 +1,8 @@
 """Compiles a C source of this package into a shared library once per machine, and loads it.
 
     cache:  $PDSERVE_CACHE_DIR, else $XDG_CACHE_HOME/pdserve, else ~/.cache/pdserve
+    target: -march=$PDSERVE_NATIVE_ARCH, else -march=native (an image built for a fleet names the
+            oldest CPU it runs on, e.g. x86-64-v3 or znver1; the kernels size their tiles to it)
     key:    the source, the compiler's version, the flags and this CPU's features: a library
             built with -march=native for one CPU is never loaded on another
     build:  `$CC` (else cc) in a temporary folder, then renamed into place: workers starting together
@@ -22,7 +24,7 @@ from pathlib import Path
 
 # -ffast-math for the compile only (vectorised expf and sums): linked with it, gcc adds
 # crtfastmath.o, whose constructor flushes denormals to zero for the whole process.
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fPIC", "-std=c11", "-c")
+COMPILE_FLAGS = ("-O3", "-ffast-math", "-fPIC", "-std=c11", "-c")
 LINK_FLAGS = ("-shared",)
 LIBS = ("-lm", "-lpthread")
 COMPILE_TIMEOUT_S = 120
@@ -60,10 +62,14 @@ def cache_dir() -> Path:
 
 def _key(source: Path, compiler: str) -> str:
     digest = hashlib.sha256(source.read_bytes())
-    digest.update(" ".join((*COMPILE_FLAGS, *LINK_FLAGS, *LIBS)).encode())
+    digest.update(" ".join((*_compile_flags(), *LINK_FLAGS, *LIBS)).encode())
     digest.update(_run([compiler, "--version"]).encode())
     digest.update(f"{platform.machine()} {_cpu_features()}".encode())
     return digest.hexdigest()[:16]
+
+
+def _compile_flags() -> tuple[str, ...]:
+    return (f"-march={os.environ.get('PDSERVE_NATIVE_ARCH') or 'native'}", *COMPILE_FLAGS)
 
 
 def _cpu_features() -> str:
@@ -84,7 +90,7 @@ def _compile(compiler: str, source: Path, target: Path) -> None:
         raise NativeBuildError(f"the cache {target.parent} is not writable: {exc}") from exc
     obj, partial = os.path.join(scratch, "kernel.o"), os.path.join(scratch, target.name)
     try:
-        _run([compiler, *COMPILE_FLAGS, "-o", obj, str(source)])
+        _run([compiler, *_compile_flags(), "-o", obj, str(source)])
         _run([compiler, *LINK_FLAGS, "-o", partial, obj, *LIBS])
         os.replace(partial, target)
     finally:

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "bench": "pdserve.cli.bench",
     "simulate": "pdserve.cli.simulate",
     "chaos": "pdserve.cli.chaos",
+    "info": "pdserve.cli.info",
 }
 
 

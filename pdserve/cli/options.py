@@ -33,10 +33,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "with float32 (decode attention read from the KV pool in place by a C kernel built at "
                         "first use), else torch (the reference)")
     g.add_argument("--weight-layout", default=e.weight_layout, choices=WEIGHT_LAYOUTS,
-                   help="auto: on a CPU with float32 weights the projections laid out for oneDNN's GEMM "
-                        "(else MKL's packed panels) for prefill chunks, and products of up to 256 rows (decode "
-                        "steps) from a copy in panels by a C kernel built at first use; each copy takes the "
-                        "weights' memory again; panels: only the latter; dense: neither")
+                   help="auto: on a CPU with float32 weights, for each range of rows the layout this machine "
+                        "measured fastest for the model's projections (dense, oneDNN's or MKL's packing, or "
+                        "panels by a C kernel built at first use), and decode steps fused in one C call up to "
+                        "the batch where that measured faster; measured once, kept beside the kernels "
+                        "(`pdserve info` prints them); each copy takes the weights' memory again; panels: "
+                        "products of up to 256 rows from the panels; dense: no copy")
     g.add_argument("--layer-kernels", default=e.layer_kernels, choices=LAYER_KERNELS,
                    help="the norms, SwiGLU's product and rotary positions; auto: on a CPU with float32 weights "
                         "one C pass over each row (built at first use), else torch (the reference)")

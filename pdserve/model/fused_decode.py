@@ -4,11 +4,12 @@ kernels is what is not reading weights or multiplying.
 
 It serves a pass only where the modules would run exactly these kernels on these rows: every token
 a decode the attention backend's C kernel attends and writes (`native_decode_pass`), at most
-PANEL_MAX_ROWS rows (the projections read their panels), the native layer kernels on every module
-and float32 throughout. It calls the same C functions in the same order on the same weights, so
-its output equals the modules' bit for bit (tests/model/test_fused_decode.py); any other pass runs
-the modules. At batch 1 the modules spent about 5 ms of a 26 ms step of the embedded model between
-the kernels, at batch 64 about 13 ms of 250 (docs/BENCHMARKS.md).
+`max_rows` rows (PANEL_MAX_ROWS, or what the engine measured faster fused than layer by layer),
+the native layer kernels on every module and float32 throughout. It calls the same C functions in
+the same order on the same weights, so its output equals the modules' bit for bit where they read
+the panels too (tests/model/test_fused_decode.py); any other pass runs the modules. At batch 1
+the modules spent about 5 ms of a 26 ms step of the embedded model between the kernels, at batch
+64 about 13 ms of 250 (docs/BENCHMARKS.md).
 
 `fuse_decode(model)` attaches one where the model's layers qualify (after the weight layout and
 the layer kernels are chosen); a deep copy of the model builds its own, over the copy's weights.
@@ -73,16 +74,19 @@ class FusedDecode:
         attention = layers[0].self_attn
         self._layer_kernels: NativeKernels = attention.kernels
         self._panels: RowPanels = attention.qkv_proj.streamed.kernel
+        self.max_rows = PANEL_MAX_ROWS  # passes of up to this many rows (auto measures: engine/decode_probe.py)
 
     def __deepcopy__(self, memo: dict) -> FusedDecode:
         """A copy over the copied layers' own weights (the pointer table names the originals')."""
-        return FusedDecode(self._library, copy.deepcopy(self.layers, memo), self.config)
+        twin = FusedDecode(self._library, copy.deepcopy(self.layers, memo), self.config)
+        twin.max_rows = self.max_rows
+        return twin
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, kv: KVCache,
                 attn: AttentionBackend) -> torch.Tensor | None:
         """x [T, hidden] through every layer, updated in place and returned; None (x untouched)
         where this pass is not one the fused step serves. Called after `attn.begin(batch, kv)`."""
-        native = attn.native_decode_pass() if 0 < x.shape[0] <= PANEL_MAX_ROWS else None
+        native = attn.native_decode_pass() if 0 < x.shape[0] <= self.max_rows else None
         if native is None or not self._fits(x, cos, sin, kv):
             return None
         decode, plan = native
@@ -126,6 +130,10 @@ def _layer(layer: nn.Module) -> _Layer:
                   mlp.gate_up_proj.streamed.panels.data_ptr(), mlp.down_proj.streamed.panels.data_ptr())
 
 
+def _linears(layer: nn.Module) -> tuple[nn.Module, ...]:
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
 def _pointer(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -149,7 +157,7 @@ def fusion_problem(model: nn.Module) -> str | None:
     for layer in layers:
         if any(m.kernels is not kernels for m in layer.modules() if hasattr(m, "kernels")):
             return "the layers' modules do not share one set of native kernels"
-        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        linears = _linears(layer)
         if not all(isinstance(m.streamed, PanelWeight) for m in linears):
             return "the projections are not in panels (--weight-layout auto or panels, on a CPU with float32)"
         tensors = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
@@ -166,7 +174,7 @@ def fuse_decode(model: nn.Module) -> FusedDecode | None:
     if problem is None:
         try:
             model.fused_decode = FusedDecode(load_library(SOURCE), list(model.layers), model.config)
-            log.info("decode steps of up to %d rows: every layer in one C call", PANEL_MAX_ROWS)
+            log.info("decode steps of up to %d rows can run every layer in one C call", model.fused_decode.max_rows)
             return model.fused_decode
         except NativeBuildError as exc:
             problem = str(exc)

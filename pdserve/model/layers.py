@@ -9,8 +9,11 @@ from pdserve.attention.base import AttentionBackend
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.config import ModelConfig
 from pdserve.model.layer_kernels import LayerKernels, TorchKernels
-from pdserve.model.packed_weights import PackedWeight, serves
-from pdserve.model.panel_weights import streams
+from pdserve.model.packed_weights import MIN_PACKED_ROWS, PackedWeight
+from pdserve.model.row_route import DENSE, PACKED, PANELS, RowRoute
+from pdserve.model.panel_weights import PANEL_MAX_ROWS
+
+DEFAULT_ROUTE = RowRoute((PANEL_MAX_ROWS,), (PANELS, PACKED))  # the explicit layouts' (row_route.py)
 
 
 class Linear(nn.Module):
@@ -18,8 +21,8 @@ class Linear(nn.Module):
     the checkpoint's [out, in]. NOTE: on CPU the skinny matmuls of decode steps (a few rows)
     run about twice as fast against this layout; prefill-sized matmuls are unaffected.
     With `packed` set (pdserve/model/weight_layout.py) the product reads a GEMM library's own
-    layout of the weight (oneDNN's or MKL's); with `streamed` set, a product of up to
-    PANEL_MAX_ROWS rows (a decode step) reads the weight in panels (pdserve/model/panel_weights.py)."""
+    layout of the weight (oneDNN's or MKL's); with `streamed` set, from the weight in panels
+    (pdserve/model/panel_weights.py); `route` says which a product of so many rows reads."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -27,14 +30,17 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: PackedWeight | None = None
         self.streamed: PackedWeight | None = None
+        self.route = DEFAULT_ROUTE  # which of the weights a product of so many rows reads (auto: as measured)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x: [T, in] -> [T, out_features], written into `out` where given (a buffer of that shape
         and the weight's dtype, which the caller reuses: the panels and the dense product write
         into it, a packed weight's product is copied there)."""
-        if self.streamed is not None and streams(x.shape[0]):
+        rows = x.shape[0]
+        kind = self.route.kind(rows)
+        if kind == PANELS and self.streamed is not None and rows > 0:
             return self.streamed(x, self.bias, out)
-        if self.packed is not None and serves(x.shape[0]):
+        if kind != DENSE and self.packed is not None and rows >= MIN_PACKED_ROWS:
             y = self.packed(x, self.bias)
             return y if out is None else out.copy_(y)
         if self.bias is None:

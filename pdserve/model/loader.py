@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,8 +19,10 @@ from pdserve.model.hf_loader import load_hf_model
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.model.layer_kernels import apply_layer_kernels
 from pdserve.model.fused_decode import fuse_decode
-from pdserve.model.weight_layout import apply_weight_layout
+from pdserve.model.weight_layout import WeightLayout, apply_weight_layout
 from pdserve.parallel.ranks import Alone, RankGroup
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pdserve.config import EngineConfig
@@ -34,6 +38,7 @@ class LoadedModel:
     model: LlamaForCausalLM
     source_path: Path  # the .gguf file or the checkpoint folder
     ranks: RankGroup = field(default_factory=Alone)
+    layout: WeightLayout = WeightLayout("dense")  # how the projections multiply (load_engine_model chose)
 
 
 def resolve_model_path(path: str | None) -> Path:
@@ -80,10 +85,11 @@ def load_engine_model(config: "EngineConfig") -> LoadedModel:
     if config.tensor_parallel_size == 1:
         dtype = serving_dtype(config.dtype, config.device)
         loaded = load_model(config.model, device=config.device, dtype=dtype)
-        apply_weight_layout(loaded.model, config.weight_layout, config.device, dtype)
+        log.info("read %s: %d layers, %s", loaded.source_path.name, loaded.config.num_layers, dtype)
+        layout = apply_weight_layout(loaded.model, config.weight_layout, config.device, dtype)
         apply_layer_kernels(loaded.model, config.layer_kernels, config.device, dtype)
         fuse_decode(loaded.model)  # where both of the above chose their native kernels
-        return loaded
+        return dataclasses.replace(loaded, layout=layout)
     from pdserve.parallel.leader import start_leader
 
     return start_leader(config)

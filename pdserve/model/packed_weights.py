@@ -48,11 +48,6 @@ class PackedWeight(Protocol):
         """The dense weight's bytes (the packed copy takes about as much again)."""
 
 
-def serves(rows: int) -> bool:
-    """Whether a product of `rows` rows reads the packed weight rather than the dense one."""
-    return rows >= MIN_PACKED_ROWS
-
-
 @dataclass(frozen=True)
 class PackSummary:
     linears: int

@@ -11,7 +11,8 @@ multiply as fast as oneDNN's blocked weight or faster (60 against 40 GFLOP/s at 
 decode step's projections in one layout let the whole step run in C (fused_decode.py); beyond,
 prefill chunks, oneDNN's (pdserve/model/weight_layout.py chooses; docs/BENCHMARKS.md).
 
-    panels[p, i, j] = W[i, 64 p + j]    W: Linear.weight [in, out]; the last panel zero-padded
+    panels[p, i, j] = W[i, P p + j]    W: Linear.weight [in, out]; the last panel zero-padded;
+                                       P: 64 columns where the kernel is built for AVX-512, else 16
 
 Memory: the panels are a copy beside the dense weight (as a GEMM library's packing is).
 """
@@ -29,14 +30,8 @@ from pdserve.attention.native_build import NativeBuildError, function_address, l
 from pdserve.model.packed_weights import probe_problem
 
 SOURCE = Path(__file__).with_name("row_panels.c")
-PANEL = 64  # columns a panel (row_panels.c)
-PANEL_MAX_ROWS = 256  # products of up to this many rows (decode steps) read the panels (measured: docs/BENCHMARKS.md)
+PANEL_MAX_ROWS = 256  # rows `--weight-layout panels` reads them for (auto measures its own: weight_layout.py)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-
-
-def streams(rows: int) -> bool:
-    """Whether a product of `rows` rows reads the panels rather than another layout."""
-    return 0 < rows <= PANEL_MAX_ROWS
 
 
 class RowPanels:
@@ -48,6 +43,10 @@ class RowPanels:
         self._gemm.restype = None
         self._threads = library.pdserve_panels_threads
         self._threads.argtypes, self._threads.restype = [_I] * 4, _I
+        width = library.pdserve_panels_width
+        width.argtypes, width.restype = [], _I
+        self.library_name = Path(library._name).name  # names the source, compiler, flags and CPU it was built for
+        self.width = width()  # columns a panel: what this build's vector registers hold (row_panels.c)
 
     @classmethod
     def load(cls) -> RowPanels:
@@ -70,12 +69,13 @@ class RowPanels:
 
     def pack(self, weight: torch.Tensor) -> PanelWeight:
         """weight: [in, out] float32 on the CPU (Linear's layout, kept as given)."""
-        dense = weight.detach()
+        dense, width = weight.detach(), self.width
         inputs, outputs = dense.shape
-        count = -(-outputs // PANEL)
-        panels = torch.zeros(count * PANEL, inputs, dtype=torch.float32)
-        panels[:outputs] = dense.t()
-        return PanelWeight(panels.view(count, PANEL, inputs).transpose(1, 2).contiguous(), weight, self)
+        count = -(-outputs // width)
+        if outputs % width:  # the last panel zero-padded
+            dense = torch.cat([dense, dense.new_zeros(inputs, count * width - outputs)], dim=1)
+        # one copy of runs of `width` floats: [in, count, width] -> [count, in, width]
+        return PanelWeight(dense.view(inputs, count, width).transpose(0, 1).contiguous(), weight, self)
 
     def multiply(self, x: torch.Tensor, packed: PanelWeight, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, in] float32 (rows may be strided) -> [T, out], written into `out` where given (a
@@ -98,7 +98,7 @@ class RowPanels:
 
 @dataclass(frozen=True)
 class PanelWeight:
-    """One projection's weight in panels [ceil(out / 64), in, 64]."""
+    """One projection's weight in panels [ceil(out / P), in, P] (P: the kernel's width)."""
 
     panels: torch.Tensor
     weight: torch.Tensor  # [in, out], the Linear's parameter (a deep copy packs its copy)

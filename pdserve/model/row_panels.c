@@ -2,12 +2,20 @@
  *
  *   y[t, c] = sum_i x[t, i] * W[i, c]    for t < rows, c < out
  *
- * with W [in, out] packed once at load as panels[p][i][j] = W[i, 64 p + j] (64 columns a panel,
- * the last one zero-padded). A panel is read front to back, one row of 64 columns (four vectors)
- * after another, so the whole weight is one sequential stream: a row's product is bound by how
- * fast memory delivers the weight, and every row of a tile (up to ROW_TILE rows) reuses each vector
- * while it is in registers; the next tiles of rows read the same panel again, from the cache, so
- * many rows are bound by the FMA units instead.
+ * with W [in, out] packed once at load as panels[p][i][j] = W[i, PANEL p + j] (PANEL columns a
+ * panel, the last one zero-padded). A panel is read front to back, one row of PANEL columns after
+ * another, so the whole weight is one sequential stream: a row's product is bound by how fast memory
+ * delivers the weight, and every row of a tile (up to ROW_TILE rows) reuses each vector while it is
+ * in registers; the next tiles of rows read the same panel again, from the cache, so many rows are
+ * bound by the FMA units instead.
+ *
+ * The tile fits the register file of the instruction set this file is compiled for (-march):
+ *
+ *   AVX-512 (32 registers of 16 floats): PANEL 64 = 4 vectors, 6 rows: 24 sums + 4 weights
+ *   otherwise (AVX2: 16 registers of 8):  PANEL 16 = 2 vectors, 6 rows: 12 sums + 2 weights + x
+ *
+ * (a 64-column tile of 24 sums on AVX2 spills to the stack, and ran at a tenth of the dense
+ * product's rate on a znver1 EPYC). pdserve_panels_width() tells the packer which.
  *
  * x's rows may be strided (`x_stride` floats from one row's start to the next); y is [rows, out]
  * contiguous. The (panel, row tile) grid is split over up to `limit` POSIX threads where the product
@@ -19,13 +27,20 @@
 #include <stdint.h>
 #include <string.h>
 
-#define PANEL 64   /* columns a panel: four vectors of 16 floats */
-#define ROW_TILE 6 /* rows a pass: 6 x 4 accumulators and the 4 vectors read fit 32 registers */
+#ifdef __AVX512F__
+#define VEC 16  /* floats a vector register */
+#define VECS 4  /* vectors a panel row */
+#else
+#define VEC 8
+#define VECS 2
+#endif
+#define PANEL (VEC * VECS) /* columns a panel */
+#define ROW_TILE 6         /* rows a pass */
 /* a product is split over threads where it takes long enough for a thread's start to pay: */
 #define THREADED_FLOATS (1 << 20) /* a weight of 4 MB, read from memory (one or a few rows) */
 #define THREADED_MACS (8 << 20)   /* or this many multiply-adds (many rows) */
 
-typedef float vec __attribute__((vector_size(64)));
+typedef float vec __attribute__((vector_size(VEC * sizeof(float))));
 
 static inline vec load(const float *p) {
     vec v;
@@ -37,15 +52,13 @@ static inline vec load(const float *p) {
 #define PANEL_ROWS(ROWS)                                                                          \
     static void panel_##ROWS(const float *x, int64_t x_stride, const float *panel, int64_t in,   \
                              float *y, int64_t out, int64_t cols) {                              \
-        vec acc[ROWS][4] = {{{0}}};                                                               \
+        vec acc[ROWS][VECS] = {{{0}}};                                                            \
         for (int64_t i = 0; i < in; i++, panel += PANEL) {                                        \
-            vec w0 = load(panel), w1 = load(panel + 16), w2 = load(panel + 32), w3 = load(panel + 48); \
+            vec w[VECS];                                                                          \
+            for (int v = 0; v < VECS; v++) w[v] = load(panel + v * VEC);                          \
             for (int r = 0; r < ROWS; r++) {                                                      \
                 float a = x[r * x_stride + i];                                                    \
-                acc[r][0] += a * w0;                                                              \
-                acc[r][1] += a * w1;                                                              \
-                acc[r][2] += a * w2;                                                              \
-                acc[r][3] += a * w3;                                                              \
+                for (int v = 0; v < VECS; v++) acc[r][v] += a * w[v];                             \
             }                                                                                     \
         }                                                                                         \
         for (int r = 0; r < ROWS; r++) {                                                          \
@@ -64,6 +77,9 @@ PANEL_ROWS(6)
 
 typedef void (*PanelRows)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t);
 static const PanelRows BY_ROWS[ROW_TILE + 1] = {0, panel_1, panel_2, panel_3, panel_4, panel_5, panel_6};
+
+/* The columns of a panel as this build lays them out (the packer asks). */
+int64_t pdserve_panels_width(void) { return PANEL; }
 
 typedef struct {
     const float *x, *panels;

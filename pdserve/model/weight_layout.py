@@ -6,26 +6,35 @@ for and what stops each packing here (`problems`), then the packing itself.
     mkl:    MKL's pre-packed panels beside it (CPU float32; pdserve/model/mkl_weights.py)
     panels: products of up to PANEL_MAX_ROWS rows (decode steps) from the weight in panels, by
             a C kernel (CPU float32; pdserve/model/panel_weights.py); more rows dense
-    auto:   the panels for decode steps where they build, and for more rows (prefill chunks) the
-            first packing of PACKINGS that nothing stops here, else dense
+    auto:   what this machine measured fastest for the model's projections (product_probe.py,
+            cached per machine): at each range of row counts the fastest of dense, the panels and
+            the one packing of PACKINGS kept (the fastest that nothing stops here); the panels
+            held for the fused decode step wherever they build
 
-The choice is a `WeightLayout`: the layout of products of many rows, and of few (up to
-PANEL_MAX_ROWS).
+The choice is a `WeightLayout`: the packing the projections hold a copy in, whether they hold
+one in panels too, and the route by row count between those and the dense weight (row_route.py).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from pdserve.model.layers import Linear
+from pdserve.measurements import measured
+from pdserve.model.layers import DEFAULT_ROUTE, Linear
 from pdserve.model.mkl_weights import MklPanels
 from pdserve.model.onednn_weights import OneDnnWeight
-from pdserve.model.packed_weights import PackedWeight, PackSummary
-from pdserve.model.panel_weights import PANEL_MAX_ROWS, RowPanels, load_row_panels
+from pdserve.model.packed_weights import MIN_PACKED_ROWS, PackedWeight, PackSummary
+from pdserve.model.panel_weights import RowPanels, load_row_panels
+from pdserve.model.product_probe import ProductRates, dense, probe_products, shape_counts
+from pdserve.model.row_route import DENSE, PACKED, RowRoute
+from pdserve.model.row_route import PANELS as PANEL_ROUTE
 
 # the packings in the order `auto` prefers them (measured: docs/BENCHMARKS.md, "oneDNN weights and a segment kernel")
 PACKINGS: dict[str, type[PackedWeight]] = {"onednn": OneDnnWeight, "mkl": MklPanels}
@@ -41,26 +50,91 @@ class WeightLayoutUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class WeightLayout:
-    many_rows: str  # a packing of PACKINGS, or dense
-    few_rows: str | None = None  # PANELS for products of up to PANEL_MAX_ROWS rows, or None (as many_rows)
+    many_rows: str  # the packing of PACKINGS the projections hold a copy in, or dense
+    few_rows: str | None = None  # PANELS: the projections hold a copy in panels too (None: not)
+    route: RowRoute = DEFAULT_ROUTE  # which copy a product of so many rows reads (row_route.py)
+    rates: ProductRates | None = field(default=None, compare=False)  # what auto chose it by (measured here)
 
     def __str__(self) -> str:
-        if self.few_rows is None:
-            return self.many_rows
-        return f"{self.few_rows} up to {PANEL_MAX_ROWS} rows, {self.many_rows} beyond"
+        """e.g. "panels up to 4 rows, mkl up to 16, dense up to 64, mkl beyond"; "onednn"; "dense"."""
+        names: list[tuple[int | None, str]] = []
+        for bound, kind in self.route.segments():
+            name = self._name(kind)
+            if names and names[-1][1] == name:
+                names.pop()
+            names.append((bound, name))
+        parts = [f"{name} up to {bound}" + (" rows" if i == 0 else "") for i, (bound, name) in enumerate(names[:-1])]
+        parts.append(f"{names[-1][1]} beyond" if parts else names[-1][1])
+        if self.few_rows is not None and all(name != self.few_rows for _, name in names):
+            parts.append(f"{self.few_rows} for fused decode steps only")
+        return ", ".join(parts)
+
+    def _name(self, kind: str) -> str:
+        if kind == PANEL_ROUTE and self.few_rows is not None:
+            return self.few_rows
+        return self.many_rows if kind != DENSE else "dense"
 
 
-def choose_weight_layout(name: str, problems: dict[str, str | None]) -> WeightLayout:
-    """`problems`: packing (of PACKINGS, or PANELS) -> why it cannot run here (None: it can).
-    Raises ValueError for an unknown name, WeightLayoutUnavailable for a packing with a problem."""
+def choose_weight_layout(name: str, problems: dict[str, str | None], rates: ProductRates | None = None) -> WeightLayout:
+    """`problems`: packing (of PACKINGS, or PANELS) -> why it cannot run here (None: it can);
+    `rates`: what `auto` chooses by (the layouts with no problem, measured here), else auto takes
+    the first layout nothing stops. Raises ValueError for an unknown name, WeightLayoutUnavailable
+    for a packing with a problem."""
     if name not in WEIGHT_LAYOUTS:
         raise ValueError(f"unknown weight layout {name!r}; choose one of {', '.join(WEIGHT_LAYOUTS)}")
+    if name == "auto" and rates is not None:
+        return replace(fastest_layout(rates), rates=rates)
     if name == "auto":
         many = next((packing for packing in PACKINGS if problems.get(packing) is None), "dense")
         return WeightLayout(many, None if problems.get(PANELS) else PANELS)
     if problem := problems.get(name):
         raise WeightLayoutUnavailable(f"{name} weights unavailable: {problem}; use --weight-layout dense")
     return WeightLayout("dense", PANELS) if name == PANELS else WeightLayout(name)
+
+
+def fastest_layout(rates: ProductRates) -> WeightLayout:
+    """At each probed row count the fastest of dense, the panels and the one packing kept (the
+    packing fastest over every probe of two rows or more, where it beat dense at one); the
+    panels held wherever measured, for the fused decode step (pdserve/engine/decode_probe.py)."""
+    packing = _kept_packing(rates)
+    kinds = []
+    for i, rows in enumerate(rates.rows):
+        candidates = {DENSE: rates.seconds["dense"][i]}
+        if PANELS in rates.seconds:
+            candidates[PANEL_ROUTE] = rates.seconds[PANELS][i]
+        if packing is not None and rows >= MIN_PACKED_ROWS:
+            candidates[PACKED] = rates.seconds[packing][i]
+        kinds.append(min(candidates, key=candidates.get))
+    route = RowRoute.by_probes(rates.rows, kinds)
+    many = packing if packing is not None and PACKED in kinds else "dense"
+    return WeightLayout(many, PANELS if PANELS in rates.seconds else None, route)
+
+
+def _kept_packing(rates: ProductRates) -> str | None:
+    probes = [i for i, rows in enumerate(rates.rows) if rows >= MIN_PACKED_ROWS]
+    packings = [name for name in rates.seconds if name in PACKINGS]
+    if not packings or not probes:
+        return None
+    best = min(packings, key=lambda name: sum(rates.seconds[name][i] for i in probes))
+    return best if any(rates.seconds[best][i] < rates.seconds["dense"][i] for i in probes) else None
+
+
+def measure_products(model: nn.Module, problems: dict[str, str | None], panels: RowPanels | None) -> ProductRates:
+    """The rates of dense and of every layout nothing stops here, for `model`'s projection shapes
+    on torch's threads now: from this machine's cache, else probed now (about a second) and kept."""
+    layouts = {"dense": dense, **{name: p.pack for name, p in PACKINGS.items() if problems.get(name) is None}}
+    if panels is not None:
+        layouts[PANELS] = panels.pack
+    layers = getattr(model, "layers", None) or model
+    shapes = shape_counts(m.weight for m in layers.modules() if isinstance(m, Linear))
+    depends_on = {"shapes": sorted(shapes.items()), "layouts": sorted(layouts), "threads": torch.get_num_threads(),
+                  "panels": panels.library_name if panels is not None else None}
+
+    def probe() -> dict:
+        log.info("measuring the projections' layouts on this machine (once; kept beside the kernels)")
+        return probe_products(shapes, layouts).to_json()
+
+    return ProductRates.from_json(measured("products", depends_on, probe))
 
 
 def packing_problems(device: str | torch.device, dtype: torch.dtype) -> dict[str, str | None]:
@@ -74,32 +148,46 @@ def apply_weight_layout(model: nn.Module, name: str, device: str | torch.device,
         return WeightLayout("dense")
     problems = packing_problems(device, dtype) if name != PANELS else {}
     panels, problems[PANELS] = load_row_panels(device, dtype) if name in ("auto", PANELS) else (None, None)
-    layout = choose_weight_layout(name, problems)
+    rates = measure_products(model, problems, panels) if name == "auto" and _measurable(model, problems) else None
+    layout = choose_weight_layout(name, problems, rates)
     if layout.many_rows != "dense":
-        summary = pack_linears(model, PACKINGS[layout.many_rows])
+        summary = pack_linears(model, PACKINGS[layout.many_rows], layout.route)
         log.info("packed %d projections (%.0f MB) as %s weights", summary.linears, summary.nbytes / 1e6,
                  layout.many_rows)
     if layout.few_rows == PANELS:
-        summary = stream_linears(model, panels)
-        log.info("packed %d projections (%.0f MB) in panels for products of up to %d rows", summary.linears,
-                 summary.nbytes / 1e6, PANEL_MAX_ROWS)
+        summary = stream_linears(model, panels, layout.route)
+        log.info("packed %d projections (%.0f MB) in panels", summary.linears, summary.nbytes / 1e6)
     elif name == "auto" and torch.device(device).type == "cpu" and dtype == torch.float32:
         log.info("no panels for decode steps: %s", problems[PANELS])
+    log.info("projections: %s%s", layout, " (measured on this machine)" if rates is not None else "")
     return layout
 
 
-def pack_linears(model: nn.Module, packing: type[PackedWeight]) -> PackSummary:
-    """Packs every Linear of `model` with `packing`; each then multiplies from its packed weight."""
+def pack_linears(model: nn.Module, packing: type[PackedWeight], route: RowRoute = DEFAULT_ROUTE) -> PackSummary:
+    """Packs every Linear of `model` with `packing`; each then multiplies from its packed weight
+    where `route` says."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    for linear in linears:
-        linear.packed = packing.pack(linear.weight)
+    for linear, packed in zip(linears, _packed(packing.pack, linears)):
+        linear.packed, linear.route = packed, route
     return PackSummary(len(linears), sum(m.packed.nbytes for m in linears))
 
 
-def stream_linears(model: nn.Module, panels: RowPanels) -> PackSummary:
-    """Packs every Linear of `model` in panels; each then multiplies up to PANEL_MAX_ROWS rows from
-    them."""
+def stream_linears(model: nn.Module, panels: RowPanels, route: RowRoute = DEFAULT_ROUTE) -> PackSummary:
+    """Packs every Linear of `model` in panels; each then multiplies from them where `route` says
+    (by default up to PANEL_MAX_ROWS rows)."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    for linear in linears:
-        linear.streamed = panels.pack(linear.weight)
+    for linear, packed in zip(linears, _packed(panels.pack, linears)):
+        linear.streamed, linear.route = packed, route
     return PackSummary(len(linears), sum(m.streamed.nbytes for m in linears))
+
+
+def _packed(pack: Callable[[torch.Tensor], PackedWeight], linears: list[Linear]) -> list[PackedWeight]:
+    """Each linear's weight packed, on every core (torch's copies and the libraries' packing release
+    the GIL; a worker packs before it serves, when nothing else runs)."""
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda linear: pack(linear.weight), linears))
+
+
+def _measurable(model: nn.Module, problems: dict[str, str | None]) -> bool:
+    """Whether there is a layout besides dense to measure, and a projection to measure it on."""
+    return any(problem is None for problem in problems.values()) and any(isinstance(m, Linear) for m in model.modules())

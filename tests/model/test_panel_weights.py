@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from pdserve.model.layers import Linear
-from pdserve.model.panel_weights import PANEL_MAX_ROWS, RowPanels, load_row_panels, streams
+from pdserve.model.panel_weights import PANEL_MAX_ROWS, RowPanels, load_row_panels
+from pdserve.model.row_route import DENSE, RowRoute
+from pdserve.model.row_route import PANELS as PANELS_KIND
 from pdserve.model.weight_layout import (PANELS, WeightLayout, WeightLayoutUnavailable, apply_weight_layout,
                                          stream_linears)
 from tests.model.test_layer_kernels import built
@@ -38,12 +40,14 @@ def test_the_product_equals_the_dense_one(panels, rows, inputs, outputs):
     torch.testing.assert_close(panels.pack(weight)(x, None), dense(x, weight), rtol=1e-5, atol=1e-4)
 
 
-def test_the_panels_hold_the_weight_by_columns_of_64_and_pad_the_last(panels):
-    weight = torch.arange(3 * 70, dtype=torch.float32).view(3, 70)
+def test_the_panels_hold_the_weight_by_columns_of_the_kernels_width_and_pad_the_last(panels):
+    width = panels.width
+    assert width in (16, 64)  # AVX-512 builds 64 columns a panel, other instruction sets 16
+    weight = torch.arange(3 * (width + 6), dtype=torch.float32).view(3, width + 6)
     packed = panels.pack(weight)
-    assert packed.panels.shape == (2, 3, 64)
-    assert torch.equal(packed.panels[0], weight[:, :64])
-    assert torch.equal(packed.panels[1, :, :6], weight[:, 64:])
+    assert packed.panels.shape == (2, 3, width)
+    assert torch.equal(packed.panels[0], weight[:, :width])
+    assert torch.equal(packed.panels[1, :, :6], weight[:, width:])
     assert not packed.panels[1, :, 6:].any()
 
 
@@ -112,7 +116,7 @@ def test_a_large_product_splits_over_threads_with_the_same_result(panels, rows, 
 def test_a_product_is_threaded_by_its_weight_or_its_multiply_adds(panels):
     assert panels.threads(1, 1024, 1024, 4) == 4 and panels.threads(1, 1024, 1023, 4) == 1  # 4 MB of weight
     assert panels.threads(32, 512, 512, 4) == 4 and panels.threads(31, 512, 512, 4) == 1  # 8M multiply-adds
-    assert panels.threads(1, 1024, 1024, 64) == 16  # no more threads than (panel, row tile) pairs
+    assert panels.threads(1, 1024, 1024, 4096) == 1024 // panels.width  # no more threads than (panel, row tile) pairs
     assert panels.threads(1, 1024, 1024, 0) == 1
 
 
@@ -132,7 +136,10 @@ def test_a_linear_reads_the_panels_up_to_their_row_limit_only():
     for rows in (1, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1, 2 * PANEL_MAX_ROWS):
         linear(torch.randn(rows, 8))
     assert spy.rows == [1, PANEL_MAX_ROWS]
-    assert not streams(0) and streams(1) and not streams(PANEL_MAX_ROWS + 1)
+    linear.route = RowRoute((1, 16), (PANELS_KIND, DENSE, PANELS_KIND))  # a route auto measured here
+    for rows in (1, 2, 16, 17, 500):
+        linear(torch.randn(rows, 8))
+    assert spy.rows == [1, PANEL_MAX_ROWS, 1, 17, 500]
 
 
 def test_a_copied_model_packs_its_own_weight(panels):
