@@ -1,5 +1,5 @@
-"""2 prefill + 2 decode workers with tiny KV pools: preemption of both kinds through the service,
-and 100 random cancellations that must leave no block behind."""
+"""2 prefill + 2 decode workers with tiny KV pools: preemption through the service, each decode
+worker's of its own kind, and 100 random cancellations that must leave no block behind."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import concurrent.futures
 import os
 import random
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions
+from pdserve.config import CacheConfig
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_stats import worker_stats
@@ -20,12 +23,16 @@ from tests.helpers.worker_stats import worker_stats
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 COMMON = ["--port", "0", "--threads", "1", "--token-budget", "256", "--max-chunk-tokens", "64"]
-# decode-0 always swaps, decode-1 always recomputes; 20 blocks = 320 tokens each
-DECODE = {"decode-0": ["--kv-blocks", "20", "--host-kv-blocks", "64", "--recompute-below-tokens", "0",
-                       "--swap-above-tokens", "0"],
-          "decode-1": ["--kv-blocks", "20", "--host-kv-blocks", "64", "--recompute-below-tokens", "100000"]}
-PROMPTS = [f"Tell me a long story about the city number {i} and its people." for i in range(6)]
-MAX_TOKENS = 100
+KV_BLOCKS = 20  # each decode worker's --kv-blocks
+BLOCK_TOKENS = CacheConfig().block_size  # the workers' default
+PROMPTS = [f"Tell me a long story about the city number {i}: its streets, its markets, its rivers and the people "
+           "who live there." for i in range(6)]
+HOST_BLOCKS = len(PROMPTS) * KV_BLOCKS  # decode-0's host pool: room for every stream swapped out at once
+# decode-0 always swaps (its host pool never runs out), decode-1 always recomputes
+DECODE = {"decode-0": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", str(HOST_BLOCKS),
+                       "--recompute-below-tokens", "0", "--swap-above-tokens", "0"],
+          "decode-1": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "64", "--recompute-below-tokens", "100000"]}
+MODE = {"decode-0": "swap", "decode-1": "recompute"}
 
 
 @pytest.fixture(scope="module")
@@ -34,38 +41,86 @@ def cluster():
     secured = cluster_flags(sup.workdir)
     try:
         prefill = [sup.spawn(f"prefill-{i}", ["prefill", *COMMON, "--kv-blocks", "256", *secured]) for i in range(2)]
-        decode = [sup.spawn(name, ["decode", *COMMON, *flags, *secured]) for name, flags in DECODE.items()]
+        decode = {name: sup.spawn(name, ["decode", *COMMON, *flags, "--metrics-port", "0", *secured])
+                  for name, flags in DECODE.items()}
         p = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in prefill]
-        d = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in decode]
+        d = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in decode.values()]
         router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", ",".join(p),
                                       "--decode-workers", ",".join(d), "--kv-timeout", "10", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(target, 60)
         with Client(target, ClientOptions(timeout_s=600)) as client:
-            yield {"client": client, "prefill": p, "decode": d}
+            yield {"client": client, "prefill": p, "decode": d,
+                   "metrics_ports": {name: c.metrics_port for name, c in decode.items()}}
     finally:
         sup.stop()
 
 
 @pytest.fixture(scope="module")
-def reference(reference_llm):
+def long_streams(reference_llm):
+    """Every stream's tokens and the greedy reference. Each stream ends holding all but one block
+    of a decode pool, and holds at least two from its start, so no two of them fit one pool to
+    their ends: a decode worker that admits a second stream while the first still runs (below
+    its last two blocks, all the admission watermark leaves it) must preempt one of them, by
+    arithmetic, however fast or slow it decodes."""
     from pdserve.requests import SamplingParams
 
-    return [c.token_ids for c in reference_llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                                                ignore_eos=True))]
+    prompts = [reference_llm.encode(p) for p in PROMPTS]
+    # a stream's KV at its end: its prompt and every output but the last
+    max_tokens = (KV_BLOCKS - 1) * BLOCK_TOKENS - max(map(len, prompts)) + 1
+    final = [-(-(len(p) + max_tokens - 1) // BLOCK_TOKENS) for p in prompts]
+    first = [-(-len(p) // BLOCK_TOKENS) for p in prompts]
+    assert max(final) < KV_BLOCKS  # one stream alone fits a pool
+    assert min(final) + min(first) > KV_BLOCKS  # two on one pool do not
+    assert HOST_BLOCKS >= sum(final)  # decode-0 never lacks host blocks to swap into
+    expected = reference_llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    return {"prompts": prompts, "max_tokens": max_tokens, "expected": [c.token_ids for c in expected]}
 
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
-def test_preemption_of_both_kinds_keeps_greedy_outputs_identical(cluster, reference):
-    client = cluster["client"]
+def test_preemption_keeps_greedy_outputs_identical_and_each_worker_preempts_its_own_way(cluster, long_streams):
+    """The six streams are sent together to two decode workers: at least three share one, and
+    each is hundreds of decode steps long, so that worker holds two at once and must preempt.
+    Which worker serves which stream is the router's choice, so only each worker's kind is
+    checked: decode-0 swaps, decode-1 recomputes, whichever streams they got."""
+    client, before = cluster["client"], _preemptions_by_worker(cluster)
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        results = list(pool.map(lambda p: client.generate(p, max_tokens=MAX_TOKENS, **GREEDY), PROMPTS))
-    for result, expected in zip(results, reference):
+        results = list(pool.map(lambda p: client.generate(p, max_tokens=long_streams["max_tokens"], **GREEDY),
+                                PROMPTS))
+    for result, prompt, expected in zip(results, long_streams["prompts"], long_streams["expected"]):
+        assert result.usage.prompt_tokens == len(prompt)
         assert tuple(result.token_ids) == tuple(expected)
-    assert sum(r.usage.preemptions for r in results) >= 2
+    usages = [r.usage for r in results]
+    assert sum(u.preemptions for u in usages) >= 1
+    for u in usages:  # each stream decoded on one worker: its preemptions are of that worker's kind
+        assert u.swap_preemptions + u.recompute_preemptions == u.preemptions
+        assert not (u.swap_preemptions and u.recompute_preemptions), u
+    counted = {"swap": sum(u.swap_preemptions for u in usages),
+               "recompute": sum(u.recompute_preemptions for u in usages)}
+
+    def by_worker() -> dict[str, dict[str, float]]:
+        after = _preemptions_by_worker(cluster)
+        return {name: {mode: after[name][mode] - before[name][mode] for mode in MODE.values()} for name in MODE}
+
+    wait_until(lambda: {mode: sum(d[mode] for d in by_worker().values()) for mode in MODE.values()} == counted, 30,
+               f"the decode workers' preemption counters at the streams' {counted}")
+    print(f"preemptions by decode worker: {by_worker()}")
+    for name, modes in by_worker().items():
+        assert all(n == 0 for mode, n in modes.items() if mode != MODE[name]), (name, modes)
     assert _active_blocks(cluster) == [0, 0, 0, 0]
+
+
+def _preemptions_by_worker(cluster) -> dict[str, dict[str, float]]:
+    """pdserve_preemptions_total by mode, on each decode worker's /metrics."""
+    found = {}
+    for name, port in cluster["metrics_ports"].items():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        samples = {s.labels.get("mode"): s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "pdserve_preemptions_total"}
+        found[name] = {mode: samples.get(mode, 0.0) for mode in MODE.values()}
+    return found
 
 
 def test_hundred_random_cancellations_leave_no_active_block(cluster):
