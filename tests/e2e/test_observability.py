@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdserve.cli.supervisor import Supervisor
 from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions
+from pdserve.config import CacheConfig
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.otlp_receivers import GrpcReceiver
 from tests.helpers.waiting import wait_for, wait_until
@@ -25,6 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
+DECODE_BLOCKS = 20  # the decode worker's --kv-blocks
+BLOCK_TOKENS = CacheConfig().block_size  # the workers' default
 
 
 def _free_port() -> int:
@@ -62,7 +65,7 @@ def traced(collector):
     common = ["--port", "0", "--metrics-port", "0", "--otlp-traces-endpoint", endpoint, *cluster_flags(sup.workdir)]
     engine = ["--threads", "1", "--token-budget", "256", "--max-chunk-tokens", "64", "--host-kv-blocks", "64"]
     try:
-        decode = sup.spawn("decode", ["decode", *common, *engine, "--kv-blocks", "40"])
+        decode = sup.spawn("decode", ["decode", *common, *engine, "--kv-blocks", str(DECODE_BLOCKS)])
         prefill = sup.spawn("prefill", ["prefill", *common, *engine, "--kv-blocks", "128"])
         d, p = sup.wait_ready(decode, 240), sup.wait_ready(prefill, 240)
         router = sup.spawn("router", ["router", *common, "--prefill-workers", f"127.0.0.1:{p}",
@@ -126,9 +129,21 @@ def test_one_trace_across_three_services_under_the_client_span(traced):
 
 
 def test_forced_preemption_shows_as_an_event_with_its_mode(traced):
-    prompts = [f"Story number {i}: once upon a time there was a lighthouse keeper who" for i in range(4)]
+    """Four streams on the one decode worker, each ending with all but one block of its pool and
+    holding two from its start: no two fit the pool to their ends, so once the worker admits a
+    second while the first runs it must preempt, however fast or slow it decodes."""
+    from pdserve.tokenizer import load_tokenizer
+
+    prompts = [f"Story number {i}: once upon a time, in a town by the sea, there was a lighthouse keeper who"
+               for i in range(4)]
+    lengths = [len(load_tokenizer(None).encode(p)) for p in prompts]
+    max_tokens = (DECODE_BLOCKS - 1) * BLOCK_TOKENS - max(lengths) + 1  # KV at the end: prompt, outputs but one
+    final = [-(-(n + max_tokens - 1) // BLOCK_TOKENS) for n in lengths]
+    assert max(final) < DECODE_BLOCKS and min(final) + min(-(-n // BLOCK_TOKENS) for n in lengths) > DECODE_BLOCKS
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda t: traced["client"].generate(t, max_tokens=150, **GREEDY), prompts))
+        results = list(pool.map(lambda t: traced["client"].generate(t, max_tokens=max_tokens, **GREEDY), prompts))
+    assert [r.usage.prompt_tokens for r in results] == lengths
+    assert all(len(r.token_ids) == max_tokens for r in results)
     assert sum(r.usage.preemptions for r in results) > 0
     events = wait_for(lambda: [e for s in traced["receiver"].sink.spans if s.name == "pdserve.decode"
                                for e in s.events if e[0] == "preemption"], 20, "a preemption event on a decode span")
