@@ -31,12 +31,15 @@ class Outcome(enum.Enum):
 
 @dataclass
 class FaultRecord:
-    """Times are Unix times; None while the fault has not started or ended."""
+    """Times are Unix times; None while the fault has not started or ended. `due_at`: when its time
+    came while the load ran (from then on it is injected, once its turn comes); None while not due,
+    or when skipped."""
 
     fault: Fault
     outcome: Outcome = Outcome.PENDING
     started_at: float | None = None
     ended_at: float | None = None
+    due_at: float | None = None
 
 
 class Injector:
@@ -80,6 +83,7 @@ class Injector:
         if self._load_done.wait(max(0.0, self.t0 + fault.at_s - time.time())):
             record.outcome = Outcome.SKIPPED
             return
+        record.due_at = time.time()
         with self._busy[fault.target], self._down[role_of(fault.target)]:
             record.started_at = time.time()
             record.outcome = self._inject(fault)
