@@ -20,10 +20,19 @@ def test_zero_means_every_worker_answered_zero_or_is_gone_through_a_restart():
 
 
 def test_the_time_counts_from_the_loads_end_until_the_poll_that_saw_all_zero():
-    polls = iter([answers(d=4), answers(d=1), answers(d=0)])
+    polls, zero_seen = iter([answers(d=4), answers(d=1), answers(d=0)]), []
+
+    def poll() -> tuple[WorkerBlocks, ...]:
+        answer = next(polls)
+        if all_zero(answer):
+            zero_seen.append(time.time())
+        return answer
+
     since = time.time()
-    drain = wait_zero(lambda: next(polls), since, limit_s=10.0, every_s=0.05)
-    assert drain.zero_after_s is not None and 0.1 <= drain.zero_after_s < 5.0
+    drain = wait_zero(poll, since, limit_s=10.0, every_s=0.05)
+    returned = time.time()
+    assert drain.zero_after_s is not None and drain.zero_after_s >= 0.1  # two pauses before the third poll
+    assert zero_seen[0] - since <= drain.zero_after_s <= returned - since  # that poll's time, however slow
     assert drain.describe().endswith(" s")
 
 
@@ -35,6 +44,13 @@ def test_blocks_still_held_at_the_limit_are_reported_by_worker():
 
 
 def test_a_worker_excused_while_restarting_does_not_hold_up_the_others():
-    restarting = {"decode-1"}
-    drain = wait_zero(lambda: answers(decode_0=0, decode_1=None), time.time(), 5.0, lambda: restarting)
-    assert drain.zero_after_s is not None and drain.zero_after_s < 1.0
+    restarting, polled = {"decode-1"}, []
+
+    def poll() -> tuple[WorkerBlocks, ...]:
+        polled.append(time.time())
+        return answers(decode_0=0, decode_1=None)
+
+    since = time.time()
+    drain = wait_zero(poll, since, 5.0, lambda: restarting)
+    assert len(polled) == 1  # its first poll ended the wait
+    assert drain.zero_after_s is not None and polled[0] - since <= drain.zero_after_s <= time.time() - since
