@@ -5,6 +5,8 @@ turning its refusals into PeerFault). `Pair.serve` plays the router's part for o
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from decode_service.worker import DecodeJob, DecodeWorker
@@ -58,6 +60,18 @@ def start_engine(loaded, hold_blocks: bool, num_blocks: int = 64, token_budget: 
 
 def active(engine: AsyncEngine) -> int:
     return engine.engine.scheduler.stats().kv.active
+
+
+def block_until(engine: AsyncEngine, check: Callable[[Engine], bool], timeout_s: float = 30.0) -> None:
+    """Blocks this thread, the event loop's, until `check(engine)` holds under the engine's lock:
+    whatever the engine thread did meanwhile (add, reserve, prefill) the loop hears of afterwards."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with engine.engine.lock:
+            if check(engine.engine):
+                return
+        assert time.monotonic() < deadline, "the engine never reached the state waited for"
+        time.sleep(0.005)
 
 
 async def settle(engine: AsyncEngine, timeout_s: float = 10.0) -> int:

@@ -2,7 +2,6 @@
 cancelled open, and step results of an earlier request under the same id never reach a later one."""
 
 import asyncio
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ from pdserve.requests import Priority
 from pdserve.transfer import InProcessFabric, TransferTimeout, make_transport
 from pdserve.worker.events import Reserved
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
-from tests.worker.pair import GREEDY, make_pair, settle, start_engine
+from tests.worker.pair import GREEDY, block_until, make_pair, settle, start_engine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,7 +70,8 @@ def test_an_open_cancelled_after_the_engine_added_the_request_aborts_it(tiny_lla
         try:
             task = asyncio.ensure_future(pair.decode.open(pair.job("cut", PROMPT)))
             await asyncio.sleep(0)  # open() queued its add and waits for it
-            time.sleep(0.5)  # NOTE: blocks the loop: the engine adds and reserves, the reply waits here
+            # NOTE: blocks the loop: the engine adds and reserves, the reply waits here
+            block_until(pair.decode_engine, lambda e: e.scheduler.kv.has_blocks("cut"))
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -94,7 +94,7 @@ def test_a_reservation_of_an_earlier_request_never_reaches_a_later_one_with_its_
         decode = DecodeWorker(engine, receiver, Leases())
         try:
             first = await decode.open(_job("same", PROMPT))
-            await asyncio.sleep(0.1)  # the engine reserves 10 blocks; the loop hears of it later
+            block_until(engine, lambda e: e.scheduler.kv.has_blocks("same"))  # reserved; the loop hears of it later
             decode.close(first)
             second = await decode.open(_job("same", PROMPT[:8]))
             events = second.events()

@@ -2,7 +2,6 @@
 failures towards the decode worker are the decode worker's (PeerFault)."""
 
 import asyncio
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ from pdserve.worker.events import ChunkDone, PrefillDone
 from pdserve.worker.errors import PeerFault
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
-from tests.worker.pair import BLOCK, GREEDY, settle, start_engine
+from tests.worker.pair import BLOCK, GREEDY, block_until, settle, start_engine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -154,7 +153,9 @@ def test_an_open_cancelled_after_the_engine_added_the_request_aborts_it(tiny_lla
         try:
             task = asyncio.ensure_future(_open(worker, "cut", LONG))
             await asyncio.sleep(0)
-            time.sleep(0.3)  # NOTE: blocks the loop: the engine adds and prefills, the reply waits here
+            # NOTE: blocks the loop: the engine adds and prefills (it is live there, or finished with
+            # its blocks held), the reply waits here
+            block_until(engine, lambda e: e.scheduler.get("cut") is not None or bool(e.scheduler.kv.holds()))
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -206,7 +207,8 @@ def test_steps_of_an_earlier_request_never_reach_a_later_one_with_its_id(tiny_ll
         worker = _worker(engine, peer, Sender())
         try:
             first = await _open(worker, "same", LONG, transfer_id="t-first")
-            await asyncio.sleep(0.1)  # the engine prefills; the loop hears of it later
+            # the engine prefills (some chunks, or all: then it is gone); the loop hears of it later
+            block_until(engine, lambda e: (r := e.scheduler.get("same")) is None or r.num_computed_tokens > 0)
             worker.close(first)
             second = await _open(worker, "same", tuple(range(350, 358)), transfer_id="t-second")
             events = [e async for e in second.events()]

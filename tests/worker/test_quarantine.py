@@ -2,6 +2,7 @@
 back once the transport says nothing can touch them, or once the quarantine's limit passed."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -59,10 +60,14 @@ async def _quarantined_request(observable: bool, quarantine_timeout_s: float, lo
 
 
 async def _wait_quarantined(engine, decode) -> tuple[int, int]:
-    for _ in range(200):
-        if decode.leases.live(LeaseKind.QUARANTINE):
-            break
-        await asyncio.sleep(0.01)
+    """The blocks held while the quarantine lease is live. Polled at every turn of the loop: its
+    expiry is a timer on the loop, so it cannot pass between the lease starting and this seeing it
+    (a coarser poll could miss a short quarantine whole), nor between seeing it and the stats
+    call queued at once behind it."""
+    deadline = time.monotonic() + 30
+    while not decode.leases.live(LeaseKind.QUARANTINE):
+        assert time.monotonic() < deadline, "no quarantine lease"
+        await asyncio.sleep(0)
     stats = await engine.call(lambda e: e.scheduler.stats())
     return stats.kv.active, stats.kv.quarantined
 
