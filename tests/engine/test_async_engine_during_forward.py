@@ -13,6 +13,7 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.outputs import StepResult
 from pdserve.requests import SamplingParams
 from tests.engine.driver import make_engine
+from tests.helpers.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,10 +95,7 @@ def test_a_remote_requests_reservation_is_announced_before_the_forward_pass(tiny
             gate.let()  # the first step ends; the remote request is added; the next step reserves
             await asyncio.wait_for(remote, 30)
             await gate.inside(2)  # ... and is now held in its forward pass
-            for _ in range(200):
-                if any(r.reserved for r in results):
-                    break
-                await asyncio.sleep(0.02)
+            await async_wait_until(lambda: any(r.reserved for r in results), 30, "the reservation announced")
             assert [x.request.request_id for r in results for x in r.reserved] == ["remote"]
             assert sum(bool(r.outputs) for r in results) == 1  # only the first step's: the second is still running
         finally:

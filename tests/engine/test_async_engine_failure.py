@@ -14,6 +14,7 @@ from pdserve.engine.errors import EngineFailed
 from pdserve.engine.faults import FileTrigger, RequestFault
 from pdserve.engine.outputs import AbortResult, StepResult
 from tests.engine.driver import GREEDY, make_engine, tiny_prompt
+from tests.helpers.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,12 +71,12 @@ def test_a_fatal_step_fails_pending_and_later_calls_at_once_and_tells_listeners_
         with pytest.raises(EngineFailed):
             await asyncio.wait_for(async_engine.call(lambda e: "nor this"), 1)
         async_engine.call_nowait(lambda e: None)
-        await asyncio.sleep(0.1)
+        await async_wait_until(lambda: heard, 30, "the failure listener told")
         assert [str(e) for e in heard] == ["bad batch"]
         assert async_engine.failed
         late: list[BaseException] = []
         async_engine.add_failure_listener(late.append)
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: late, 30, "a listener added after the failure told")
         assert late == heard
         async_engine.stop()
 
@@ -92,10 +93,7 @@ def test_a_request_fault_aborts_that_request_and_the_engine_goes_on():
         async_engine.add_request_fault_listener(faults.append)
         async_engine.add_failure_listener(failures.append)
         engine.armed.set()
-        for _ in range(100):
-            if faults:
-                break
-            await asyncio.sleep(0.02)
+        await async_wait_until(lambda: faults, 30, "the request fault heard")
         assert [f.request_id for f in faults] == ["r-1"] and engine.aborted == ["r-1"]
         assert await asyncio.wait_for(async_engine.call(lambda e: "still here"), 2) == "still here"
         assert not failures and not async_engine.failed
@@ -176,10 +174,7 @@ def test_an_injected_engine_fault_fails_the_running_request_call(tiny_loaded, tm
         trigger.path.touch()
         prompt = tiny_prompt(16, loaded.config.vocab_size, 3)
         await async_engine.call(lambda e: e.add_request("r-1", prompt, GREEDY))
-        for _ in range(100):
-            if heard:
-                break
-            await asyncio.sleep(0.02)
+        await async_wait_until(lambda: heard, 30, "the engine failure heard")
         assert len(heard) == 1 and "injected engine fault" in str(heard[0])
         with pytest.raises(EngineFailed):
             await asyncio.wait_for(async_engine.call(lambda e: e.abort("r-1")), 1)
