@@ -12,6 +12,7 @@ from pdserve.rpc.errors import Unavailable
 from router.breaker import BreakerState
 from router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger
 from router.recovery import RequestPoisoned
+from tests.helpers.waiting import async_wait_until
 from tests.router.flow_harness import collect, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,8 +87,8 @@ def test_a_killed_worker_leaves_rotation_and_many_requests_all_finish():
             jobs = [job(f"r{i}") for i in range(20)]
             results = await asyncio.gather(*(collect(h.flow, j) for j in jobs))
             assert all(tokens == expected() for tokens, _, _ in results)
-            await asyncio.sleep(0.1)
-            assert "d0" not in [w.address for w in h.pool.of_role("decode")]
+            await async_wait_until(lambda: "d0" not in [w.address for w in h.pool.of_role("decode")], 30,
+                                   "d0 out of rotation")
             assert not any((await settle(h.fleet)).values())
 
     asyncio.run(main())
@@ -95,9 +96,9 @@ def test_a_killed_worker_leaves_rotation_and_many_requests_all_finish():
 
 def test_a_request_waits_for_a_worker_to_come_back_within_its_deadline():
     async def main():
-        async with harness(decode=("d0",)) as h:
+        async with harness(decode=("d0",), wait_for_worker_s=30.0) as h:
             h.fleet.workers["d0"].kill()
-            await asyncio.sleep(0.1)
+            await async_wait_until(lambda: not h.pool.of_role("decode"), 30, "d0 out of rotation")
             asyncio.get_running_loop().call_later(0.3, h.fleet.workers["d0"].restart)
             tokens, _, _ = await collect(h.flow, job())
             assert tokens == expected()
@@ -109,7 +110,7 @@ def test_no_worker_within_the_wait_is_unavailable():
     async def main():
         async with harness(decode=("d0",), wait_for_worker_s=0.3) as h:
             h.fleet.workers["d0"].kill()
-            await asyncio.sleep(0.1)
+            await async_wait_until(lambda: not h.pool.of_role("decode"), 30, "d0 out of rotation")
             with pytest.raises(Unavailable):
                 await collect(h.flow, job())
 
