@@ -39,7 +39,7 @@ run: install
 	$(VENV)/bin/pdserve up --demo
 
 test: install
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 bench: install
 	$(PY) benchmarks/run_all.py

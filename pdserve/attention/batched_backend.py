@@ -50,8 +50,9 @@ class BatchedTorchBackend(AttentionBackend):
     name = "torch-batched"
 
     def __init__(self, native: NativeDecode | None = None) -> None:
-        """native: the C kernel for the decodes of float32 pools (None: the sparse products)."""
-        self._native = native
+        """native: the C kernel for the decodes of float32 pools (None: the sparse products; set
+        None later to stop using it, pdserve/attention/decode_kernel_probe.py)."""
+        self.native = native
         self._plan: _Plan | None = None
 
     def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
@@ -64,16 +65,16 @@ class BatchedTorchBackend(AttentionBackend):
         chunks = tuple(plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
         decodes = _Decodes(_rows([s.query_start for s in singles], device), singles) if singles else None
         native, writes = None, False
-        if self._native is not None and kv.data.dtype == torch.float32:
-            native = self._native.plan(list(singles), kv) if singles else None
-            writes = self._native.slots_problem(batch.slot_mapping, kv) is None  # else kv.write says what is wrong
+        if self.native is not None and kv.data.dtype == torch.float32:
+            native = self.native.plan(list(singles), kv) if singles else None
+            writes = self.native.slots_problem(batch.slot_mapping, kv) is None  # else kv.write says what is wrong
         self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native, writes)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
         assert plan is not None, "begin() must be called before forward()"
         if plan.native_writes:
-            self._native.write(kv, layer, plan.slot_mapping, k, v)
+            self.native.write(kv, layer, plan.slot_mapping, k, v)
         else:
             kv.write(layer, plan.slot_mapping, k, v)
         if plan.decodes is None:
@@ -92,11 +93,11 @@ class BatchedTorchBackend(AttentionBackend):
         plan = self._plan
         if plan is None or plan.native is None or not plan.native_writes or plan.chunks:
             return None
-        return (self._native, plan.native) if _covers(plan.decodes.rows, plan.num_tokens) else None
+        return (self.native, plan.native) if _covers(plan.decodes.rows, plan.num_tokens) else None
 
     def _decode(self, layer: int, q: torch.Tensor, kv: KVCache, plan: _Plan, decodes: _Decodes) -> torch.Tensor:
         if plan.native is not None:
-            return self._native.attend(q[decodes.rows], kv, layer, plan.native)
+            return self.native.attend(q[decodes.rows], kv, layer, plan.native)
         if plan.pool is None:
             plan.pool = plan_pool_rows(list(decodes.seqs), kv, q.shape[1])
         return pool_attention(q[decodes.rows], kv, layer, plan.pool)

@@ -40,6 +40,7 @@ class NativePlan:
 
 class NativeDecode:
     def __init__(self, library: ctypes.CDLL):
+        self.library_name = Path(library._name).name  # names the source, compiler, flags and CPU it was built for
         self._kernel = library.pdserve_paged_decode
         self._kernel.argtypes = _ARGS
         self._kernel.restype = ctypes.c_int

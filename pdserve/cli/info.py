@@ -52,13 +52,20 @@ def engine_lines(engine) -> list[str]:
              f"projections: {layout}"]
     if layout.rates is not None:
         lines += _rates_lines(layout.rates, model)
-    lines.append(f"decode steps fused: up to {fused.max_rows} rows" if fused else "decode steps fused: no")
-    if engine.fused_timings is not None:
-        t = engine.fused_timings
+    lines.append(f"decode steps fused: up to {fused.max_rows} rows" if fused and fused.max_rows
+                 else "decode steps fused: no")
+    kernel = engine.measured.decode_kernel
+    if kernel is not None:
+        lines.append(f"decode attention: {'the C kernel' if kernel.native_faster else 'sparse products'}")
+        lines += ["  batch x context " + "".join(f"{f'{b}x{c}':>10}" for b, c in kernel.shapes),
+                  "  C kernel ms     " + "".join(f"{s * 1e3:10.2f}" for s in kernel.native),
+                  "  sparse ms       " + "".join(f"{s * 1e3:10.2f}" for s in kernel.sparse)]
+    if engine.measured.fused is not None:
+        t = engine.measured.fused
         lines += ["  rows     " + "".join(f"{b:>9}" for b in t.batches),
                   "  fused ms " + "".join(f"{s * 1e3:9.1f}" for s in t.fused),
                   "  layers ms" + "".join(f"{s * 1e3:9.1f}" for s in t.layers)]
-    p = engine.preemption
+    p = engine.measured.preemption
     lines.append(f"calibration: prefill {p.prefill_tokens_per_s:.0f} tokens/s, host link "
                  f"{p.host_link_bytes_per_s / 1e9:.2f} GB/s")
     return lines

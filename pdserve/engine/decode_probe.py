@@ -63,9 +63,12 @@ def fused_rows(timings: DecodeTimings) -> int:
 def tune_fused_rows(model, kv: KVCache, attn: AttentionBackend, depends_on: dict[str, Any]) -> DecodeTimings | None:
     """Sets `model.fused_decode.max_rows` from this machine's timings (measured now unless cached
     under `depends_on`: what identifies the model, its layout and the threads); None where the
-    model has no fused step or the backend no native decode pass to fuse with."""
+    model has no fused step, or the backend no native decode pass to fuse with (max_rows 0)."""
     fused = getattr(model, "fused_decode", None)
-    if fused is None or not _fuses(model, kv, attn):
+    if fused is None:
+        return None
+    if not _fuses(model, kv, attn):
+        fused.max_rows = 0  # it never serves a pass here: say so
         return None
     batches = tuple(b for b in PROBE_BATCHES if b <= fused.max_rows)
     key = {**depends_on, "batches": batches, "block_size": kv.block_size}

@@ -9,7 +9,6 @@ Token level only; text in and out lives in pdserve/engine/llm.py and in the rout
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,8 +17,7 @@ import torch
 
 from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
-from pdserve.engine.calibration import calibrated, serving_identity
-from pdserve.engine.decode_probe import tune_fused_rows
+from pdserve.engine.start_probes import measure_at_start, with_preemption
 from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner, Sampled
 from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
@@ -36,11 +34,6 @@ from pdserve.scheduler.output import SchedulerOutput
 from pdserve.scheduler.results import Reservation
 
 ReservedListener = Callable[[tuple[Reservation, ...]], None]
-
-
-def _fused_rows(model) -> int:
-    fused = getattr(model, "fused_decode", None)
-    return 0 if fused is None else fused.max_rows
 
 
 class Engine:
@@ -63,15 +56,8 @@ class Engine:
                                pin_memory=torch.device(config.device).type == "cuda")
         attn = make_attention_backend(config.attention_backend, torch.device(config.device), dtype)
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed)
-        identity = serving_identity(self.loaded.source_path, self.loaded.model, dtype)
-        self.fused_timings = (tune_fused_rows(self.loaded.model, self.kv, attn, identity)
-                              if config.weight_layout == "auto" else None)
-        sched_cfg = config.scheduler
-        if config.calibrate:
-            measured = calibrated(sched_cfg.preemption, self.loaded.model, self.kv, self.host_kv, attn,
-                                  {**identity, "fused_rows": _fused_rows(self.loaded.model)})
-            sched_cfg = dataclasses.replace(sched_cfg, preemption=measured)
-        self.preemption = sched_cfg.preemption  # what the recompute-or-swap cost model computes with
+        self.measured = measure_at_start(config, self.loaded, self.kv, self.host_kv, attn, dtype)
+        sched_cfg = with_preemption(config, self.measured)
         self.scheduler = make_scheduler(
             sched_cfg, config.cache, self.kv_bytes_per_token, self.max_model_len, clock,
             hold_finished=hold_blocks,

@@ -54,7 +54,8 @@ def test_tuning_sets_the_rows_from_the_kept_timings_and_skips_a_backend_without_
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
     model, kv = served(tiny_models)
     assert tune_fused_rows(model, kv, TorchAttentionBackend(), {"model": "tiny"}) is None
-    assert model.fused_decode.max_rows == 256
+    assert model.fused_decode.max_rows == 0  # no native decode pass to fuse with
+    model.fused_decode.max_rows = 256
     timings = tune_fused_rows(model, kv, BatchedTorchBackend(NativeDecode.load()), {"model": "tiny"})
     assert model.fused_decode.max_rows == fused_rows(timings)
     twin, _ = served(tiny_models)
