@@ -20,29 +20,37 @@ def _rss_bytes(pid: int) -> int:
     return int(kib) * 1024
 
 
-def _gaps_of_a_stream(target: str, out: dict) -> None:
-    """Runs a stream and records the largest gap between its messages."""
+STREAM_TOKENS = 60
+
+
+def _a_stream(target: str, out: dict) -> None:
+    """Runs a stream to its end: its tokens and finish reason, and the largest gap between its
+    messages (printed, not asserted: how long a stream waits is a speed, for the benchmarks)."""
     with grpc.insecure_channel(target) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         request = pb.GenerateRequest(text="Count from one to one hundred:", sampling=pb.SamplingParams(
-            max_tokens=60, temperature=0, ignore_eos=True))
-        last, gaps = None, []
-        for _ in stub.Generate(request, timeout=120):
+            max_tokens=STREAM_TOKENS, temperature=0, ignore_eos=True))
+        last, gaps, tokens = None, [0.0], 0
+        for response in stub.Generate(request, timeout=120):
             now = time.monotonic()
             if last is not None:
                 gaps.append(now - last)
             last = now
+            tokens += len(response.token_ids)
+            out["finish_reason"] = response.finish_reason
             out.setdefault("first", now)
-        out["max_gap"] = max(gaps)
+        out["tokens"], out["max_gap"] = tokens, max(gaps)
 
 
 @pytest.mark.parametrize("request_", [
     pb.GenerateRequest(text="x" * 60_000_000),
     pb.GenerateRequest(token_ids=pb.TokenIds(ids=[7] * 8_000_000)),
 ], ids=["60-MB-text", "8M-token-ids"])
-def test_a_huge_prompt_is_refused_at_once_and_other_streams_do_not_stall(service, request_):
+def test_a_huge_prompt_is_refused_on_its_size_while_another_stream_runs_to_its_end(service, request_):
+    """Sent while another stream is in flight: refused INVALID_ARGUMENT by the size limit (its
+    flag named, so it was never tokenised), and the other stream is served in full."""
     stream: dict = {}
-    runner = threading.Thread(target=_gaps_of_a_stream, args=(service["target"], stream))
+    runner = threading.Thread(target=_a_stream, args=(service["target"], stream))
     runner.start()
     deadline = time.monotonic() + 120
     while "first" not in stream and time.monotonic() < deadline:
@@ -53,10 +61,10 @@ def test_a_huge_prompt_is_refused_at_once_and_other_streams_do_not_stall(service
             list(generation_pb2_grpc.GenerationStub(channel).Generate(request_, timeout=60))
         refused_s = time.monotonic() - started
     runner.join(120)
-    print(f"refused in {refused_s:.2f} s; the concurrent stream's largest gap {stream['max_gap']:.2f} s")
+    print(f"refused in {refused_s:.2f} s; the concurrent stream's largest gap {stream.get('max_gap', 0):.2f} s")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "--max-prompt" in err.value.details()
-    assert refused_s < 5  # sent, parsed and refused on its size: no tokenising
-    assert stream["max_gap"] < 2.0  # the concurrent stream never waited on the big one
+    assert "first" in stream, "the other stream never started"
+    assert (stream["tokens"], stream["finish_reason"]) == (STREAM_TOKENS, pb.FINISH_REASON_LENGTH)
 
 
 @pytest.mark.parametrize("request_", [
