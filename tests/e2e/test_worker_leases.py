@@ -25,12 +25,12 @@ def _prompt(seed: int) -> dict:
     return {"token_ids": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
-def _status(client: Client, request: dict, timeout_s: float) -> str:
+def _status(client: Client, request: dict, timeout_s: float) -> str | int:
+    """The status a deadline cut the request with, or the tokens it got (one that beat its deadline)."""
     try:
-        client.generate(**request, timeout_s=timeout_s)
+        return len(client.generate(**request, timeout_s=timeout_s).token_ids)
     except PdserveError as err:
         return err.code
-    return "OK"
 
 
 def _held(stats: wpb.WorkerStats) -> tuple[int, int, int, int]:
@@ -52,7 +52,9 @@ def test_random_client_deadlines_leave_every_worker_with_nothing_held(service, c
     requests = [_prompt(i) for i in range(REQUESTS)]
     with concurrent.futures.ThreadPoolExecutor(REQUESTS) as pool:
         codes = list(pool.map(lambda pair: _status(client, *pair), zip(requests, deadlines)))
-    assert set(codes) == {"DEADLINE_EXCEEDED"}
+    # where each deadline falls (before, while or after the service's work) is the machine's speed:
+    # each request is cut by its deadline, or served in full before it
+    assert set(codes) <= {"DEADLINE_EXCEEDED", _prompt(0)["max_tokens"]}, codes
     assert _wait_all_free(service, 5.0) == {"decode": (0, 0, 0, 0), "prefill": (0, 0, 0, 0)}
     assert len(client.generate(**_prompt(999)).token_ids) == 8  # the service answers as before
 
