@@ -26,6 +26,7 @@ def reference(reference_llm):
 
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
+HELD_TOKENS = 1000  # a stream the test acts on after its first token is still far from its end, at any decode speed
 
 
 def test_greedy_outputs_equal_the_reference(client, reference):
@@ -75,7 +76,8 @@ def test_bad_input_gets_invalid_argument_and_service_goes_on(client, name):
 
 
 def test_duplicate_running_request_id_is_already_exists(client):
-    with client.stream("Count slowly from one to fifty:", max_tokens=60, request_id="dup-1", **GREEDY) as first:
+    with client.stream("Count slowly from one to fifty:", max_tokens=HELD_TOKENS, request_id="dup-1",
+                       **GREEDY) as first:
         next(first)
         with pytest.raises(PdserveError) as err:
             client.generate("Count slowly from one to fifty:", max_tokens=60, request_id="dup-1", **GREEDY)
@@ -83,8 +85,8 @@ def test_duplicate_running_request_id_is_already_exists(client):
 
 
 def test_abort_and_cancel_free_every_block(service, client):
-    aborted = client.stream("Write a long story about a lighthouse keeper.", max_tokens=200, request_id="to-abort",
-                            **GREEDY)
+    aborted = client.stream("Write a long story about a lighthouse keeper.", max_tokens=HELD_TOKENS,
+                            request_id="to-abort", **GREEDY)
     next(aborted)
     assert client.abort("to-abort")
     assert aborted.collect().finish_reason == "abort"
