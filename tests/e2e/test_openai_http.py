@@ -140,7 +140,8 @@ def test_a_running_request_id_is_a_conflict(service, model):
     async def run():
         async with aiohttp.ClientSession() as http:
             url, headers = f"{service['http']}/v1/completions", {"x-request-id": "http-dup-1"}
-            body = {"model": model, "prompt": "Tell a long story.", "max_tokens": 200, "ignore_eos": True,
+            # still far from its end when the second arrives, at any decode speed
+            body = {"model": model, "prompt": "Tell a long story.", "max_tokens": 1000, "ignore_eos": True,
                     "stream": True}
             async with http.post(url, json=body, headers=headers) as first:
                 await first.content.readline()
