@@ -149,9 +149,9 @@ def test_an_engine_failure_ends_the_stream_with_a_status_and_the_worker_comes_ba
             for i, _ in enumerate(story):
                 if i == 2:
                     Path(str(up.faults).replace("{pid}", str(before["pid"]))).touch()
-                    fired = time.monotonic()
-        assert time.monotonic() - fired < 3, "the stream hung after the engine failed"
-        assert ended.value.code == "UNAVAILABLE"
+        # ended by the engine's failure, as the worker reported it (not by its deadline, nor by the
+        # worker's exit cutting a stream that hung): what the stream's end says, not how soon it came
+        assert ended.value.code == "UNAVAILABLE" and "injected engine fault" in ended.value.details, ended.value
     after = _restarted(up, "decode-0", before)
     assert after["port"] == before["port"]
     assert up.wait_until(lambda: _serves_again(router), 120, "a request served after the restart")
@@ -170,8 +170,9 @@ def test_a_request_fault_fails_only_that_request_and_the_worker_stays(up):
             for i, _ in enumerate(events):
                 if i == 2:
                     trigger.write_text("request rf-1")
-                    fired = time.monotonic()
-        assert time.monotonic() - fired < 3 and ended.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+        # ended by its own fault, as the worker reported it, not by its deadline
+        assert ended.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED, ended.value
+        assert "injected request fault" in ended.value.details(), ended.value
         assert len(bystander.result(120)) == 40
     assert up.child("decode-0")["pid"] == before["pid"] and not trigger.exists()
     assert _all_blocks_free(up)
