@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # however fast the machine serves it (all at once, a quiet machine finished before the SIGTERM was due).
 CI = {"streams": 40, "rate": 2.0, "chat_words": (40, 120), "chat_tokens": (12, 20), "faults": 4, "stop_s": (3.0, 8.0),
       "recovery_s": 25.0, "span_s": 20.0, "seed": 3, "progress": False, "duration_limit_s": 400.0,
-      "recovery_timeout_s": 180.0}
+      "recovery_timeout_s": 180.0, "kv_timeout_s": 10.0}  # the KV timeout the other test fleets use
 
 
 def test_a_ci_sized_chaos_run_loses_nothing_changes_nothing_and_leaks_no_block():
