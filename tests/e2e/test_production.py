@@ -30,6 +30,7 @@ ENV = {**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
+HELD_TOKENS = 96  # a request the test must find on a worker runs this many decode steps, however fast it decodes
 
 
 def _wait_health(client: Client, timeout_s: float = 120.0) -> None:
@@ -98,11 +99,12 @@ def test_workers_join_by_registering_and_leave_by_draining_without_failures():
             sup.wait_ready(late, 300)
             _wait_in_rotation(client, late)
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
-                futures = [pool.submit(client.generate, f"Question {i}", max_tokens=24, **GREEDY) for i in range(4)]
+                futures = [pool.submit(client.generate, f"Question {i}", max_tokens=HELD_TOKENS, **GREEDY)
+                           for i in range(4)]
                 _wait_served(late)
                 os.killpg(first[1].process.pid, signal.SIGTERM)
                 results = [f.result() for f in futures]
-            assert all(len(r.token_ids) == 24 for r in results)
+            assert all(len(r.token_ids) == HELD_TOKENS for r in results)
             assert first[1].process.wait(180) == 0
             assert len(client.generate("After the drain", max_tokens=12, **GREEDY).token_ids) == 12
     finally:
@@ -116,11 +118,11 @@ def _wait_in_rotation(client: Client, late, timeout_s: float = 300.0) -> None:
     def a_probe_lands_there() -> bool:
         seen = False
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            probes = [pool.submit(client.generate, f"Probe {i}", max_tokens=16, **GREEDY) for i in range(2)]
+            probes = [pool.submit(client.generate, f"Probe {i}", max_tokens=HELD_TOKENS, **GREEDY) for i in range(2)]
             while not seen and concurrent.futures.wait(probes, timeout=0.05).not_done:
                 seen = _busy(late)
             for probe in probes:
-                assert len(probe.result().token_ids) == 16
+                assert len(probe.result().token_ids) == HELD_TOKENS
         return seen
 
     wait_until(a_probe_lands_there, timeout_s, "the late decode worker in the router's rotation", interval_s=0)
