@@ -38,8 +38,12 @@ $(GRPCURL): | $(STAMP)
 run: install
 	$(VENV)/bin/pdserve up --demo
 
+# Two pytest-xdist processes: the suite waits on its fleets' processes about two fifths of the time
+# on a 2-core machine; tests/conftest.py keeps each module, and the session fleet, in one process.
+TEST_PROCESSES ?= 2
+
 test: install
-	$(VENV)/bin/pytest -q --durations=25
+	$(VENV)/bin/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --durations=25
 
 bench: install
 	$(PY) benchmarks/run_all.py

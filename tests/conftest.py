@@ -1,4 +1,5 @@
-"""Suite-wide setup: the repository importable, no hub access, the embedded model and tiny models."""
+"""Suite-wide setup: the repository importable, no hub access, the embedded model and tiny models,
+and how pytest-xdist shares the tests among its processes (`pytest_itemcollected`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,20 @@ if str(REPO_ROOT) not in sys.path:
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+FLEET_GROUP = "fleets"  # the xdist group of the modules whose service processes load the embedded model
+
+
+def pytest_itemcollected(item) -> None:
+    """Under `pytest -n N --dist loadgroup` (the Makefile's) each module runs whole in one process,
+    so its fixtures (a fleet, a model) start once; and every module marked e2e (only ever marked
+    whole) whose processes serve the embedded model runs in one process: the session fleet of
+    tests/e2e/conftest.py starts once, and no two such fleets run at once (their workers hold about
+    2 GB each; two fleets beside the in-process models outgrow a 24 GiB machine). Fleets of the tiny
+    models (the `tiny_model_dirs` fixture) hold little and run beside. Marked as each test is
+    collected, before xdist reads the groups; without xdist the marks change nothing."""
+    fleet = item.get_closest_marker("e2e") is not None and "tiny_model_dirs" not in item.fixturenames
+    item.add_marker(pytest.mark.xdist_group(FLEET_GROUP if fleet else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
