@@ -7,7 +7,9 @@
 (b) A real `pdserve decode` process (`--threads`, `--kv-blocks`, no KV transport, --insecure) timed from
     spawn to its "serving" line, `--spawns` times: the import of torch and the rest are in it; the
     last start's phases are the lines it logged at INFO, each at its second since the spawn (the
-    first start on a machine builds the kernels and measures the layouts; later ones read both).
+    first start on a machine builds the kernels, measures the layouts and keeps the dequantised
+    weights, pdserve/model/weights_cache.py; later ones read all three: pass an empty
+    PDSERVE_CACHE_DIR to see a first start).
 
     .venv/bin/python benchmarks/worker_start.py [--repeats 2] [--spawns 2] [--threads 1]
 

@@ -6,6 +6,9 @@ layout; this project rotates halves (rotate-half), so the permutation is undone 
 
     rows of one head, GGUF:        [x0 y0 x1 y1 ... ]   pairs interleaved
     rows of one head, rotate-half: [x0 x1 ... y0 y1 ...]
+
+On a CPU with a cache folder, the assembled weights are kept there and later loads map them
+(weights_cache.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from pdserve.model.errors import ModelLoadError, UnsupportedModelError
 from pdserve.model.gguf_dequant import dequantize
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.model.rope import FreqFactorRopeScaling, LinearRopeScaling, NoRopeScaling, RopeScaling
-from pdserve.model.weights import build_model
+from pdserve.model.weights import assemble_state, model_from_state
+from pdserve.model.weights_cache import kept_weights
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -64,9 +68,17 @@ class GGUFCheckpoint(NamedTuple):
         return values
 
 
-def load_gguf_model(path: Path, device: str | torch.device, dtype: torch.dtype) -> tuple[ModelConfig, LlamaForCausalLM]:
+def load_gguf_model(path: Path, device: str | torch.device, dtype: torch.dtype,
+                    cache: Path | None = None) -> tuple[ModelConfig, LlamaForCausalLM]:
+    """`cache`: the folder the assembled weights are kept in and mapped from (CPU only; None: not kept)."""
     checkpoint = open_gguf_checkpoint(path)
-    return checkpoint.config, build_model(checkpoint.config, checkpoint.read, str(path), device, dtype)
+
+    def assemble() -> dict[str, torch.Tensor]:
+        return assemble_state(checkpoint.config, checkpoint.read, str(path), device, dtype)
+
+    kept = cache is not None and torch.device(device).type == "cpu"
+    state = kept_weights(path, dtype, assemble, cache) if kept else assemble()
+    return checkpoint.config, model_from_state(checkpoint.config, state, str(path), device)
 
 
 def open_gguf_checkpoint(path: Path) -> GGUFCheckpoint:

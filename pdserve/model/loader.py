@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pdserve.attention.native_build import cache_dir
 from pdserve.model.config import ModelConfig
 from pdserve.model.dtypes import serving_dtype
 from pdserve.model.embedded import embedded_model_path
@@ -51,14 +52,16 @@ def resolve_model_path(path: str | None) -> Path:
     return resolved
 
 
-def load_model(path: str | None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(path: str | None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               weights_cache: Path | None = None) -> LoadedModel:
     """Load weights from local files only (no hub). Raises ModelLoadError (UnsupportedModelError
-    for readable checkpoints of an architecture this project does not run)."""
+    for readable checkpoints of an architecture this project does not run). `weights_cache`: where
+    a GGUF model's assembled weights are kept for the next load to map (weights_cache.py)."""
     source = resolve_model_path(path)
     if source.is_dir():
         config, model = load_hf_model(source, device, dtype)
     elif source.suffix == ".gguf":
-        config, model = load_gguf_model(source, device, dtype)
+        config, model = load_gguf_model(source, device, dtype, weights_cache)
     else:
         raise ModelLoadError(f"{source}: expected a .gguf file or a folder with config.json and *.safetensors")
     return LoadedModel(config, model, source)
@@ -84,7 +87,7 @@ def load_engine_model(config: "EngineConfig") -> LoadedModel:
     close them with `ranks.close()`; shards multiply dense, with the torch kernels)."""
     if config.tensor_parallel_size == 1:
         dtype = serving_dtype(config.dtype, config.device)
-        loaded = load_model(config.model, device=config.device, dtype=dtype)
+        loaded = load_model(config.model, device=config.device, dtype=dtype, weights_cache=cache_dir())
         log.info("read %s: %d layers, %s", loaded.source_path.name, loaded.config.num_layers, dtype)
         layout = apply_weight_layout(loaded.model, config.weight_layout, config.device, dtype)
         apply_layer_kernels(loaded.model, config.layer_kernels, config.device, dtype)

@@ -82,11 +82,24 @@ def build_model(
     config: ModelConfig, fetch: TensorFetch, origin: str, device: str | torch.device, dtype: torch.dtype
 ) -> LlamaForCausalLM:
     """Raises ModelLoadError naming the first missing or misshapen tensor (and `origin`)."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    state = {
+    return model_from_state(config, assemble_state(config, fetch, origin, device, dtype), origin, device)
+
+
+def assemble_state(
+    config: ModelConfig, fetch: TensorFetch, origin: str, device: str | torch.device, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """The model's state dict from the checkpoint's tensors; raises ModelLoadError naming the
+    first missing or misshapen tensor (and `origin`)."""
+    return {
         name: _assemble(assembly, fetch, origin, device, dtype) for name, assembly in checkpoint_layout(config).items()
     }
+
+
+def model_from_state(config: ModelConfig, state: dict[str, torch.Tensor], origin: str,
+                     device: str | torch.device) -> LlamaForCausalLM:
+    """The model holding `state`'s tensors themselves (assigned, not copied)."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as exc:
