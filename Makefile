@@ -40,10 +40,12 @@ run: install
 
 # Two pytest-xdist processes: the suite waits on its fleets' processes about two fifths of the time
 # on a 2-core machine; tests/conftest.py keeps each module, and the session fleet, in one process.
+# A process that crashes fails the run (--max-worker-restart=0): with a replacement, pytest-xdist
+# 3.8's loadgroup scheduling waits forever at the end of the run.
 TEST_PROCESSES ?= 2
 
 test: install
-	$(VENV)/bin/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --durations=25
+	$(VENV)/bin/pytest -q -n $(TEST_PROCESSES) --dist loadgroup --max-worker-restart=0 --durations=25
 
 bench: install
 	$(PY) benchmarks/run_all.py
