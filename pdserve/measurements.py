@@ -20,10 +20,11 @@ import json
 import logging
 import os
 import platform
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pdserve.kept_file import keep_file
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 def _keep(path: Path, figure: dict[str, Any]) -> dict[str, Any]:
     """Links `figure` into place unless a figure is there already; returns the one on disk."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(figure, f)
-        try:
-            os.link(scratch, path)  # fails where another process linked its figure first
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(scratch)
+        keep_file(path, lambda f: json.dump(figure, f))
     except OSError as exc:
         log.warning("measured figures are not kept (%s): %s", path.parent, exc)
         return figure

@@ -23,12 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from pdserve.kept_file import keep_file
 
 log = logging.getLogger(__name__)
 
@@ -91,41 +92,35 @@ def _mapped(index_path: Path, data_path: Path) -> State | None:
     state = {}
     for name, entry in index["tensors"].items():
         dtype = getattr(torch, entry["dtype"])
-        count = _count(entry["shape"])
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(entry["shape"]) * dtype.itemsize
         state[name] = flat[entry["offset"]:entry["offset"] + nbytes].view(dtype).view(entry["shape"])
     return state
 
 
 def _keep(state: State, index_path: Path, data_path: Path) -> bool:
-    """Writes `state` beside its index; False where it cannot be kept."""
+    """Writes `state`, then its index; False where it cannot be kept."""
+    tensors: dict[str, dict] = {}
+    written = {"nbytes": 0}
+
+    def write_data(f) -> None:
+        offset = 0
+        for name, tensor in state.items():
+            offset += _pad(f, offset)
+            data = tensor.detach().cpu().contiguous()
+            tensors[name] = {"offset": offset, "shape": list(data.shape),
+                             "dtype": str(data.dtype).removeprefix("torch.")}
+            f.write(data.view(torch.uint8).reshape(-1).numpy().data)
+            offset += data.numel() * data.element_size()
+        written["nbytes"] = offset
+
     try:
-        index_path.parent.mkdir(parents=True, exist_ok=True)
-        tensors, offset = {}, 0
-        fd, scratch = tempfile.mkstemp(dir=data_path.parent, prefix=f".{data_path.stem}-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for name, tensor in state.items():
-                    offset += _pad(f, offset)
-                    data = tensor.detach().cpu().contiguous()
-                    tensors[name] = {"offset": offset, "shape": list(data.shape),
-                                     "dtype": str(data.dtype).removeprefix("torch.")}
-                    f.write(data.view(torch.uint8).reshape(-1).numpy().data)
-                    offset += data.numel() * data.element_size()
-            _link(scratch, data_path)
-        finally:
-            os.unlink(scratch)
-        fd, scratch = tempfile.mkstemp(dir=index_path.parent, prefix=f".{index_path.stem}-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"nbytes": offset, "tensors": tensors}, f)
-            _link(scratch, index_path)
-        finally:
-            os.unlink(scratch)
+        keep_file(data_path, write_data, binary=True)
+        nbytes = written["nbytes"]
+        keep_file(index_path, lambda f: json.dump({"nbytes": nbytes, "tensors": tensors}, f))
     except OSError as exc:
         log.warning("the assembled weights are not kept (%s): %s", index_path.parent, exc)
         return False
-    log.info("kept the assembled weights (%.0f MB) in %s", offset / 1e6, data_path)
+    log.info("kept the assembled weights (%.0f MB) in %s", nbytes / 1e6, data_path)
     return True
 
 
@@ -141,19 +136,3 @@ def _pad(f, offset: int) -> int:
     padding = -offset % ALIGN
     f.write(b"\0" * padding)
     return padding
-
-
-def _link(scratch: str, path: Path) -> None:
-    """Links `scratch` into place unless another process linked its copy first (the same bytes:
-    the assembly is deterministic)."""
-    try:
-        os.link(scratch, path)
-    except FileExistsError:
-        pass
-
-
-def _count(shape: list[int]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
