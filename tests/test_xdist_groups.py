@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
-
-def test_under_xdist_each_test_runs_in_its_modules_group(request):
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        pytest.skip("not under pytest-xdist (make test runs it)")
-    assert request.node.nodeid.endswith("@tests/test_xdist_groups.py"), request.node.nodeid
+def test_each_test_is_grouped_with_its_module_and_xdist_honours_the_group(request):
+    assert request.node.get_closest_marker("xdist_group").args == ("tests/test_xdist_groups.py",)
+    if "PYTEST_XDIST_WORKER" in os.environ:  # make test TEST_PROCESSES=2
+        assert request.node.nodeid.endswith("@tests/test_xdist_groups.py"), request.node.nodeid
