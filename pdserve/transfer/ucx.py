@@ -56,7 +56,7 @@ from pdserve.transfer.descriptors import (
 )
 from pdserve.transfer.head_slices import HeadSlice, checked_slice, pack, pool_shape, slice_nbytes, unpack
 from pdserve.transfer.ledger import Ledger
-from pdserve.transfer.ucx_worker import Batch, UcxWorker
+from pdserve.transfer.ucx_worker import Batch, Endpoint, UcxWorker
 from pdserve.transfer.wire import (
     MANIFEST_NBYTES,
     PieceKeys,
@@ -258,7 +258,7 @@ class UcxReceiver(KVReceiver):
         for piece in self._ledger:
             if not piece.batch.future.done():
                 self._withdraw(piece, TransferCancelled(f"{piece.name()}: receiver closed"))
-        await self._worker.close()
+        await self._worker.close(self._config.drain_s)
 
 
 class UcxSender(KVSender):
@@ -267,7 +267,7 @@ class UcxSender(KVSender):
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._config = config
         self._worker = config.worker()
-        self._endpoints: dict[bytes, Any] = {}
+        self._endpoints: dict[bytes, Endpoint] = {}
         self._closed = False
 
     async def send(
@@ -297,7 +297,7 @@ class UcxSender(KVSender):
             return [_buffer(self.bytes[m.src_start : m.src_start + m.count]) for m in messages]
         return [_buffer(pack(self.pool, m.src_start, m.count, heads).view(torch.uint8)) for m in messages]
 
-    def _endpoint(self, peer_address: bytes) -> Any:
+    def _endpoint(self, peer_address: bytes) -> Endpoint:
         if self._closed:
             raise TransferError("sender closed")
         if peer_address not in self._endpoints:
@@ -328,7 +328,7 @@ class UcxSender(KVSender):
         self._worker.fail_all(TransferError("sender closed"))
         for peer_address in list(self._endpoints):
             await self._drop_endpoint(peer_address)
-        await self._worker.close()
+        await self._worker.close(self._config.drain_s)
 
 
 class UcxTransport(KVTransport):

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -43,11 +45,13 @@ def _array(buffer: Any) -> Any:
     return Array(buffer)
 
 
+@functools.cache
 def _request_canceller() -> Callable[[int], None] | None:
     """ucxx::Request::cancel, which the Python binding only calls when a request is dropped.
 
     Calling it directly keeps the request object, so the caller can observe when the request
-    has really finished (a receive already matched keeps writing until it completes).
+    has really finished (a receive already matched keeps writing until it completes). Looked up
+    once per process: loading the library anew for every worker left ctypes garbage behind.
     """
     try:
         import libucxx
@@ -61,12 +65,26 @@ def _request_canceller() -> Callable[[int], None] | None:
 
 
 @dataclass(eq=False)
-class Batch:
-    """Requests that finish together: the future resolves when all completed or one failed."""
+class _Posted:
+    """Requests a worker posted, the buffers they read or write, and the future they resolve."""
 
     requests: list[Any]
-    keep: list[Any]  # the buffers the requests read or write, alive until the batch ends
+    keep: list[Any]  # the buffers the requests read or write, alive until the requests end
     future: asyncio.Future = field(repr=False)
+
+    def pending(self) -> list[int]:
+        return [i for i, r in enumerate(self.requests) if not r.completed]
+
+    def release(self) -> list[Any]:
+        """Drop the request objects (each holds its native worker alive); return the buffers."""
+        self.requests = []
+        keep, self.keep = self.keep, []
+        return keep
+
+
+@dataclass(eq=False)
+class Batch(_Posted):
+    """Requests that finish together: the future resolves when all completed or one failed."""
 
     def poll(self) -> bool:
         """Resolve the future if the batch is finished; True once resolved."""
@@ -84,23 +102,23 @@ class Batch:
             self.future.set_exception(error)
             self.future.exception()
 
-    def pending(self) -> list[int]:
-        return [i for i, r in enumerate(self.requests) if not r.completed]
-
 
 @dataclass(eq=False)
-class Settling:
+class Settling(_Posted):
     """Withdrawn requests still running (a receive already matched, being written): the future
     resolves once every one of them has completed, however it ended."""
-
-    requests: list[Any]
-    keep: list[Any]
-    future: asyncio.Future = field(repr=False)
 
     def poll(self) -> bool:
         if not self.future.done() and all(r.completed for r in self.requests):
             self.future.set_result(None)
         return self.future.done()
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """A connection to one peer worker; `handle` is the native endpoint until the worker closes."""
+
+    handle: Any
 
 
 def _request_error(request: Any) -> BaseException | None:
@@ -114,7 +132,13 @@ def _request_error(request: Any) -> BaseException | None:
 
 
 class UcxWorker:
-    """A UCX worker and the task that progresses it; build it with the loop running."""
+    """A UCX worker and the task that progresses it; build it with the loop running.
+
+    `close` destroys the native worker there and then, with every buffer a request touched still
+    alive: every batch ever issued is remembered weakly, so a batch kept alive only by a
+    reference cycle (an exception's traceback, say) still gives up its requests at close, and no
+    UCX object is left for the garbage collector to destroy at some later, arbitrary point.
+    """
 
     def __init__(self, options: dict[str, str], poll_s: float, idle_s: float, slice_s: float):
         lib = _binding()
@@ -126,6 +150,8 @@ class UcxWorker:
         self._cancel = _request_canceller()
         self._poll_s, self._idle_s, self._slice_s = poll_s, idle_s, slice_s
         self._batches: set[Batch | Settling] = set()
+        self._issued: weakref.WeakSet[Batch | Settling] = weakref.WeakSet()
+        self._endpoints: list[Endpoint] = []
         self._wake: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._drive(), name="ucx-progress")
@@ -133,15 +159,17 @@ class UcxWorker:
     def address(self) -> bytes:
         return bytes(self._worker.address.tobytes())
 
-    def connect(self, address: bytes) -> Any:
+    def connect(self, address: bytes) -> Endpoint:
         ucx_address = self._lib.UCXAddress.create_from_buffer(address)
-        return self._lib.UCXEndpoint.create_from_worker_address(self._worker, ucx_address, False)
+        endpoint = Endpoint(self._lib.UCXEndpoint.create_from_worker_address(self._worker, ucx_address, False))
+        self._endpoints.append(endpoint)
+        return endpoint
 
-    def send(self, endpoint: Any, messages: list[tuple[Any, int]]) -> Batch:
+    def send(self, endpoint: Endpoint, messages: list[tuple[Any, int]]) -> Batch:
         """Post tag sends of (buffer, tag); buffers are numpy arrays or CUDA tensors."""
         arrays = [_array(buffer) for buffer, _ in messages]
         tags = [self._lib.UCXXTag(tag) for _, tag in messages]
-        return self._track([endpoint.tag_send(a, t) for a, t in zip(arrays, tags)], arrays)
+        return self._track([endpoint.handle.tag_send(a, t) for a, t in zip(arrays, tags)], arrays)
 
     def recv(self, messages: list[tuple[Any, int]]) -> Batch:
         """Post tag receives matching exactly `tag` (full mask) into the given buffers."""
@@ -151,6 +179,7 @@ class UcxWorker:
 
     def _track(self, requests: list[Any], keep: list[Any]) -> Batch:
         batch = Batch(requests, keep, self._loop.create_future())
+        self._issued.add(batch)
         if not batch.poll():
             self._batches.add(batch)
         self.kick()
@@ -183,6 +212,7 @@ class UcxWorker:
         if self._cancel is None:
             return None
         settling = Settling([batch.requests[i] for i in stuck], batch.keep, self._loop.create_future())
+        self._issued.add(settling)
         if not settling.poll():
             self._batches.add(settling)
             self.kick()
@@ -208,14 +238,13 @@ class UcxWorker:
                 self.withdraw(batch, drain_s=0.0)
                 batch.fail(error)
 
-    async def close_endpoint(self, endpoint: Any, timeout_s: float) -> None:
+    async def close_endpoint(self, endpoint: Endpoint, timeout_s: float) -> None:
         """Close without waiting past timeout_s (a dead peer may never acknowledge)."""
-        request = endpoint.close()
-        if request is None:
-            return
-        batch = self._track([request], [])
-        if not await self.wait(batch, timeout_s):
-            self.abandon(batch, TimeoutError("endpoint close timed out"))
+        request = endpoint.handle.close() if endpoint.handle is not None else None
+        if request is not None:
+            batch = self._track([request], [])
+            if not await self.wait(batch, timeout_s):
+                self.abandon(batch, TimeoutError("endpoint close timed out"))
 
     def kick(self) -> None:
         if self._wake is not None and not self._wake.done():
@@ -256,9 +285,41 @@ class UcxWorker:
             self._loop.remove_reader(self._fd)
             self._wake = None
 
-    async def close(self) -> None:
-        """Fail every tracked batch and stop progressing (close endpoints before this)."""
+    async def close(self, drain_s: float = 1.0) -> None:
+        """Fail every tracked batch, stop progressing and destroy the native worker and context.
+
+        Close endpoints before this. Requests still running are cancelled and progressed for up
+        to drain_s; the buffers of every issued batch stay referenced until the worker is gone,
+        so nothing its destructor still completes can land in freed memory.
+        """
+        if self._worker is None:
+            return
         self.fail_all(ConnectionError("UCX worker closed"))
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        issued = list(self._issued)
+        self._drain(issued, drain_s)
+        self._destroy(issued)
+
+    def _destroy(self, issued: list[Batch | Settling]) -> None:
+        keep = [buffer for batch in issued for buffer in batch.release()]
+        self._batches.clear()
+        self._issued = weakref.WeakSet()
+        for endpoint in self._endpoints:
+            endpoint.handle = None
+        self._endpoints.clear()
+        self._worker = self._context = None  # the last references: destroyed here, in this order
+        del keep
+        for batch in issued:  # with the worker gone nothing more can land anywhere
+            if isinstance(batch, Settling) and not batch.future.done():
+                batch.future.set_result(None)
+
+    def _drain(self, issued: list[Batch | Settling], drain_s: float) -> None:
+        for batch in issued:
+            for index in batch.pending():
+                if self._cancel is not None:
+                    self._cancel(batch.requests[index].ucxx_ptr)
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline and any(batch.pending() for batch in issued):
+            self._worker.progress_once()
         self._worker.progress_once()
