@@ -38,13 +38,12 @@ $(GRPCURL): | $(STAMP)
 run: install
 	$(VENV)/bin/pdserve up --demo
 
-# TEST_PROCESSES=2: pytest-xdist processes (tests/conftest.py keeps each module, and the fleets that
-# serve the embedded model, in one process): 707 s against 1083 s on a 2-core machine. Off by default
-# until the segmentation fault it met twice in six fresh-clone runs, in
-# tests/transfer/test_transfer_transports.py, is found (docs/BENCHMARKS.md, "Test suite time").
+# TEST_PROCESSES: pytest-xdist processes (tests/conftest.py keeps each module, and the fleets that
+# serve the embedded model, in one process): 707 s against 1083 s on a 2-core machine.
+# TEST_PROCESSES=0 runs the suite in one pytest process.
 # A process that crashes fails the run (--max-worker-restart=0): with a replacement, pytest-xdist
 # 3.8's loadgroup scheduling waits forever at the end of the run.
-TEST_PROCESSES ?= 0
+TEST_PROCESSES ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadgroup --max-worker-restart=0)
 
 test: install
