@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
-from pdserve.kv.kv_cache import KVCache, KVShape  # noqa: E402
+from pdserve.kv.kv_cache import KVCache  # noqa: E402
+from pdserve.kv.kv_shape import KVShape  # noqa: E402
 from pdserve.transfer import InProcessFabric, make_transport  # noqa: E402
 from pdserve.transfer.base import pool_bytes  # noqa: E402
 from pdserve.transfer.descriptors import merge_runs  # noqa: E402

@@ -59,7 +59,8 @@ from pdserve.engine.host_logits import HostLogits  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
 from pdserve.model.fused_decode import fuse_decode  # noqa: E402
-from pdserve.model.layer_kernels import LAYER_KERNELS, apply_layer_kernels  # noqa: E402
+from pdserve.config import LAYER_KERNELS  # noqa: E402
+from pdserve.model.layer_kernels import apply_layer_kernels  # noqa: E402
 from pdserve.model.weight_layout import apply_weight_layout  # noqa: E402
 from pdserve.sampling.sampler import argmax_rows  # noqa: E402
 

@@ -5,7 +5,7 @@ import torch
 from pdserve.parallel.checkpoint_slices import GGUFSlices
 from pdserve.parallel.shard_load import build_shard
 from pdserve.parallel.communicator import InProcessGroup
-import pdserve.model.embedded as e
+import pdserve.checkpoint.embedded as e
 path = e.embedded_model_path()
 full = GGUFSlices(path)
 total = sum(t.data.nbytes for n, t in full._tensors.items() if n != "rope_freqs.weight")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdserve.model.config import ModelConfig
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.layers import Linear
 
 PEAK_ROWS = 256  # rows at which the projections multiply at their peak (measured: docs/BENCHMARKS.md)

@@ -2,7 +2,7 @@
 
 (a) The embedded model loaded in this process by gguf-py's path (GGUFReader, then
     gguf.quants.dequantize for every tensor: how the project loaded GGUF before) and by the
-    project's own (pdserve/gguf_file.py + pdserve/model/gguf_dequant.py, `load_model`), each
+    project's own (pdserve/checkpoint/gguf_file.py + gguf_dequant.py, `load_model`), each
     `--repeats` times, medians reported; both models are checked equal parameter for parameter.
 (b) A real `pdserve decode` process (`--threads`, `--kv-blocks`, no KV transport, --insecure) timed from
     spawn to its "serving" line, `--spawns` times: the import of torch and the rest are in it; the
@@ -33,9 +33,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pdserve.model import load_model  # noqa: E402
-from pdserve.model.embedded import embedded_model_path  # noqa: E402
-from pdserve.model.gguf_loader import _hf_name, unpermute_rows  # noqa: E402
-from pdserve.model.metadata import read_model_config  # noqa: E402
+from pdserve.checkpoint.embedded import embedded_model_path  # noqa: E402
+from pdserve.checkpoint.gguf_config import hf_name  # noqa: E402
+from pdserve.model.gguf_loader import unpermute_rows  # noqa: E402
+from pdserve.checkpoint.source import read_model_config  # noqa: E402
 from pdserve.model.weights import build_model  # noqa: E402
 
 SERVING = "serving on"
@@ -48,7 +49,7 @@ def load_with_gguf_py(path: Path) -> torch.nn.Module:
     from gguf.quants import dequantize
 
     config = read_model_config(str(path))
-    tensors = {_hf_name(t.name): t for t in GGUFReader(str(path)).tensors}
+    tensors = {hf_name(t.name): t for t in GGUFReader(str(path)).tensors}
 
     def fetch(name: str) -> torch.Tensor:
         tensor = tensors[name]

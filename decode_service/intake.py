@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from pdserve.transfer import CancelResult, TransferError, settled_all
 from pdserve.worker.leases import Lease
 

@@ -34,7 +34,7 @@ from decode_service.intake import Intake, Unsafe
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.config import DeadlineConfig
-from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRequestError
+from pdserve.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, RequestFailed
 from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.kv import BlockHold
@@ -43,7 +43,6 @@ from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.transfer import KVReceiver
 from pdserve.worker.commands import submit
-from pdserve.worker.errors import RequestFailed
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from pdserve.worker.session import Session, SessionTable

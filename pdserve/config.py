@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The names each engine choice takes (the flags' choices; the modules that act on them check them)
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # pdserve/model/dtypes.py
+ATTENTION_BACKENDS = ("auto", "torch", "flashinfer", "torch-batched")  # pdserve/attention/selection.py
+WEIGHT_PACKINGS = ("onednn", "mkl")  # in the order `auto` prefers them (pdserve/model/weight_layout.py)
+WEIGHT_LAYOUTS = ("auto", *WEIGHT_PACKINGS, "panels", "dense")
+LAYER_KERNELS = ("auto", "native", "torch")  # pdserve/model/layer_kernels.py
+
 
 @dataclass(frozen=True)
 class DeadlineConfig:
@@ -50,9 +57,9 @@ class EngineConfig:
     model: str | None = None  # HF folder or .gguf file; None = the embedded SmolLM2
     device: str = "cpu"
     dtype: str = "auto"  # auto: bfloat16 on CUDA (float16 without bf16 support), float32 on CPU
-    attention_backend: str = "auto"  # auto | torch | torch-batched | flashinfer
-    weight_layout: str = "auto"  # auto | onednn | mkl | panels | dense (pdserve/model/weight_layout.py)
-    layer_kernels: str = "auto"  # auto | native | torch: norms, SwiGLU, rotary (pdserve/model/layer_kernels.py)
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS
+    weight_layout: str = "auto"  # one of WEIGHT_LAYOUTS
+    layer_kernels: str = "auto"  # one of LAYER_KERNELS: norms, SwiGLU, rotary
     tensor_parallel_size: int = 1  # ranks (processes) sharing the model's heads, one device each
     max_model_len: int | None = None  # default: the model's max positions
     seed: int = 0

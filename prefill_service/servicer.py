@@ -6,7 +6,7 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError, PeerFault
 from pdserve.rpc.bounds import check_address, check_id, check_kv_address, kv_timeout
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
@@ -16,7 +16,6 @@ from pdserve.rpc.worker_rpcs import CommonWorkerRpcs
 from pdserve.telemetry import Metrics, extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.errors import PeerFault
 from pdserve.worker.events import ChunkDone, PrefillDone
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
-from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRequestError
+from pdserve.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, PeerFault, RequestFailed
 from pdserve.engine.faults import RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
@@ -40,7 +40,6 @@ from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
 from pdserve.transfer.wire import check_secret
-from pdserve.worker.errors import PeerFault, RequestFailed
 from pdserve.worker.events import ChunkDone, PrefillDone
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
 from pdserve.worker.session import Session, SessionTable

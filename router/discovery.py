@@ -13,7 +13,7 @@ import asyncio
 import logging
 import socket
 
-from pdserve.engine.errors import InvalidRequestError, OverloadedError
+from pdserve.errors import InvalidRequestError, OverloadedError
 from pdserve.rpc.bounds import check_address
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc

@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from pdserve.engine.errors import InvalidRequestError
-from pdserve.engine.validation import Limits, validate_request
+from pdserve.errors import InvalidRequestError
+from pdserve.validation import Limits, validate_request
 from pdserve.requests import SamplingParams
 from pdserve.tokenizer import ChatMessage, Tokenizer
 from router.limits import InputLimits

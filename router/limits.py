@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 
 ROLES = ("system", "user", "assistant")
 

@@ -7,9 +7,9 @@ import argparse
 import asyncio
 from dataclasses import dataclass, field
 
-from pdserve.engine.validation import Limits
+from pdserve.validation import Limits
 from pdserve.requests import Priority
-from pdserve.model.metadata import read_model_config, served_name
+from pdserve.checkpoint.source import read_model_config, served_name
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.security import Security, security_from_args

@@ -21,7 +21,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from pdserve.engine.errors import InvalidRequestError, OverloadedError
+from pdserve.errors import InvalidRequestError, OverloadedError
 from pdserve.requests import FinishReason, SamplingParams
 from pdserve.rpc.errors import Unavailable
 from router.clients import Culprit, FaultKind, WorkerFault

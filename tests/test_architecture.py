@@ -8,6 +8,9 @@ statistics exist once.
   it (never a literal), and each shared setting's value is written once in the tree.
 - End-to-end tests call the router through pdserve.client: only the tests whose point is the
   wire itself import the public API's generated stubs.
+- The router's process imports no torch: no module that router/main.py or the CLI's service
+  command reaches through imports at module level imports torch at module level (the process
+  itself is checked in tests/e2e/test_service.py).
 """
 
 from __future__ import annotations
@@ -80,6 +83,46 @@ def imported_modules(tree: ast.AST) -> Iterator[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.module
             yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def module_level_imports(tree: ast.Module) -> Iterator[str]:
+    """What importing the module imports at once: its top-level statements' imports (inside `if`
+    and `try` too), never those in functions or under `if TYPE_CHECKING`."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield from imported_modules(node)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            pending += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            pending += node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body]
+
+
+def source_of(module: str) -> Path | None:
+    path = REPO / module.replace(".", "/")
+    return next((p for p in (path / "__init__.py", path.with_suffix(".py")) if p.is_file()), None)
+
+
+def torch_importers(roots: tuple[str, ...]) -> dict[str, list[str]]:
+    """Modules reached from `roots` by module-level imports that import torch themselves, each with
+    the chain of modules that led to it."""
+    chains: dict[str, list[str]] = {root: [root] for root in roots}
+    pending, found = list(roots), {}
+    while pending:
+        module = pending.pop()
+        path = source_of(module)
+        if path is None:
+            continue
+        for name in module_level_imports(ast.parse(path.read_text(), filename=str(path))):
+            if name == "torch" or name.startswith("torch."):
+                found[module] = chains[module]
+            parents = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)]
+            for parent in parents:
+                if parent not in chains and source_of(parent) is not None:
+                    chains[parent] = [*chains[module], parent]
+                    pending.append(parent)
+    return found
 
 
 def is_cli(module: str) -> bool:
@@ -227,6 +270,21 @@ def test_the_default_checks_see_what_they_look_for():
     assert [(f, _number(d)) for f, d in _flag_defaults(tree)] == [("--kv-timeout", 30.0)]
     assert {b for b in _number_bindings(tree) if b[1] is not None} == {
         ("kv_timeout", 30.0), ("kv_timeout_s", 30.0), ("y", -1), ("default", 30.0)}
+
+
+ROUTER_ROOTS = ("router.main", "pdserve.cli.main", "pdserve.cli.services")
+
+
+def test_the_router_process_imports_no_torch():
+    found = torch_importers(ROUTER_ROOTS)
+    assert not found, f"the router's modules import torch (move what it needs below the engine): {found}"
+
+
+def test_the_torch_check_sees_what_it_looks_for():
+    tree = ast.parse("import torch\nif TYPE_CHECKING:\n    import numpy\ntry:\n    from a.b import c\n"
+                     "except ImportError:\n    pass\ndef f():\n    import d\n")
+    assert sorted(module_level_imports(tree)) == ["a.b", "a.b.c", "torch"]
+    assert "pdserve.model.loader" in torch_importers(("pdserve.engine.engine",))
 
 
 def test_nothing_but_the_cli_imports_the_cli():

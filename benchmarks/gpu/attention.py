@@ -11,7 +11,8 @@ from benchmarks.gpu.common import Row, Verdict, median_seconds
 from pdserve.attention import make_attention_backend
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.selection import flashinfer_problem
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 
 TOLERANCE = 2e-2  # largest |difference| between the two outputs in bfloat16 (values are O(0.1))
 

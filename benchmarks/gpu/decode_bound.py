@@ -17,7 +17,8 @@ from benchmarks.gpu.common import Row, Verdict, median_seconds, release_memory
 from pdserve.attention import make_attention_backend
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.kv.kv_cache import KVCache
-from pdserve.model.config import ModelConfig, config_from_hf
+from pdserve.checkpoint.hf_config import config_from_hf
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.model.weights import build_model, checkpoint_layout
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.gpu.common import Row, Verdict, median_seconds
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 
 LLAMA_8B_KV = KVShape(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16)  # 2 MiB a block in bfloat16
 

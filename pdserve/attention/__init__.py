@@ -10,7 +10,6 @@ import torch
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.selection import (
-    BACKEND_NAMES,
     BATCHED_DTYPES,
     AttentionBackendUnavailable,
     BackendChoice,
@@ -67,6 +66,5 @@ __all__ = [
     "AttentionBackendUnavailable",
     "BackendChoice",
     "make_attention_backend",
-    "BACKEND_NAMES",
     "choose_backend",
 ]

@@ -19,7 +19,8 @@ import torch
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.batched_backend import BatchedTorchBackend
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 from pdserve.measurements import measured
 
 log = logging.getLogger(__name__)

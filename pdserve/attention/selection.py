@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.attention.pool_rows import SUPPORTED_DTYPES
+from pdserve.config import ATTENTION_BACKENDS
 
-BACKEND_NAMES = ("auto", "torch", "flashinfer", "torch-batched")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 BATCHED_DTYPES = SUPPORTED_DTYPES  # what torch-batched computes
 
@@ -32,8 +32,8 @@ def choose_backend(name: str, device_kind: str, flashinfer_problem: str | None,
     """`auto`: flashinfer when nothing stops it; on a CPU with a float32/float64 pool (`dtype`)
     torch-batched; else torch. `flashinfer` with a problem raises AttentionBackendUnavailable; an
     unknown name raises ValueError."""
-    if name not in BACKEND_NAMES:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
     if name == "auto":
         if flashinfer_problem is None:
             return BackendChoice("flashinfer")

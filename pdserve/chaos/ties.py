@@ -215,8 +215,8 @@ def choose(spec: TieSpec, model: str | None = None) -> TieJudge:
         return StrictJudge()
     if spec.tie_judge != "reference":
         raise ValueError(f"unknown tie judge {spec.tie_judge!r}; one of reference, strict")
-    from pdserve.model.errors import ModelLoadError
-    from pdserve.model.loader import resolve_model_path
+    from pdserve.checkpoint.errors import ModelLoadError
+    from pdserve.checkpoint.source import resolve_model_path
 
     try:
         source = resolve_model_path(model)

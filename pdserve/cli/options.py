@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from pdserve.config import CacheConfig, EngineConfig, PreemptionConfig, SchedulerConfig
-from pdserve.model.dtypes import DTYPE_NAMES
-from pdserve.model.layer_kernels import LAYER_KERNELS
-from pdserve.model.weight_layout import WEIGHT_LAYOUTS
+from pdserve.config import (
+    ATTENTION_BACKENDS,
+    DTYPE_NAMES,
+    LAYER_KERNELS,
+    WEIGHT_LAYOUTS,
+    CacheConfig,
+    EngineConfig,
+    PreemptionConfig,
+    SchedulerConfig,
+)
 from pdserve.requests import Priority, SamplingParams
 
 if TYPE_CHECKING:
@@ -28,7 +34,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="weights and KV pool; auto: bfloat16 on CUDA (float16 where the GPU lacks bfloat16), "
                         "float32 on CPU")
     g.add_argument("--attention-backend", default=e.attention_backend,
-                   choices=["auto", "torch", "flashinfer", "torch-batched"],
+                   choices=ATTENTION_BACKENDS,
                    help="auto: flashinfer on a CUDA device with a half-precision pool, torch-batched on a CPU "
                         "with float32 (decode attention read from the KV pool in place by a C kernel built at "
                         "first use), else torch (the reference)")

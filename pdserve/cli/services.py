@@ -117,7 +117,7 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.ready_file:
         _write_ready(args.ready_file, {"port": service.port, "metrics_port": service.metrics_port,
                                        "internal_port": internal_port, "http_port": http_port})
-    stops = _stop_queue(service)
+    stops = _stop_queue(service, args.role)
     supervisor = _watch_supervisor(stops)
     metrics = f", metrics on :{service.metrics_port}/metrics" if service.metrics_port else ""
     registry = f", registry on :{internal_port}" if internal_port else ""
@@ -138,15 +138,14 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_queue(service) -> asyncio.Queue[Stop]:
-    """Signals, and a worker's engine failure, as Stop reasons in arrival order."""
-    from pdserve.worker.service import WorkerService
-
+def _stop_queue(service, role: str) -> asyncio.Queue[Stop]:
+    """Signals, and a worker's engine failure, as Stop reasons in arrival order. (By the role, not
+    the service's type: the router process never imports the worker's modules, nor torch.)"""
     stops: asyncio.Queue[Stop] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stops.put_nowait, Stop.INTERRUPT)
     loop.add_signal_handler(signal.SIGTERM, stops.put_nowait, Stop.DRAIN)
-    if isinstance(service, WorkerService):
+    if role != "router":
         service.on_engine_failure(lambda _: stops.put_nowait(Stop.ENGINE_FAILED))
     return stops
 

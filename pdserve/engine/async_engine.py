@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from pdserve.engine.engine import Engine
-from pdserve.engine.errors import EngineFailed
+from pdserve.errors import EngineFailed
 from pdserve.engine.faults import FaultInjector, NoFaults, RequestFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold

@@ -18,10 +18,10 @@ import torch
 from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
 from pdserve.engine.start_probes import measure_at_start, with_preemption
-from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner, Sampled
 from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
-from pdserve.engine.validation import Limits, validate_request, validate_resumed
+from pdserve.validation import Limits, validate_request, validate_resumed
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
 from pdserve.model.loader import LoadedModel, load_engine_model

@@ -10,23 +10,11 @@ Mechanism only: which block belongs to whom is decided by the KV manager.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from pdserve.kv.host_memory import zeroed_host_tensor
 from pdserve.kv.block_runs import merge_runs
-
-
-@dataclass(frozen=True)
-class KVShape:
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-
-    def block_numel(self) -> int:
-        return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
+from pdserve.kv.host_memory import zeroed_host_tensor
+from pdserve.kv.kv_shape import KVShape
 
 
 class KVCache:

@@ -1,15 +1,6 @@
-"""Model loading and the Llama-family decoder."""
+"""The Llama-family model, its loaders and its CPU weight layouts (a checkpoint's files and config
+are read by pdserve/checkpoint/)."""
 
-from pdserve.model.config import Architecture, ModelConfig
-from pdserve.model.errors import ModelLoadError, UnsupportedModelError
-from pdserve.model.loader import LoadedModel, load_model, resolve_model_path
+from pdserve.model.loader import LoadedModel, load_model
 
-__all__ = [
-    "Architecture",
-    "LoadedModel",
-    "ModelConfig",
-    "ModelLoadError",
-    "UnsupportedModelError",
-    "load_model",
-    "resolve_model_path",
-]
+__all__ = ["LoadedModel", "load_model"]

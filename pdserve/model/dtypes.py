@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+from pdserve.config import DTYPE_NAMES
 
 
 @dataclass(frozen=True)

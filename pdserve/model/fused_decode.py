@@ -31,7 +31,7 @@ from pdserve.attention.batch import ForwardBatch
 from pdserve.attention.native_build import NativeBuildError, load_library
 from pdserve.attention.native_decode import NativeDecode, NativePlan
 from pdserve.kv.kv_cache import KVCache
-from pdserve.model.config import ModelConfig
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.native_kernels import NativeKernels
 from pdserve.model.panel_weights import PANEL_MAX_ROWS, PanelWeight, RowPanels
 

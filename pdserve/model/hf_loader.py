@@ -5,29 +5,19 @@ Reads local files only; never contacts a hub.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from pdserve.model.config import ModelConfig, config_from_hf
-from pdserve.model.errors import ModelLoadError
+from pdserve.checkpoint.errors import ModelLoadError
+from pdserve.checkpoint.hf_config import read_hf_config, read_json
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.model.weights import build_model
 
 INDEX_FILE = "model.safetensors.index.json"
-
-
-def read_hf_config(folder: Path) -> ModelConfig:
-    raw = _read_json(folder / "config.json", "config.json")
-    generation = folder / "generation_config.json"
-    extra_eos = ()
-    if generation.is_file():
-        eos = _read_json(generation, "generation_config.json").get("eos_token_id")
-        extra_eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-    return config_from_hf(raw, name=folder.name, extra_eos=tuple(int(e) for e in extra_eos))
 
 
 def load_hf_model(folder: Path, device: str | torch.device, dtype: torch.dtype) -> tuple[ModelConfig, LlamaForCausalLM]:
@@ -43,7 +33,7 @@ def load_hf_model(folder: Path, device: str | torch.device, dtype: torch.dtype) 
 def tensor_index(folder: Path) -> dict[str, str]:
     """Tensor name -> file name, from the shard index or by listing every safetensors file."""
     if (folder / INDEX_FILE).is_file():
-        weight_map = _read_json(folder / INDEX_FILE, INDEX_FILE).get("weight_map")
+        weight_map = read_json(folder / INDEX_FILE, INDEX_FILE).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ModelLoadError(f"{folder / INDEX_FILE}: no weight_map")
         return dict(weight_map)
@@ -97,13 +87,3 @@ def _open(path: Path) -> Any:
         return safe_open(str(path), framework="pt")
     except (SafetensorError, OSError) as exc:
         raise ModelLoadError(f"{path}: not a readable safetensors file: {exc}") from exc
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot read {what}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: {what} is not a JSON object")
-    return data

@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdserve.config import LAYER_KERNELS
 from pdserve.model.rope import apply_rope
-
-LAYER_KERNELS = ("auto", "native", "torch")
 
 log = logging.getLogger(__name__)
 

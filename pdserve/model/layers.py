@@ -7,7 +7,7 @@ from torch import nn
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.kv.kv_cache import KVCache
-from pdserve.model.config import ModelConfig
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.layer_kernels import LayerKernels, TorchKernels
 from pdserve.model.packed_weights import MIN_PACKED_ROWS, PackedWeight
 from pdserve.model.row_route import DENSE, PACKED, PANELS, RowRoute

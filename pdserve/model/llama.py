@@ -18,7 +18,7 @@ from torch import nn
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch
 from pdserve.kv.kv_cache import KVCache
-from pdserve.model.config import ModelConfig
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.layers import DecoderLayer, Linear, RMSNorm
 from pdserve.model.rope import RotaryEmbedding
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from pdserve.attention.native_build import cache_dir
-from pdserve.model.config import ModelConfig
+from pdserve.checkpoint.errors import ModelLoadError
+from pdserve.checkpoint.model_config import ModelConfig
+from pdserve.checkpoint.source import resolve_model_path
 from pdserve.model.dtypes import serving_dtype
-from pdserve.model.embedded import embedded_model_path
-from pdserve.model.errors import ModelLoadError
 from pdserve.model.gguf_loader import load_gguf_model
 from pdserve.model.hf_loader import load_hf_model
 from pdserve.model.llama import LlamaForCausalLM
@@ -40,16 +40,6 @@ class LoadedModel:
     source_path: Path  # the .gguf file or the checkpoint folder
     ranks: RankGroup = field(default_factory=Alone)
     layout: WeightLayout = WeightLayout("dense")  # how the projections multiply (load_engine_model chose)
-
-
-def resolve_model_path(path: str | None) -> Path:
-    """None -> the embedded GGUF; otherwise the path, which must exist."""
-    if path is None:
-        return embedded_model_path()
-    resolved = Path(path).expanduser()
-    if not resolved.exists():
-        raise ModelLoadError(f"model path {path} does not exist")
-    return resolved
 
 
 def load_model(path: str | None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -1,71 +1,54 @@
-"""Rotary position embedding (rotate-half form) and the frequency scalings models ship with.
-
-Each scaling is a small frozen value that maps the base inverse frequencies to the scaled ones,
-computed in float32 exactly as the reference implementation does, so cos/sin match bit for bit.
+"""Rotary position embedding (rotate-half form) and the frequencies of each scaling models ship
+with (pdserve/checkpoint/rope_scaling.py), computed in float32 exactly as the reference
+implementation does, so cos/sin match bit for bit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class NoRopeScaling:
-    def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        return inv_freq
-
-
-@dataclass(frozen=True)
-class LinearRopeScaling:
-    """Position interpolation: every frequency divided by `factor`."""
-
-    factor: float
-
-    def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        return inv_freq / self.factor
+from pdserve.checkpoint.rope_scaling import (
+    FreqFactorRopeScaling,
+    Llama3RopeScaling,
+    LinearRopeScaling,
+    NoRopeScaling,
+    RopeScaling,
+)
 
 
-@dataclass(frozen=True)
-class Llama3RopeScaling:
-    """Llama 3.1 scaling: low frequencies divided by `factor`, high kept, a smooth ramp between."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-    def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        old_len = self.original_max_position_embeddings
-        low_freq_wavelen = old_len / self.low_freq_factor
-        high_freq_wavelen = old_len / self.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / self.factor, inv_freq)
-        smooth = (old_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-        return torch.where(is_medium, smoothed, scaled)
+def scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """The base inverse frequencies [head_dim // 2] under `scaling`, in float32 as the reference
+    implementations compute them."""
+    match scaling:
+        case NoRopeScaling():
+            return inv_freq
+        case LinearRopeScaling(factor=factor):
+            return inv_freq / factor
+        case Llama3RopeScaling():
+            return _llama3(inv_freq, scaling)
+        case FreqFactorRopeScaling(factors=factors):
+            return inv_freq / torch.tensor(factors, dtype=inv_freq.dtype, device=inv_freq.device)
+    raise TypeError(f"unknown rope scaling {scaling!r}")
 
 
-@dataclass(frozen=True)
-class FreqFactorRopeScaling:
-    """Per-frequency divisors stored with the weights (GGUF `rope_freqs`)."""
-
-    factors: tuple[float, ...]
-
-    def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        return inv_freq / torch.tensor(self.factors, dtype=inv_freq.dtype, device=inv_freq.device)
-
-
-RopeScaling = NoRopeScaling | LinearRopeScaling | Llama3RopeScaling | FreqFactorRopeScaling
+def _llama3(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    old_len = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_len / scaling.low_freq_factor
+    high_freq_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled_low = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled_low / scaling.factor + smooth * scaled_low
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled_low)
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
     """[head_dim // 2] float32, built on the CPU (also while a model is constructed on `meta`)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float) / head_dim
-    return scaling.scale(1.0 / (theta**exponents))
+    return scaled(1.0 / (theta**exponents), scaling)
 
 
 class RotaryEmbedding(torch.nn.Module):

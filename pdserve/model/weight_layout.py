@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from pdserve.config import WEIGHT_LAYOUTS, WEIGHT_PACKINGS
 from pdserve.measurements import measured
 from pdserve.model.layers import DEFAULT_ROUTE, Linear
 from pdserve.model.mkl_weights import MklPanels
@@ -37,9 +38,9 @@ from pdserve.model.row_route import DENSE, PACKED, RowRoute
 from pdserve.model.row_route import PANELS as PANEL_ROUTE
 
 # the packings in the order `auto` prefers them (measured: docs/BENCHMARKS.md, "oneDNN weights and a segment kernel")
-PACKINGS: dict[str, type[PackedWeight]] = {"onednn": OneDnnWeight, "mkl": MklPanels}
+_PACKING_TYPES: dict[str, type[PackedWeight]] = {"onednn": OneDnnWeight, "mkl": MklPanels}
+PACKINGS: dict[str, type[PackedWeight]] = {name: _PACKING_TYPES[name] for name in WEIGHT_PACKINGS}
 PANELS = "panels"
-WEIGHT_LAYOUTS = ("auto", *PACKINGS, PANELS, "dense")
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from pdserve.model.config import ModelConfig
-from pdserve.model.errors import ModelLoadError
+from pdserve.checkpoint.model_config import ModelConfig
+from pdserve.checkpoint.errors import ModelLoadError
 from pdserve.model.llama import LlamaForCausalLM
 
 TensorFetch = Callable[[str], torch.Tensor]  # transformers name -> tensor; KeyError when absent

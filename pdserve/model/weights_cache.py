@@ -37,7 +37,8 @@ FORMAT = 1  # bump when the files' layout changes
 ALIGN = 64  # bytes: every tensor starts on a cache line (and any dtype's boundary)
 State = dict[str, torch.Tensor]
 # the files whose code decides what the assembled weights hold
-LOADER_SOURCES = ("gguf_loader.py", "gguf_dequant.py", "weights.py", "../gguf_file.py")
+LOADER_SOURCES = ("gguf_loader.py", "weights.py", "../checkpoint/gguf_dequant.py", "../checkpoint/gguf_file.py",
+                  "../checkpoint/gguf_config.py")
 
 
 def kept_weights(source: Path, dtype: torch.dtype, assemble: Callable[[], State], cache: Path) -> State:

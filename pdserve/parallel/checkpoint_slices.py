@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from pdserve.model.config import ModelConfig
-from pdserve.model.errors import ModelLoadError
+from pdserve.checkpoint.model_config import ModelConfig
+from pdserve.checkpoint.errors import ModelLoadError
 
 
 class Cut(NamedTuple):
@@ -48,7 +48,8 @@ class CheckpointSlices(ABC):
 
 class SafetensorsSlices(CheckpointSlices):
     def __init__(self, folder: Path):
-        from pdserve.model.hf_loader import ShardSet, read_hf_config, tensor_index
+        from pdserve.checkpoint.hf_config import read_hf_config
+        from pdserve.model.hf_loader import ShardSet, tensor_index
 
         self.config = read_hf_config(folder)
         self._folder, self._index = folder, tensor_index(folder)
@@ -79,7 +80,7 @@ class SafetensorsSlices(CheckpointSlices):
 class _Stored(NamedTuple):
     """A GGUF tensor's entry and its stored bytes ([rows, row_bytes] uint8, a view of the file)."""
 
-    info: Any  # pdserve.gguf_file.GGUFTensor
+    info: Any  # pdserve.checkpoint.gguf_file.GGUFTensor
     data: Any  # numpy array
 
 
@@ -114,7 +115,7 @@ class GGUFSlices(CheckpointSlices):
         """The stored bytes a cut of a matrix needs, and the cut still to apply once dequantised."""
         import numpy as np
 
-        from pdserve.gguf_file import BLOCK_SIZES
+        from pdserve.checkpoint.gguf_file import BLOCK_SIZES
 
         data = stored.data
         if cut.dim == 0:
@@ -127,7 +128,7 @@ class GGUFSlices(CheckpointSlices):
 
 
 def open_slices(source: Path) -> CheckpointSlices:
-    """The reader for a resolved model path (pdserve.model.loader.resolve_model_path)."""
+    """The reader for a resolved model path (pdserve.checkpoint.source.resolve_model_path)."""
     if source.is_dir():
         if not (source / "config.json").is_file():
             raise ModelLoadError(f"{source}: no config.json (expected a transformers checkpoint folder or a .gguf file)")

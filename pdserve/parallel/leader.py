@@ -30,7 +30,7 @@ from pdserve.config import EngineConfig
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
 from pdserve.model.loader import LoadedModel, load_model_shard
-from pdserve.model.metadata import read_model_config
+from pdserve.checkpoint.source import read_model_config
 from pdserve.parallel.config import TensorParallelConfig
 from pdserve.parallel.follower import FollowerSpec, rank_device, store_key
 from pdserve.parallel.plan import ForwardPlan

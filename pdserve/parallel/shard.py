@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from pdserve.model.config import ModelConfig
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.layers import Attention, MLP
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.parallel.communicator import Communicator

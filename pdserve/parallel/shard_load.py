@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from pdserve.model.errors import ModelLoadError
+from pdserve.checkpoint.errors import ModelLoadError
 from pdserve.model.llama import LlamaForCausalLM
 from pdserve.model.weights import Assembly, Part, checkpoint_layout
 from pdserve.parallel.checkpoint_slices import CheckpointSlices, Cut, open_slices

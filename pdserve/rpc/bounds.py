@@ -11,7 +11,7 @@ import math
 import re
 
 from pdserve.config import DeadlineConfig
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 
 MAX_TIMEOUT_S = 600.0
 DEFAULT_KV_TIMEOUT_S = DeadlineConfig().kv_timeout_s

@@ -15,11 +15,9 @@ from typing import NamedTuple
 
 import grpc
 
-from pdserve.engine.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, OverloadedError
+from pdserve.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, OverloadedError, PeerFault
 from pdserve.rpc.convert import WireError
-from pdserve.sampling.validate import InvalidSamplingParams
 from pdserve.tokenizer.base import ChatTemplateError
-from pdserve.worker.errors import PeerFault
 
 log = logging.getLogger(__name__)
 FAULT_METADATA = "pdserve-fault"  # trailing metadata naming the peer that caused a failure
@@ -41,7 +39,6 @@ class PermissionDenied(RuntimeError):
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (DuplicateRequestError, grpc.StatusCode.ALREADY_EXISTS),
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
-    (InvalidSamplingParams, grpc.StatusCode.INVALID_ARGUMENT),
     (ChatTemplateError, grpc.StatusCode.INVALID_ARGUMENT),
     (WireError, grpc.StatusCode.INVALID_ARGUMENT),
     (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),

@@ -23,8 +23,6 @@ import torch
 
 from pdserve.requests import TokenLogprobs
 
-MAX_LOGPROBS = 20
-
 
 def token_logprobs(
     logits: torch.Tensor, tokens: Sequence[int], requested: Sequence[int | None]

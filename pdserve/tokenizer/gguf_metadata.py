@@ -1,8 +1,8 @@
 """Read the key/value metadata of a GGUF file, without touching its tensors (the project's one GGUF
-reader, pdserve/gguf_file.py, does the reading), so a tokenizer loads in a fraction of a second."""
+reader, pdserve/checkpoint/gguf_file.py, does the reading), so a tokenizer loads in a fraction of a second."""
 
 from __future__ import annotations
 
-from pdserve.gguf_file import GGUFFormatError, GGUFValueType, read_gguf_metadata
+from pdserve.checkpoint.gguf_file import GGUFFormatError, GGUFValueType, read_gguf_metadata
 
 __all__ = ["GGUFFormatError", "GGUFValueType", "read_gguf_metadata"]

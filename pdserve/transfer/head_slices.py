@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from pdserve.kv.kv_cache import KVShape
+from pdserve.kv.kv_shape import KVShape
 from pdserve.transfer.descriptors import ByteRange
 
 

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
-from pdserve.engine.errors import EngineFailed
+from pdserve.errors import EngineFailed
 
 T = TypeVar("T")
 

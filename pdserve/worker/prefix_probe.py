@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pdserve.engine.async_engine import AsyncEngine
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 
 
 async def cached_prefix(engine: AsyncEngine, token_ids: Sequence[int]) -> int:

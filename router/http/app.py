@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp_sse import sse_response
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from router.gateway import Gateway, Generation
 from router.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
 from router.http.openai_requests import OpenAIRequest, chat_request, completion_request

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 
 Body = dict[str, Any]
 

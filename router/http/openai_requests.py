@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from pdserve.requests import Priority, SamplingParams
 from pdserve.tokenizer import ChatMessage
 from router.asks import Ask, ChatPrompt, Prompt, TextPrompt, TokenPrompt

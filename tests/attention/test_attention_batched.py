@@ -10,7 +10,8 @@ import torch
 from pdserve.attention import AttentionBackendUnavailable, make_attention_backend
 from pdserve.attention.batched_backend import BatchedTorchBackend
 from pdserve.attention.torch_backend import TorchAttentionBackend
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 from tests.attention.naive import naive_attention
 from tests.attention.test_attention_torch import LAYERS, Case, build, new_rows
 

@@ -10,7 +10,8 @@ import torch
 
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.torch_backend import TorchAttentionBackend
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 from tests.attention.naive import naive_attention
 
 LAYERS = 2

@@ -16,7 +16,8 @@ import torch
 from pdserve.attention import make_attention_backend
 from pdserve.attention.batch import SeqSpan
 from pdserve.attention.native_decode import NativeDecode, load_native_decode
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 from tests.attention.naive import naive_attention
 
 LAYERS = 3

@@ -16,7 +16,7 @@ from benchmarks.gpu.common import Row, Verdict
 from benchmarks.gpu.decode_bound import DecodeShape, decode_rows, tiny_raw
 from benchmarks.gpu.engine_checks import half_row, swap_row, tensor_parallel_row
 from benchmarks.gpu.swap_copy import swap_copy_row
-from pdserve.kv.kv_cache import KVShape
+from pdserve.kv.kv_shape import KVShape
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")

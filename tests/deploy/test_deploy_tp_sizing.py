@@ -22,9 +22,10 @@ from test_deploy_gpu_defaults import workers_of
 from pdserve.cli import main
 from pdserve.cli.options import engine_config
 from pdserve.config import EngineConfig
-from pdserve.model.config import ModelConfig, config_from_hf
+from pdserve.checkpoint.hf_config import config_from_hf
+from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.dtypes import DeviceFacts, resolve_dtype
-from pdserve.model.metadata import read_model_config
+from pdserve.checkpoint.source import read_model_config
 from pdserve.parallel.shard import check_tensor_parallel
 from pdserve.sim.deployment import SimConfig, default_tp, valid_tps
 from pdserve.sim.hardware import HardwareProfile, get_hardware

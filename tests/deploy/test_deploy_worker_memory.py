@@ -15,7 +15,7 @@ from k8s_render import Manifest, pod_templates
 from test_deploy_tp_sizing import config_map, workers
 
 from pdserve.config import EngineConfig
-from pdserve.model.metadata import read_model_config
+from pdserve.checkpoint.source import read_model_config
 
 CPU_LAYOUTS = ("base", "cpu-demo")  # the GPU overlay's pools are sized by test_deploy_tp_sizing.py
 # A worker's memory beside its pools: 1.6 GB RSS for a prefill worker with untouched pools

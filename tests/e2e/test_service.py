@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+from pathlib import Path
 
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -104,3 +105,12 @@ def test_health_and_reflection(client, channel):
     responses = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     names = {s.name for r in responses for s in r.list_services_response.service}
     assert "pdserve.v1.Generation" in names and "grpc.health.v1.Health" in names
+
+
+def test_the_router_process_never_loads_torch(service, client):
+    """The router routes: it reads the model's config and tokenizer, never its weights, so after
+    serving a request no torch library is mapped into its process."""
+    assert client.generate("The capital of France is", max_tokens=2, **GREEDY).token_ids
+    maps = Path(f"/proc/{service['router'].process.pid}/maps").read_text()
+    libraries = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if ".so" in line}
+    assert not {lib for lib in libraries if "torch" in lib}, sorted(libraries)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from pdserve.engine.async_engine import AsyncEngine
-from pdserve.engine.errors import EngineFailed
+from pdserve.errors import EngineFailed
 from pdserve.engine.faults import FileTrigger, RequestFault
 from pdserve.engine.outputs import AbortResult, StepResult
 from tests.engine.driver import GREEDY, make_engine, tiny_prompt

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from tests.engine.driver import (GREEDY, SEEDED, Arrival, Trace, assert_all_blocks_released, make_engine, run, step,
                                  tiny_prompt)
 

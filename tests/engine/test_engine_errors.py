@@ -12,9 +12,9 @@ import pytest
 
 from pdserve.config import EngineConfig
 from pdserve.engine.engine import Engine
-from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
+from pdserve.errors import DuplicateRequestError, InvalidRequestError
 from pdserve.engine.llm import LLM
-from pdserve.model.errors import ModelLoadError
+from pdserve.checkpoint.errors import ModelLoadError
 from tests.engine.driver import (GREEDY, Arrival, Trace, add, assert_all_blocks_released, make_engine, run, step,
                                  tiny_prompt)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from pdserve.kv.host_memory import HUGE_PAGE_BYTES, zeroed_host_tensor
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from pdserve.gguf_file import GGMLType
+from pdserve.checkpoint.gguf_file import GGMLType
 
 
 def gguf_bytes(tensors=(("w", (32, 2), int(GGMLType.F32), 0),), kvs=b"", kv_count=0, version=3,

@@ -12,7 +12,8 @@ from pdserve.attention.batched_backend import BatchedTorchBackend
 from pdserve.attention.native_decode import NativeDecode
 from pdserve.attention.torch_backend import TorchAttentionBackend
 from pdserve.engine.decode_probe import DecodeTimings, decode_batch, fused_rows, measure_decode, tune_fused_rows
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 from pdserve.model.fused_decode import fuse_decode
 from pdserve.model.layer_kernels import apply_layer_kernels
 from pdserve.model.weight_layout import PANELS, apply_weight_layout

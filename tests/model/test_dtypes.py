@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pdserve.model.dtypes import DTYPE_NAMES, DeviceFacts, resolve_dtype, serving_dtype
+from pdserve.config import DTYPE_NAMES
+from pdserve.model.dtypes import DeviceFacts, resolve_dtype, serving_dtype
 
 CPU = DeviceFacts("cpu")
 AMPERE = DeviceFacts("cuda", bf16_supported=True)

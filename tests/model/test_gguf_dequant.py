@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from pdserve.gguf_file import BLOCK_SIZES, GGMLType, GGUFFile, GGUFTensor
-from pdserve.model.errors import UnsupportedModelError
-from pdserve.model.gguf_dequant import KERNELS, dequantize
-from pdserve.model.gguf_loader import dequantize_tensor
+from pdserve.checkpoint.gguf_file import BLOCK_SIZES, GGMLType, GGUFFile, GGUFTensor
+from pdserve.checkpoint.errors import UnsupportedModelError
+from pdserve.checkpoint.gguf_dequant import KERNELS, dequantize
+from pdserve.checkpoint.gguf_config import dequantize_rows
 from tests.model.gguf_bytes import gguf_bytes, write
 
 QUANTISABLE = (GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
@@ -28,13 +27,13 @@ def reference(raw: np.ndarray, kind: GGMLType) -> np.ndarray:
         return gguf_dequantize(raw, GGMLQuantizationType(int(kind))).reshape(raw.shape[0], -1)
 
 
-def assert_bits_equal(ours: torch.Tensor, expected: np.ndarray) -> None:
+def assert_bits_equal(ours: np.ndarray, expected: np.ndarray) -> None:
     """Equal bit patterns (NaNs included)."""
-    assert ours.dtype == torch.float32 and tuple(ours.shape) == expected.shape
-    assert np.array_equal(ours.numpy().view(np.uint32), np.ascontiguousarray(expected).view(np.uint32))
+    assert ours.dtype == np.float32 and ours.shape == expected.shape
+    assert np.array_equal(np.ascontiguousarray(ours).view(np.uint32), np.ascontiguousarray(expected).view(np.uint32))
 
 
-def ours(raw: np.ndarray, kind: GGMLType) -> torch.Tensor:
+def ours(raw: np.ndarray, kind: GGMLType) -> np.ndarray:
     with np.errstate(all="ignore"):  # random bytes hold infinite scales and NaNs
         return dequantize(raw, kind)
 
@@ -68,14 +67,14 @@ def test_blocks_quantised_by_gguf_py(kind):
     raw = np.ascontiguousarray(quantize(values, GGMLQuantizationType(int(kind)))).view(np.uint8)
     ours = dequantize(raw.reshape(8, -1), kind)
     assert_bits_equal(ours, reference(raw.reshape(8, -1), kind))
-    assert torch.allclose(ours, torch.from_numpy(values), atol=1.0)
+    assert np.allclose(ours, values, atol=1.0)
 
 
-def test_the_result_is_a_fresh_writable_tensor():
+def test_the_result_is_a_fresh_writable_array():
     raw = random_blocks(GGMLType.F32)
     raw.setflags(write=False)
     values = dequantize(raw, GGMLType.F32)
-    values.zero_()
+    values.fill(0)
     assert raw.any()
 
 
@@ -90,4 +89,4 @@ def test_a_type_nobody_dequantises_is_unsupported(tmp_path):
     file = GGUFFile(write(tmp_path, gguf_bytes(((("w", (8, 2), int(GGMLType.I32), 0)),))))
     tensor: GGUFTensor = file.tensors["w"]
     with pytest.raises(UnsupportedModelError, match="tensor w type I32"):
-        dequantize_tensor(file, tensor, file.raw(tensor))
+        dequantize_rows(file, tensor, file.raw(tensor))

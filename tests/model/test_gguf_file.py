@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pdserve.gguf_file import BLOCK_SIZES, GGMLType, GGUFFile, GGUFFormatError, read_gguf_metadata
+from pdserve.checkpoint.gguf_file import BLOCK_SIZES, GGMLType, GGUFFile, GGUFFormatError, read_gguf_metadata
 from tests.model.gguf_bytes import gguf_bytes, string, write
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.kv.kv_cache import KVShape
-from pdserve.model import Architecture, ModelLoadError, UnsupportedModelError
-from pdserve.model.config import config_from_hf
-from pdserve.model.rope import Llama3RopeScaling, LinearRopeScaling, NoRopeScaling
+from pdserve.kv.kv_shape import KVShape
+from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
+from pdserve.checkpoint.hf_config import config_from_hf
+from pdserve.checkpoint.model_config import Architecture
+from pdserve.checkpoint.rope_scaling import Llama3RopeScaling, LinearRopeScaling, NoRopeScaling
 
 
 def llama_json(**overrides):

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pdserve.model import ModelLoadError, UnsupportedModelError, load_model
+from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
+from pdserve.model import load_model
 from tests.helpers.paged_driver import PagedDriver
 from tests.helpers.reference import hf_last_logits
 

@@ -7,8 +7,9 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from pdserve.model.config import config_from_hf
-from pdserve.model.rope import FreqFactorRopeScaling, RotaryEmbedding, apply_rope, inverse_frequencies
+from pdserve.checkpoint.hf_config import config_from_hf
+from pdserve.checkpoint.rope_scaling import FreqFactorRopeScaling
+from pdserve.model.rope import RotaryEmbedding, apply_rope, inverse_frequencies
 
 ROPES = {
     "default": {"rope_type": "default", "rope_theta": 10000.0},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.model.metadata import served_name
+from pdserve.checkpoint.source import served_name
 
 
 def test_the_embedded_model_is_named_without_its_quantisation():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pdserve.model.errors import ModelLoadError
+from pdserve.checkpoint.errors import ModelLoadError
 from pdserve.model.loader import load_model
 from pdserve.parallel.checkpoint_slices import Cut, GGUFSlices, SafetensorsSlices, open_slices
 from pdserve.parallel.communicator import InProcessGroup

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from pdserve.engine.errors import DuplicateRequestError, InvalidRequestError
-from pdserve.engine.validation import Limits
+from pdserve.errors import DuplicateRequestError, InvalidRequestError
+from pdserve.validation import Limits
 from pdserve.rpc.drain import Drain
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb

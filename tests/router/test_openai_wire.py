@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from pdserve.requests import FinishReason, Priority, TokenLogprobs
 from router.asks import ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
 from router.http.openai_requests import chat_request, completion_request

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from pdserve.requests import FinishReason, SamplingParams
 from pdserve.rpc.errors import Unavailable
 from router.breaker import BreakerConfig, BreakerState, CircuitBreaker

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from pdserve.engine.errors import OverloadedError
-from pdserve.engine.validation import Limits
+from pdserve.errors import OverloadedError
+from pdserve.validation import Limits
 from pdserve.requests import Priority
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import PermissionDenied, Unauthenticated

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from pdserve.requests import FinishReason, Priority, SamplingParams
 from pdserve.rpc.convert import (
     WireError,

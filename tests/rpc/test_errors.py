@@ -10,9 +10,8 @@ import weakref
 import grpc
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError, PeerFault
 from pdserve.rpc.errors import Undecodable, _wrap_stream, _wrap_unary
-from pdserve.worker.errors import PeerFault
 
 
 class Context:

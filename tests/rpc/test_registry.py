@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from pdserve.engine.errors import InvalidRequestError, OverloadedError
+from pdserve.errors import InvalidRequestError, OverloadedError
 from pdserve.rpc.channels import ChannelPool
 from router.discovery import RegistryServicer
 from router.grpc_clients import GrpcWorkerClients

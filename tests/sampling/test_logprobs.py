@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from pdserve.requests import SamplingParams
-from pdserve.sampling import InvalidSamplingParams, Sampler, TokenLogprobs, token_logprobs, validate_sampling
+from pdserve.sampling import Sampler, TokenLogprobs, token_logprobs
+from pdserve.validation import InvalidSamplingParams, validate_sampling
 
 VOCAB = 50
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from pdserve.requests import SamplingParams
-from pdserve.sampling import InvalidSamplingParams, validate_sampling
+from pdserve.validation import InvalidSamplingParams, validate_sampling
 
 VOCAB = 100
 

@@ -7,7 +7,8 @@ import itertools
 import pytest
 import torch
 
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 from pdserve.transfer import InProcessFabric, TransferError, TransferRejected, make_transport
 from pdserve.transfer.descriptors import merge_runs
 from pdserve.transfer.head_slices import (

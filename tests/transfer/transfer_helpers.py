@@ -5,7 +5,8 @@ import os
 
 import torch
 
-from pdserve.kv.kv_cache import KVCache, KVShape
+from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_shape import KVShape
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 

@@ -16,7 +16,7 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.faults import FaultInjector, NoFaults
 from pdserve.requests import Priority, SamplingParams
 from pdserve.transfer import InProcessFabric, KVReceiver, KVSender, make_transport
-from pdserve.worker.errors import PeerFault
+from pdserve.errors import PeerFault
 from pdserve.worker.events import Finished, PrefillDone, Reserved, Tokens
 from pdserve.worker.leases import Leases
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target

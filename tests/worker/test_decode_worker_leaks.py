@@ -7,7 +7,7 @@ import pytest
 
 from decode_service.worker import DecodeJob, DecodeWorker
 from pdserve.engine.async_engine import AsyncEngine
-from pdserve.engine.errors import InvalidRequestError
+from pdserve.errors import InvalidRequestError
 from pdserve.requests import Priority
 from pdserve.transfer import InProcessFabric, TransferTimeout, make_transport
 from pdserve.worker.events import Reserved

@@ -6,10 +6,9 @@ import asyncio
 import pytest
 
 from decode_service.worker import DecodeJob, DecodeWorker
-from pdserve.engine.errors import EngineFailed
+from pdserve.errors import EngineFailed, RequestFailed
 from pdserve.engine.faults import FaultInjector, InjectedFault, RequestFault
 from pdserve.requests import FinishReason, Priority, SamplingParams
-from pdserve.worker.errors import RequestFailed
 from pdserve.worker.events import Finished
 from pdserve.worker.leases import Leases
 from tests.worker.pair import make_pair, start_engine

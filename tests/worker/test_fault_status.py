@@ -6,12 +6,11 @@ import asyncio
 import grpc
 import pytest
 
-from pdserve.engine.errors import EngineFailed, InvalidRequestError
+from pdserve.errors import EngineFailed, InvalidRequestError, PeerFault
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.errors import ErrorInterceptor
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.errors import PeerFault
 from prefill_service.servicer import GrpcDecodePeer
 from prefill_service.worker import Piece
 

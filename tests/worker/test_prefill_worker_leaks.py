@@ -8,7 +8,7 @@ import pytest
 from pdserve.requests import Priority
 from pdserve.transfer import KVSender, TransferError, TransferResult
 from pdserve.worker.events import ChunkDone, PrefillDone
-from pdserve.worker.errors import PeerFault
+from pdserve.errors import PeerFault
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 from tests.worker.pair import BLOCK, GREEDY, block_until, settle, start_engine

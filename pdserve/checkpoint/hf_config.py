@@ -1,70 +1,25 @@
-"""What the model code needs to know about a checkpoint, read once from config.json or GGUF metadata.
-
-NOTE: sliding-window models (Mistral) are run with full attention and their usable context capped
-to the window: within the window the two are identical, so `max_position_embeddings` is
-min(max positions, window) and `sliding_window` keeps the original value for reference.
-"""
+"""A transformers checkpoint's config.json (and generation_config.json's end-of-sequence ids)
+-> ModelConfig, in pure Python. Both the old `rope_scaling` and the new `rope_parameters` forms."""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
+import json
+from pathlib import Path
 from typing import Any
 
-from pdserve.kv.kv_cache import KVShape
-from pdserve.model.errors import ModelLoadError, UnsupportedModelError
-from pdserve.model.rope import (
-    Llama3RopeScaling,
-    LinearRopeScaling,
-    NoRopeScaling,
-    RopeScaling,
-)
+from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
+from pdserve.checkpoint.model_config import Architecture, ModelConfig
+from pdserve.checkpoint.rope_scaling import Llama3RopeScaling, LinearRopeScaling, NoRopeScaling, RopeScaling
 
 
-class Architecture(str, enum.Enum):
-    LLAMA = "LlamaForCausalLM"
-    MISTRAL = "MistralForCausalLM"
-    QWEN2 = "Qwen2ForCausalLM"
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    architecture: Architecture
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: RopeScaling
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-    name: str
-    o_proj_bias: bool = False  # Llama with attention_bias=true also biases o_proj
-    sliding_window: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ModelLoadError(f"{self.name}: {self.num_heads} heads not divisible by {self.num_kv_heads} KV heads")
-        if self.head_dim % 2:
-            raise ModelLoadError(f"{self.name}: head_dim {self.head_dim} must be even for rotary embedding")
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def kv_shape(self, block_size: int) -> KVShape:
-        return KVShape(self.num_layers, self.num_kv_heads, self.head_dim, block_size)
+def read_hf_config(folder: Path) -> ModelConfig:
+    raw = read_json(folder / "config.json", "config.json")
+    generation = folder / "generation_config.json"
+    extra_eos = ()
+    if generation.is_file():
+        eos = read_json(generation, "generation_config.json").get("eos_token_id")
+        extra_eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    return config_from_hf(raw, name=folder.name, extra_eos=tuple(int(e) for e in extra_eos))
 
 
 def config_from_hf(raw: dict[str, Any], name: str, extra_eos: tuple[int, ...] = ()) -> ModelConfig:
@@ -154,3 +109,13 @@ def _as_ids(value: Any) -> tuple[int, ...]:
 
 def _merge_ids(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(first + second))
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read {what}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: {what} is not a JSON object")
+    return data

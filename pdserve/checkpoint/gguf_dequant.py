@@ -23,18 +23,17 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import torch
 
-from pdserve.gguf_file import BLOCK_SIZES, GGMLType
+from pdserve.checkpoint.gguf_file import BLOCK_SIZES, GGMLType
 
 Kernel = Callable[[np.ndarray], np.ndarray]  # [n, block bytes] uint8 -> [n, block elements] float32
 
 
-def dequantize(raw: np.ndarray, kind: GGMLType) -> torch.Tensor:
-    """[rows, row_bytes] uint8 -> [rows, row elements] float32, a new tensor (never a view of `raw`)."""
+def dequantize(raw: np.ndarray, kind: GGMLType) -> np.ndarray:
+    """[rows, row_bytes] uint8 -> [rows, row elements] float32, a new array (never a view of `raw`)."""
     kernel = KERNELS.get(kind)
     values = _gguf_py(raw, kind) if kernel is None else kernel(raw.reshape(-1, BLOCK_SIZES[kind].nbytes))
-    return torch.from_numpy(values.reshape(raw.shape[0], -1))
+    return values.reshape(raw.shape[0], -1)
 
 
 def _gguf_py(raw: np.ndarray, kind: GGMLType) -> np.ndarray:

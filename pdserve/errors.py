@@ -1,0 +1,36 @@
+"""The errors a request can end with, raised by the engine, the workers and the router alike;
+pdserve/rpc/errors.py maps each to its gRPC status code. No dependencies, so every process
+(the router's included) imports them without the engine."""
+
+from __future__ import annotations
+
+
+class InvalidRequestError(ValueError):
+    """The request can never be served as given (maps to INVALID_ARGUMENT)."""
+
+
+class DuplicateRequestError(ValueError):
+    """A request with this id is already running (maps to ALREADY_EXISTS)."""
+
+
+class OverloadedError(RuntimeError):
+    """Queues are full (maps to RESOURCE_EXHAUSTED)."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine of this process stopped (a fault in a step, or shutdown): nothing more can run
+    here, so callers retry on another worker (maps to UNAVAILABLE)."""
+
+
+class RequestFailed(RuntimeError):
+    """The engine aborted this request because a step failed on it; other requests go on."""
+
+
+class PeerFault(RuntimeError):
+    """The request failed because of the peer worker this one works with, not this one: a prefill
+    worker whose decode worker refused, dropped or timed out a KV piece. The stream ends with
+    UNAVAILABLE and trailing metadata `pdserve-fault: <peer>`, so the router charges the peer."""
+
+    def __init__(self, message: str, peer: str = "decode"):
+        super().__init__(message)
+        self.peer = peer
