@@ -36,6 +36,7 @@ BENCHMARKS = (
     Benchmark("tracing_overhead", ("--rounds", "2", "--requests", "2", "--tokens", "16")),
     Benchmark("http_vs_grpc", ("--rounds", "2", "--concurrency", "4", "--tokens", "16")),
     Benchmark("worker_start", ("--repeats", "1", "--spawns", "1")),
+    Benchmark("router_start", ("--spawns", "1")),
     Benchmark("rank_checkpoint_read", ()),
 )
 
