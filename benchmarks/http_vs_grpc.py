@@ -25,7 +25,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pdserve.cli.supervisor import Supervisor  # noqa: E402
-from pdserve.cli.up import wait_serving  # noqa: E402
+from pdserve.procs.health import wait_serving  # noqa: E402
 from pdserve.v1 import generation_pb2 as pb  # noqa: E402
 from pdserve.v1 import generation_pb2_grpc  # noqa: E402
 from tests.helpers.cluster import cluster_flags  # noqa: E402

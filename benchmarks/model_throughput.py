@@ -58,10 +58,8 @@ from pdserve.attention.batch import ForwardBatch, SeqSpan  # noqa: E402
 from pdserve.engine.host_logits import HostLogits  # noqa: E402
 from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
-from pdserve.model.fused_decode import fuse_decode  # noqa: E402
+from pdserve.cpu.transform import apply_cpu_paths  # noqa: E402
 from pdserve.config import LAYER_KERNELS  # noqa: E402
-from pdserve.model.layer_kernels import apply_layer_kernels  # noqa: E402
-from pdserve.model.weight_layout import apply_weight_layout  # noqa: E402
 from pdserve.sampling.sampler import argmax_rows  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -302,9 +300,8 @@ def weight_layouts(loaded: LoadedModel, names: list[str], kernels: str) -> dict[
     layouts = {"dense": loaded}
     for name in (n for n in names if n != "dense"):
         model = copy.deepcopy(loaded.model)
-        chosen = apply_weight_layout(model, name, "cpu", torch.float32)  # raises where the library cannot pack
-        apply_layer_kernels(model, kernels, "cpu", torch.float32)
-        fuse_decode(model)  # as the engine serves: where panels and native kernels both run
+        # as the engine serves (raises where the library cannot pack)
+        chosen = apply_cpu_paths(model, name, kernels, "cpu", torch.float32)
         if name == "auto":  # and for as many rows as the engine measures the fused step faster
             kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), 256, torch.float32, "cpu")
             tune_fused_rows(model, kv, make_attention_backend("torch-batched", "cpu", torch.float32),

@@ -7,18 +7,13 @@ import argparse
 from decode_service.servicer import DecodeServicer
 from decode_service.worker import DecodeWorker
 from pdserve.parallel.kv_ranks import RanksReceiver, open_receiver
-from pdserve.rpc.channels import ChannelPool, split_addresses
-from pdserve.rpc.drain import Drain
-from pdserve.rpc.registration import Registration
-from pdserve.rpc.security import security_from_args
-from pdserve.rpc.server import ServiceBinding, start_server
 from pdserve.transfer import make_transport
-from pdserve.v1 import worker_pb2, worker_pb2_grpc
-from pdserve.worker.leases import Leases
-from pdserve.worker.metrics_feed import MetricsFeed
-from pdserve.worker.observability import start_observability
-from pdserve.worker.runtime import RuntimeConfig, WorkerRuntime, build_runtime
+from pdserve.v1 import worker_pb2_grpc
+from pdserve.worker.runtime import RuntimeConfig, WorkerRuntime
 from pdserve.worker.service import WorkerService
+from pdserve.worker.startup import Role, lay_groundwork, serve
+
+DECODE = Role("decode", "DecodeWorker", worker_pb2_grpc.add_DecodeWorkerServicer_to_server, hold_blocks=False)
 
 
 async def _receiver(runtime: WorkerRuntime) -> RanksReceiver:
@@ -29,26 +24,11 @@ async def _receiver(runtime: WorkerRuntime) -> RanksReceiver:
 
 
 async def start_decode(args: argparse.Namespace, runtime_config: RuntimeConfig) -> WorkerService:
-    security = security_from_args(args)
-    obs = start_observability("pdserve-decode", args)
-    runtime = build_runtime(runtime_config, hold_blocks=False)
-    leases = Leases()
-    feed = MetricsFeed(runtime.async_engine, obs.metrics, leases)
+    ground = lay_groundwork(args, runtime_config, DECODE)
+    runtime = ground.runtime
     receiver = await _receiver(runtime) if args.transport == "ucx" else None
-    worker = DecodeWorker(runtime.async_engine, receiver, leases, args.quarantine_timeout_s)
-    drainer = Drain()
-    servicer = DecodeServicer(worker, args.transport, receiver.address() if receiver else b"", "",
-                              runtime.block_size, runtime.block_nbytes, runtime.engine.kv.num_blocks,
-                              obs.tracing.tracer(), drainer, receiver.ends if receiver else ())
-    name = worker_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].full_name
-    server = await start_server([ServiceBinding(worker_pb2_grpc.add_DecodeWorkerServicer_to_server, servicer, name)],
-                                args.host, args.port, security.server_credentials(),
-                                security.server_interceptors(), args.health_port)
-    servicer.endpoint = f"{args.advertise_host or args.host}:{server.port}"
-    channels = ChannelPool(security)
-    registration = Registration(channels, split_addresses(args.register_with), servicer.endpoint, "decode")
-    feed.start()
-    registration.start()
-    await server.set_serving(True)
-    return WorkerService(runtime, server, receiver, channels, obs, feed, drainer, registration,
-                         lambda: len(worker.sessions))
+    worker = DecodeWorker(runtime.async_engine, receiver, ground.leases, args.quarantine_timeout_s)
+    servicer = DecodeServicer(worker, ground.observability.tracing.tracer(), ground.drainer, args.transport,
+                              receiver.address() if receiver else b"", runtime.block_size, runtime.block_nbytes,
+                              runtime.engine.kv.num_blocks, receiver.ends if receiver else ())
+    return await serve(args, ground, DECODE, servicer, receiver)

@@ -14,30 +14,26 @@ from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, 
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.kv_ranks import kv_ranks_to_pb
 from pdserve.rpc.errors import PermissionDenied
-from pdserve.rpc.worker_rpcs import CommonWorkerRpcs
 from pdserve.telemetry import extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
+from pdserve.worker.rpcs import CommonWorkerRpcs
 
 
 class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
     role = "decode"
 
-    def __init__(self, worker: DecodeWorker, transport: str, kv_address: bytes, endpoint: str,
-                 block_size: int, block_nbytes: int, num_blocks: int, tracer: trace.Tracer, draining: Drain,
+    def __init__(self, worker: DecodeWorker, tracer: trace.Tracer, draining: Drain, transport: str,
+                 kv_address: bytes, block_size: int, block_nbytes: int, num_blocks: int,
                  kv_ranks: Sequence[RankEnd] = ()):
         """`kv_ranks`: every tensor-parallel rank's receiver (rank 0's at `kv_address`); block_nbytes is one rank's."""
-        self.worker = worker
+        super().__init__(worker, tracer, draining, transport)
         self.kv_ranks = kv_ranks_to_pb(kv_ranks)
-        self.tracer = tracer
-        self.transport = transport
         self.kv_address = kv_address
-        self.endpoint = endpoint
         self.block_size = block_size
         self.block_nbytes = block_nbytes
         self.num_blocks = num_blocks
-        self.draining = draining
 
     async def Decode(self, request: wpb.DecodeRequest, context):
         self.draining.refuse_if_draining()
@@ -58,7 +54,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
                     yield self._event_to_pb(event)
             finally:
                 span.set_attribute("pdserve.decode.tokens", tokens)
-                self.worker.close(session)
+                self.worker.live.close(session)
 
     def _event_to_pb(self, event) -> wpb.DecodeEvent:
         if isinstance(event, Tokens):
@@ -68,7 +64,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
             return wpb.DecodeEvent(reserved=wpb.KVReservation(
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,
                 block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
-                decode_endpoint=self.endpoint, kv_secret=event.secret, num_blocks=self.num_blocks,
+                decode_endpoint=self.address, kv_secret=event.secret, num_blocks=self.num_blocks,
                 cached_blocks=event.cached_blocks, ranks=self.kv_ranks))
         if isinstance(event, Finished):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(

@@ -34,8 +34,7 @@ from decode_service.intake import Intake, Unsafe
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.config import DeadlineConfig
-from pdserve.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, RequestFailed
-from pdserve.engine.faults import RequestFault
+from pdserve.errors import InvalidRequestError
 from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.kv import BlockHold
 from pdserve.parallel.kv_ranks import RanksReceiver
@@ -45,7 +44,8 @@ from pdserve.transfer import KVReceiver
 from pdserve.worker.commands import submit
 from pdserve.worker.events import Finished, Notice, Reserved, Tokens
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
-from pdserve.worker.session import Session, SessionTable
+from pdserve.worker.live import LiveRequests
+from pdserve.worker.session import Session
 
 log = logging.getLogger(__name__)
 SECRET_BYTES = 16
@@ -64,8 +64,8 @@ class DecodeJob:
 
 @dataclass(eq=False)
 class _Live:
-    """A request between open and close. `request` is the engine's, bound when it was added, so
-    step results of an earlier request under the same id never reach this one."""
+    """A request between open and its end (a LiveRequest). `request` is the engine's, bound when
+    it was added, so step results of an earlier request under the same id never reach this one."""
 
     job: DecodeJob
     session: Session
@@ -82,70 +82,28 @@ class DecodeWorker:
         self.engine = engine
         self.receiver = receiver if receiver is None or isinstance(receiver, RanksReceiver) else RanksReceiver.alone(
             receiver, engine.engine.kv.shape.num_kv_heads)
-        self.sessions = SessionTable()
+        self.live: LiveRequests[_Live] = LiveRequests(engine, self._end)
         self.leases = leases
         self.quarantine_timeout_s = quarantine_timeout_s
         self.intakes: dict[str, Intake] = {}  # transfer id -> its intake
-        self._live: dict[str, _Live] = {}
         self._transfer_ids = itertools.count()  # a transfer id is never reused, even after a failure
         engine.add_listener(self.on_step)
-        engine.add_failure_listener(self.on_engine_failed)
-        engine.add_request_fault_listener(self.on_request_fault)
 
     async def open(self, job: DecodeJob) -> Session:
         _check_job(job)
-        if job.request_id in self.sessions:
-            raise DuplicateRequestError(f"request_id {job.request_id!r} is already running")
+        self.live.check_free(job.request_id)
         if not job.local_prefill and self.receiver is None:
             raise InvalidRequestError("this worker takes no remote KV (colocated mode)")
-        live = _Live(job, self.sessions.open(job.request_id))
-        self._live[job.request_id] = live
-        try:
-            await self.engine.call(lambda e: _add(e, live))
-        except BaseException:  # refused, or cancelled after the add may have run: undo it either way
-            self._end(live, abort=True)
-            raise
-        return live.session
-
-    def close(self, session: Session) -> None:
-        """The stream ended (finished, cancelled or failed): free whatever is left, at once and
-        whatever cancels the caller."""
-        live = self._live.get(session.request_id)
-        if live is not None and live.session is session:
-            self._end(live, abort=not session.finished_by_engine)
-
-    async def abort(self, request_id: str) -> bool:
-        live = self._live.get(request_id)
-        if live is None:
-            return False
-        self._fail(live, asyncio.CancelledError(f"request {request_id} aborted"))
-        return True
-
-    def _fail(self, live: _Live, error: BaseException) -> None:
-        """Free everything now (the stream may be slow to read), then end the stream with `error`."""
-        self._end(live, abort=True)
-        live.session.fail(error)
+        return await self.live.open(_Live(job, Session(job.request_id)), lambda e: _add(e, job))
 
     def _end(self, live: _Live, abort: bool) -> None:
-        """Give the id back, withdraw the transfer, then (queued now, in order) abort in the engine.
-        Once only: a request ended before never touches a newer one under its id."""
-        if self._live.get(live.job.request_id) is not live:
-            return
-        del self._live[live.job.request_id]
-        self.sessions.close(live.session)
+        """The request ended here (LiveRequests' end hook): withdraw the transfer, then (queued
+        now, in order, whatever cancels the caller) abort in the engine if asked."""
         unsafe = self._drop_intake(live)
         if abort:
             request_id = live.job.request_id
             quarantined = submit(self.engine, lambda e: _abort(e, request_id, unsafe.blocks))
             quarantined.add_done_callback(lambda f: self._quarantine(request_id, f, unsafe))
-
-    def on_engine_failed(self, exc: BaseException) -> None:
-        self.sessions.fail_all(EngineFailed(f"the engine of this worker failed: {exc}"))
-
-    def on_request_fault(self, fault: RequestFault) -> None:
-        live = self._live.get(fault.request_id)
-        if live is not None:
-            self._fail(live, RequestFailed(str(fault)))
 
     # ---- KV intake ----
 
@@ -186,8 +144,7 @@ class DecodeWorker:
             raise InvalidRequestError(f"transfer {transfer_id!r} was withdrawn (the request ended here)")
         if (error := intake.first_failure()) is not None:
             raise error
-        live = self._live[intake.request_id]
-        self._retire(live, intake)
+        self._retire(self.live[intake.request_id], intake)
         await submit(self.engine, lambda e: e.mark_received(intake.request_id, first_token))
 
     def kv_rank_bytes(self) -> list[int]:
@@ -209,7 +166,7 @@ class DecodeWorker:
     def _piece_done(self, intake: Intake, task: asyncio.Task) -> None:
         if task.cancelled() or task.exception() is None or self.intakes.get(intake.transfer_id) is not intake:
             return
-        self._fail(self._live[intake.request_id], task.exception())
+        self.live.fail(self.live[intake.request_id], task.exception())
 
     def _drop_intake(self, live: _Live) -> Unsafe:
         """Withdraw the request's transfer; what a receive may still write comes back as Unsafe."""
@@ -248,12 +205,8 @@ class DecodeWorker:
         for hold in result.holds.values():  # nothing of a decode worker's is sent on
             self.engine.release_nowait(hold)
 
-    def _owner(self, request: Request) -> _Live | None:
-        live = self._live.get(request.request_id)
-        return live if live is not None and live.request is request else None
-
     def _on_reserved(self, request: Request, block_ids: tuple[int, ...], cached_blocks: int) -> None:
-        live = self._owner(request)
+        live = self.live.owner(request)
         if live is None:
             return
         transfer_id = f"{request.request_id}#{next(self._transfer_ids)}"
@@ -269,10 +222,10 @@ class DecodeWorker:
         """KV must keep arriving: at most kv_timeout between pieces and until CompleteKV. Before
         the first piece the router guards the request (it cancels this stream if prefill fails)."""
         if reason is Reclaim.EXPIRED:
-            self._fail(live, TimeoutError(f"KV for {live.job.request_id} did not arrive in time"))
+            self.live.fail(live, TimeoutError(f"KV for {live.job.request_id} did not arrive in time"))
 
     def _on_output(self, out: RequestOutput) -> None:
-        live = self._owner(out.request)
+        live = self.live.owner(out.request)
         if live is None:
             return
         if out.new_token_ids:
@@ -283,7 +236,7 @@ class DecodeWorker:
             live.session.push(Finished(r.finish_reason, r.num_cached_tokens, r.num_preemptions, queue_s))
 
     def _notify(self, request: Request, notice: Notice) -> None:
-        live = self._owner(request)
+        live = self.live.owner(request)
         if live is not None:
             live.session.push(notice)
 
@@ -296,13 +249,11 @@ def _check_job(job: DecodeJob) -> None:
         raise InvalidRequestError("output_token_ids (a resume) need local_prefill")
 
 
-def _add(engine: Engine, live: _Live) -> None:
-    """On the engine thread: add the request and bind it to its session (before any step of it)."""
-    job = live.job
+def _add(engine: Engine, job: DecodeJob) -> Request:
+    """On the engine thread: a local prefill (a resume's tokens so far included) or a remote one."""
     if job.local_prefill:
-        live.request = engine.add_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
-    else:
-        live.request = engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority)
+        return engine.add_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
+    return engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority)
 
 
 def _abort(engine: Engine, request_id: str, unsafe: tuple[int, ...]) -> BlockHold | None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 # The names each engine choice takes (the flags' choices; the modules that act on them check them)
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # pdserve/model/dtypes.py
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer", "torch-batched")  # pdserve/attention/selection.py
-WEIGHT_PACKINGS = ("onednn", "mkl")  # in the order `auto` prefers them (pdserve/model/weight_layout.py)
+WEIGHT_PACKINGS = ("onednn", "mkl")  # in the order `auto` prefers them (pdserve/cpu/weight_layout.py)
 WEIGHT_LAYOUTS = ("auto", *WEIGHT_PACKINGS, "panels", "dense")
-LAYER_KERNELS = ("auto", "native", "torch")  # pdserve/model/layer_kernels.py
+LAYER_KERNELS = ("auto", "native", "torch")  # pdserve/cpu/layer_kernels.py
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ one) reads them instead of measuring again.
 
     measured("products", {"shapes": ..., "threads": 1}, probe)   # probe() -> a JSON-able dict
 
-    file:   <cache>/measured/<kind>-<key>.json   cache: pdserve/attention/native_build.py's cache_dir()
+    file:   <cache>/measured/<kind>-<key>.json   cache: pdserve/native/build.py's cache_dir()
     key:    sha256 of `depends_on` and of the machine (CPU model and features, torch's version)
     write:  the first writer wins (a temporary file linked into place, never replaced): processes
             that measured at the same time all use the one figure on disk, so a choice made from it
@@ -79,7 +79,7 @@ def _keep(path: Path, figure: dict[str, Any]) -> dict[str, Any]:
 
 
 def _default_cache() -> Path:
-    from pdserve.attention.native_build import cache_dir
+    from pdserve.native.build import cache_dir
 
     return cache_dir()
 

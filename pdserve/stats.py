@@ -57,6 +57,14 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return _sorted_percentile(ordered, q) if ordered else None
 
 
+def median(values: Iterable[float]) -> float:
+    """The 50th percentile of `values`, which must not be empty (ValueError)."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("the median of no values")
+    return _sorted_percentile(ordered, 50)
+
+
 def distribution(values: Iterable[float]) -> Distribution | None:
     """The distribution of `values`; None for no values."""
     ordered = sorted(values)

@@ -12,11 +12,11 @@ from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.kv_ranks import kv_ranks_from_pb
 from pdserve.rpc.drain import Drain
-from pdserve.rpc.worker_rpcs import CommonWorkerRpcs
 from pdserve.telemetry import Metrics, extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import ChunkDone, PrefillDone
+from pdserve.worker.rpcs import CommonWorkerRpcs
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 
 
@@ -57,11 +57,8 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
 
     def __init__(self, worker: PrefillWorker, tracer: trace.Tracer, metrics: Metrics, draining: Drain,
                  transport: str):
-        self.worker = worker
-        self.tracer = tracer
+        super().__init__(worker, tracer, draining, transport)
         self.metrics = metrics
-        self.draining = draining
-        self.transport = transport
 
     async def Prefill(self, request: wpb.PrefillRequest, context):
         self.draining.refuse_if_draining()
@@ -80,7 +77,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
                     self._observe(span, event)
                     yield _event_to_pb(event)
             finally:
-                self.worker.close(session)
+                self.worker.live.close(session)
 
     def _target_from_pb(self, t: wpb.KVReservation) -> Target:
         """The reservation's addresses and transport checked here; its layout by the worker."""

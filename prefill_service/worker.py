@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
-from pdserve.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, PeerFault, RequestFailed
-from pdserve.engine.faults import RequestFault
+from pdserve.errors import InvalidRequestError, PeerFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
 from pdserve.parallel.kv_ranks import RankEnd, RanksSender, check_ends
@@ -42,7 +41,8 @@ from pdserve.transfer import KVSender, TransferError
 from pdserve.transfer.wire import check_secret
 from pdserve.worker.events import ChunkDone, PrefillDone
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
-from pdserve.worker.session import Session, SessionTable
+from pdserve.worker.live import LiveRequests
+from pdserve.worker.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,8 @@ class PrefillJob:
     kv_seconds: float = 0.0
     cached_tokens: int = 0
     queue_seconds: float = 0.0
-    failed: bool = False
-    request: Request | None = None  # the engine's, bound by _add: an earlier one's steps never reach this job
+    failed: bool = False  # ended here: nothing more of it is sent
+    request: Request | None = None  # the engine's (LiveRequest): an earlier one's steps never reach this job
     first_logprobs: TokenLogprobs | None = None  # the first token's, once sampled (if the request asked)
     chain: asyncio.Future | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -120,12 +120,9 @@ class PrefillWorker:
         self.peer = peer
         self.block_size = block_size
         self.block_nbytes = block_nbytes
-        self.sessions = SessionTable()
-        self.jobs: dict[str, PrefillJob] = {}
+        self.live: LiveRequests[PrefillJob] = LiveRequests(engine, self._end)
         self.leases = leases
         engine.add_listener(self.on_step)
-        engine.add_failure_listener(self.on_engine_failed)
-        engine.add_request_fault_listener(self.on_request_fault)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
                    target: Target, kv_timeout_s: float) -> Session:
@@ -134,18 +131,10 @@ class PrefillWorker:
         check_id("request_id", request_id)
         check_timeout("kv_timeout_s", kv_timeout_s)
         self._check_target(target, len(prompt))
-        if request_id in self.sessions:
-            raise DuplicateRequestError(f"request_id {request_id!r} is already running")
-        session = self.sessions.open(request_id)
-        job = PrefillJob(request_id, len(prompt), target, session, kv_timeout_s, sent_blocks=target.cached_blocks)
-        self.jobs[request_id] = job
+        job = PrefillJob(request_id, len(prompt), target, Session(request_id), kv_timeout_s,
+                         sent_blocks=target.cached_blocks)
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": 1, "stop": ()})
-        try:
-            await self.engine.call(lambda e: _add(e, job, prompt, first_only, priority))
-        except BaseException:  # refused, or cancelled after the add may have run: undo it either way
-            self._end(job, abort=True)
-            raise
-        return session
+        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority))
 
     def _check_target(self, target: Target, prompt_len: int) -> None:
         try:
@@ -164,40 +153,14 @@ class PrefillWorker:
                 f"here {self.block_size} / {self.block_nbytes} (same model and block size needed)")
         _check_blocks(target, -(-prompt_len // self.block_size))
 
-    def close(self, session: Session) -> None:
-        """The stream ended: stop its sends and, unless the engine finished it, abort it there
-        (queued at once: nothing can cancel it)."""
-        job = self.jobs.get(session.request_id)
-        if job is not None and job.session is session:
-            self._end(job, abort=not session.finished_by_engine)
-
-    async def abort(self, request_id: str) -> bool:
-        job = self.jobs.get(request_id)
-        if job is None:
-            return False
-        self._end(job, abort=True)
-        job.session.fail(asyncio.CancelledError(f"request {request_id} aborted"))
-        return True
-
     def _end(self, job: PrefillJob, abort: bool) -> None:
-        """Once only: a request ended before never touches a newer one under its id."""
-        if self.jobs.get(job.request_id) is not job:
-            return
-        del self.jobs[job.request_id]
-        self.sessions.close(job.session)
+        """The request ended here (LiveRequests' end hook): stop its sends and, if asked, abort
+        it in the engine (queued at once: nothing can cancel it)."""
         job.failed = True
         for task in job.tasks:
             task.cancel()
         if abort:
             self.engine.call_nowait(lambda e: _abort(e, job.request_id))
-
-    def on_engine_failed(self, exc: BaseException) -> None:
-        self.sessions.fail_all(EngineFailed(f"the engine of this worker failed: {exc}"))
-
-    def on_request_fault(self, fault: RequestFault) -> None:
-        job = self.jobs.get(fault.request_id)
-        if job is not None:
-            self._fail(job, RequestFailed(str(fault)))
 
     # ---- engine steps -> pieces ----
 
@@ -205,8 +168,8 @@ class PrefillWorker:
         unclaimed = dict(result.holds)
         logprobs = {out.request: out.logprobs[0] for out in result.outputs if out.logprobs}
         for chunk in result.chunks:
-            job = self.jobs.get(chunk.request.request_id)
-            if job is not None and job.request is chunk.request:
+            job = self.live.owner(chunk.request)
+            if job is not None:
                 job.first_logprobs = logprobs.get(chunk.request, job.first_logprobs)
                 self._on_chunk(job, chunk, unclaimed.pop(chunk.request.request_id, None), result.seconds)
         for hold in unclaimed.values():  # requests that ended without a piece to send
@@ -302,11 +265,8 @@ class PrefillWorker:
 
     def _fail(self, job: PrefillJob, error: BaseException) -> None:
         """Stop and free everything now (the stream may be slow to read), then end the stream."""
-        if job.failed:
-            return
-        log.warning("request %s failed here: %s", job.request_id, error)
-        self._end(job, abort=True)
-        job.session.fail(error)
+        if self.live.fail(job, error):
+            log.warning("request %s failed here: %s", job.request_id, error)
 
 
 def _check_blocks(target: Target, needed: int) -> None:
@@ -321,12 +281,6 @@ def _check_blocks(target: Target, needed: int) -> None:
     if len(set(ids)) != len(ids) or any(b >= target.num_blocks for b in ids):
         raise InvalidRequestError(f"reservation block ids repeated or outside the decode pool of "
                                   f"{target.num_blocks} blocks")
-
-
-def _add(engine: Engine, job: PrefillJob, prompt: tuple[int, ...], sampling: SamplingParams,
-         priority: Priority) -> None:
-    """On the engine thread: add the request and bind it to its job (before any step of it)."""
-    job.request = engine.add_request(job.request_id, prompt, sampling, priority)
 
 
 def _abort(engine: Engine, request_id: str) -> None:

@@ -4,7 +4,7 @@
                --WorkerClients.prefill(address).open(job, reservation)--> PrefillCall: Chunk... FirstToken
                --WorkerClients.stats(address, role)-->                   WorkerSnapshot (the pool's health watch)
 
-Two implementations: `router/grpc_clients.py` (the real workers) and `router/fake_workers.py`
+Two implementations: `router/grpc_clients.py` (the real workers) and `tests/router/fake_workers.py`
 (in-process workers that can be killed, stalled, slowed, partitioned or failed at any step).
 
 Every failure of a call is a `WorkerFault`: what kind it is, and whom it is charged to

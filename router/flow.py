@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
-from pdserve.config import DeadlineConfig
-from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
 from router.clients import (
     Call,
     Chunk,
@@ -35,89 +31,14 @@ from router.clients import (
     WorkerFault,
     WorkerJob,
 )
-from router.local_prefill import LocalPrefillPolicy
+from router.flow_types import FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
-from router.recovery import Action, Decision, RecoveryPolicy, charged_to
+from router.recovery import Action, Decision, charged_to
 from router.stream import Pumped
 from router.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Job:
-    request_id: str
-    prompt: tuple[int, ...]
-    sampling: SamplingParams
-    priority: Priority
-    metadata: tuple[tuple[str, str], ...] = ()
-    deadline: float | None = None  # time.monotonic() at which the client stops waiting
-    tenant: str = "anonymous"
-
-    def timeout_s(self) -> float | None:
-        """What is left of the client's deadline, for the calls made on its behalf."""
-        return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
-
-
-@dataclass(frozen=True)
-class NewTokens:
-    """Tokens for the client, each exactly once across retries and resumes. `logprobs`: one per
-    token id, in order, when the request set sampling.logprobs (else empty); each computed by
-    the worker that sampled the token and never sent again."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprobs, ...] = ()
-
-
-@dataclass(frozen=True)
-class Done:
-    reason: FinishReason
-    cached_tokens: int
-    preemptions: int
-    preemptions_by_mode: dict = field(default_factory=dict)  # "recompute" | "swap" -> count
-    kv_bytes: int = 0  # KV moved from prefill to decode workers, over every attempt
-    decode_cached_tokens: int = 0  # prompt tokens the (last) decode worker held already
-    local_prefill: bool = False  # the (last) decode worker prefilled the prompt itself
-
-
-@dataclass(frozen=True)
-class Milestone:
-    """Something for the trace: placement, prefill chunk, KV transfer, preemption, retry."""
-
-    name: str
-    attributes: dict
-
-
-FlowEvent = NewTokens | Done | Milestone
-
-
-@dataclass
-class FlowState:
-    protocol: RequestProtocol
-    generated: list[int] = field(default_factory=list)
-    faults: list[WorkerFault] = field(default_factory=list)
-    cached_tokens: int = 0
-    preemptions: int = 0
-    by_mode: dict[str, int] = field(default_factory=dict)
-    avoid: dict[str, set[str]] = field(default_factory=lambda: {"prefill": set(), "decode": set()})
-    kv_bytes: int = 0
-    decode_cached_tokens: int = 0
-    local_prefill: bool = False
-
-    def done(self, reason: FinishReason, cached: int = 0) -> Done:
-        return Done(reason, self.cached_tokens or cached, self.preemptions, dict(self.by_mode), self.kv_bytes,
-                    self.decode_cached_tokens, self.local_prefill)
-
-
-@dataclass(frozen=True)
-class FlowConfig:
-    colocated: bool = False
-    kv_timeout_s: float = DeadlineConfig().kv_timeout_s
-    wait_for_worker_s: float = 30.0  # a request waits this long (within its deadline) for a usable worker
-    probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill and decode workers
-    recovery: RecoveryPolicy = RecoveryPolicy()
-    local_prefill: LocalPrefillPolicy = LocalPrefillPolicy()
 
 
 class RequestFlow:

@@ -2,10 +2,11 @@
 one RequestFlow per request, and text out.
 
     door (gRPC servicer, HTTP API)              Gateway
-      admit(metadata, build_ask, deadline) ───▶  trace; draining? authenticated? (a Tenant)
-                                                 build_ask(limits): the door's wire to an Ask,
-                                                   sizes checked on the wire before copying
-                                                 priority, ids, limits, tokens off the loop
+      admit(metadata, source, deadline) ────▶  trace; draining? authenticated? (a Tenant)
+                                                 source.sizes() within the limits (once, here),
+                                                   read off the door's wire before any copy
+                                                 source.ask(): the door's wire to an Ask
+                                                 priority, ids, tokens off the loop
                                           ◀───  Generation
       stream(generation) ◀───────────────────── Output ... Output(finish=...)
       abort(request_id)
@@ -28,8 +29,9 @@ from pdserve.engine.text_stream import TextStream
 from pdserve.requests import FinishReason
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import Unauthenticated, status_of
-from router.asks import Ask, ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
-from router.flow import Done, Job, NewTokens, RequestFlow
+from router.asks import Ask, AskSource, ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
+from router.flow import RequestFlow
+from router.flow_types import Done, Job, NewTokens
 from router.frontend import Frontend
 from router.limits import InputLimits
 from router.telemetry import RequestTrace
@@ -67,14 +69,14 @@ class Gateway:
     def inputs(self) -> InputLimits:
         return self.frontend.inputs
 
-    async def admit(self, metadata: Metadata, build_ask: Callable[[InputLimits], Ask],
-                    remaining_s: float | None) -> Generation:
+    async def admit(self, metadata: Metadata, source: AskSource, remaining_s: float | None) -> Generation:
         """Who asks first (nothing of the request is read before), then the request: cheap checks,
         then tokenising off the loop. A refusal raises, recorded on the request's trace."""
         trace = self.traces(metadata)
         try:
             tenant = self._caller(metadata)
-            job = await self._job(tenant, build_ask(self.inputs), trace, remaining_s)
+            self.inputs.check(source.sizes())
+            job = await self._job(tenant, source.ask(), trace, remaining_s)
         except Exception as exc:
             trace.fail(exc, status_of(exc).name)
             raise
@@ -119,9 +121,7 @@ class Gateway:
     async def _job(self, tenant: Tenant, ask: Ask, trace: RequestTrace, remaining_s: float | None) -> Job:
         priority = tenant.priority_for(ask.priority)
         request_id = ask.request_id or uuid.uuid4().hex
-        self.inputs.check_request_id(request_id)
         self._refuse_if_taken(request_id, tenant)
-        self.inputs.check_stops(ask.sampling.stop, len(ask.sampling.stop_token_ids))
         prompt = await self._tokens(ask)
         self.frontend.check(prompt, ask.sampling)
         self._refuse_if_taken(request_id, tenant)  # another request may have taken it while this one tokenised
@@ -135,10 +135,8 @@ class Gateway:
         if isinstance(prompt, TextPrompt):
             return await self.frontend.text(prompt.text)
         if isinstance(prompt, TokenPrompt):
-            self.inputs.check_token_ids(len(prompt.ids))
             return list(prompt.ids)
         if isinstance(prompt, ChatPrompt):
-            self.inputs.check_messages(len(prompt.messages))
             return await self.frontend.chat(prompt.messages)
         raise InvalidRequestError("no prompt: set one of text, token_ids or messages")
 

@@ -1,7 +1,8 @@
 """Size limits of the public API, checked before any work (tokenising, copying, templating).
 
-Each check takes plain sizes, so the servicer applies them straight to the wire message
-(the length of a repeated field costs nothing; copying it does). Every refusal is an
+The gateway checks a request's sizes once (`check`), as its door read them off the wire (an
+AskSizes: the length of a repeated field costs nothing, copying it does), before the request is
+converted; the frontend checks the prompt's characters as it reads them. Every refusal is an
 InvalidRequestError naming the limit and its flag.
 """
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.errors import InvalidRequestError
+from router.asks import AskSizes
 
 ROLES = ("system", "user", "assistant")
 
@@ -24,6 +26,16 @@ class InputLimits:
     max_stop_chars: int = 256  # each stop string
     max_stop_token_ids: int = 64
     max_request_id_chars: int = 128
+
+    def check(self, sizes: AskSizes) -> None:
+        """Every limit a request's sizes meet before anything of it is copied or tokenised."""
+        if sizes.request_id:
+            self.check_request_id(sizes.request_id)
+        self.check_stops(sizes.stops, sizes.stop_token_ids)
+        if sizes.token_ids is not None:
+            self.check_token_ids(sizes.token_ids)
+        if sizes.messages is not None:
+            self.check_messages(sizes.messages)
 
     def check_request_id(self, request_id: str) -> None:
         if len(request_id) > self.max_request_id_chars:

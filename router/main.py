@@ -18,7 +18,8 @@ from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
 from pdserve.worker.observability import Observability, start_observability
 from router.discovery import DnsDiscovery, RegistryServicer
-from router.flow import FlowConfig, RequestFlow
+from router.flow import RequestFlow
+from router.flow_types import FlowConfig
 from router.frontend import Frontend
 from router.grpc_clients import GrpcWorkerClients
 from router.limits import limits_from_args

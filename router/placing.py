@@ -8,16 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from pdserve.rpc.errors import Unavailable
 from router.clients import WorkerClients
+from router.flow_types import FlowConfig, FlowState, Job
 from router.local_prefill import LocalPrefillDecision
 from router.placement import NoWorker, choose_decode, choose_prefill
 from router.workers import Worker, WorkerPool
-
-if TYPE_CHECKING:
-    from router.flow import FlowConfig, FlowState, Job
 
 
 class Placer:

@@ -7,9 +7,8 @@ from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.tokenizer import ChatMessage
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
-from router.asks import Ask, ChatPrompt, Output, Prompt, TextPrompt, TokenPrompt
+from router.asks import Ask, AskSizes, ChatPrompt, Output, Prompt, TextPrompt, TokenPrompt
 from router.gateway import Gateway
-from router.limits import InputLimits
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -17,8 +16,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.gateway = gateway
 
     async def Generate(self, request: pb.GenerateRequest, context):
-        generation = await self.gateway.admit(context.invocation_metadata(), lambda limits: ask_from_pb(request, limits),
-                                              context.time_remaining())
+        generation = await self.gateway.admit(context.invocation_metadata(), WireAsk(request), context.time_remaining())
         async for output in self.gateway.stream(generation):
             yield response_to_pb(generation.request_id, output)
 
@@ -26,23 +24,31 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return pb.AbortResponse(found=self.gateway.abort(request.request_id))
 
 
-def ask_from_pb(request: pb.GenerateRequest, limits: InputLimits) -> Ask:
-    """Sizes are checked straight off the message (the length of a repeated field costs
-    nothing; copying it does), then it is converted."""
-    limits.check_stops(request.sampling.stop, len(request.sampling.stop_token_ids))
-    return Ask(_prompt(request, limits), sampling_from_pb(request.sampling), priority_from_pb(request.priority),
-               request.request_id)
+class WireAsk:
+    """A GenerateRequest as the gateway's AskSource: its sizes read straight off the message, then
+    the message converted."""
+
+    def __init__(self, request: pb.GenerateRequest):
+        self.request = request
+
+    def sizes(self) -> AskSizes:
+        r, kind = self.request, self.request.WhichOneof("prompt")
+        return AskSizes(r.request_id, r.sampling.stop, len(r.sampling.stop_token_ids),
+                        len(r.token_ids.ids) if kind == "token_ids" else None,
+                        len(r.messages.messages) if kind == "messages" else None)
+
+    def ask(self) -> Ask:
+        r = self.request
+        return Ask(_prompt(r), sampling_from_pb(r.sampling), priority_from_pb(r.priority), r.request_id)
 
 
-def _prompt(request: pb.GenerateRequest, limits: InputLimits) -> Prompt:
+def _prompt(request: pb.GenerateRequest) -> Prompt:
     kind = request.WhichOneof("prompt")
     if kind == "text":
         return TextPrompt(request.text)
     if kind == "token_ids":
-        limits.check_token_ids(len(request.token_ids.ids))
         return TokenPrompt(list(request.token_ids.ids))
     if kind == "messages":
-        limits.check_messages(len(request.messages.messages))
         return ChatPrompt([ChatMessage(m.role, m.content) for m in request.messages.messages])
     raise InvalidRequestError("no prompt: set one of text, token_ids or messages")
 

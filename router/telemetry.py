@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pdserve.requests import FinishReason
 from pdserve.telemetry import Metrics, TokenTimeline, extract_context, inject_metadata
-from router.flow import Done, Job, Milestone, NewTokens
+from router.flow_types import Done, Job, Milestone, NewTokens
 
 
 def _ns(seconds_ago: float = 0.0) -> int:

@@ -1,9 +1,9 @@
-"""Rules of the source tree, read with `ast` (nothing is imported): arrows point down, and the
-statistics exist once.
+"""Rules of the source tree, read with `ast` (nothing is imported); the order of its folders and
+the absence of import circles are tests/test_layering.py's.
 
-- Nothing under pdserve/ but pdserve/cli/ imports pdserve.cli (the CLI sits on top: it parses
-  flags and builds configs; everything else takes configs). Nothing in the services imports it either.
-- Percentiles, distributions and SLOs are defined only in pdserve/stats.py.
+- Percentiles, distributions and SLOs are defined and computed only in pdserve/stats.py (no other
+  module calls the standard library's or numpy's median or percentiles).
+- The client's protobuf types (and the health service's) are in pdserve/client/wire.py alone.
 - Defaults live in the frozen configs: a CLI flag with a config field takes its default from
   it (never a literal), and each shared setting's value is written once in the tree.
 - End-to-end tests call the router through pdserve.client: only the tests whose point is the
@@ -18,16 +18,11 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCE_ROOTS = ("pdserve", "router", "prefill_service", "decode_service")
-GENERATED = REPO / "pdserve" / "v1"
+from tests.helpers.source_tree import REPO, imported_modules, rel, source_files, source_of
+
 CLI = REPO / "pdserve" / "cli"
 STATS = REPO / "pdserve" / "stats.py"
-
-# NOTE: transitional, each with the reason; the test fails once an entry is no longer needed.
-PENDING_UPWARD: set[tuple[str, str]] = set()
 
 # Flags whose default is a config field (docs/ARCHITECTURE.md, "Where each default lives"): in
 # pdserve/cli/ their default is read from the config, never written as a literal.
@@ -44,7 +39,7 @@ SETTING_HOMES = {
     ("kv_timeout", 30.0): "pdserve/config.py",
     ("drain_timeout", 30.0): "pdserve/config.py",
     ("quarantine_timeout", 60.0): "pdserve/config.py",
-    ("wait_for_worker", 30.0): "router/flow.py",
+    ("wait_for_worker", 30.0): "router/flow_types.py",
     ("max_active", 1024): "router/gateway.py",
     ("max_(registered_)?workers", 256): "router/discovery.py",
 }
@@ -63,26 +58,8 @@ PENDING_WIRE_TESTS: dict[str, str] = {}
 
 STATISTIC_NAME = re.compile(r"percentile|quantile|^median$|^_?p\d\d$", re.IGNORECASE)
 STATISTIC_TYPES = {"Slo", "Percentiles", "Distribution"}
-
-
-def source_files() -> Iterator[Path]:
-    for root in SOURCE_ROOTS:
-        for path in sorted((REPO / root).rglob("*.py")):
-            if not path.is_relative_to(GENERATED):
-                yield path
-
-
-def rel(path: Path) -> str:
-    return path.relative_to(REPO).as_posix()
-
-
-def imported_modules(tree: ast.AST) -> Iterator[str]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.module
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+# Calls that compute a percentile another way (the standard library's, numpy's).
+STATISTIC_CALLS = re.compile(r"^(statistics|np|numpy)\.(median|median_low|median_high|quantiles|percentile|quantile)$")
 
 
 def module_level_imports(tree: ast.Module) -> Iterator[str]:
@@ -97,11 +74,6 @@ def module_level_imports(tree: ast.Module) -> Iterator[str]:
             pending += node.body + node.orelse
         elif isinstance(node, ast.Try):
             pending += node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body]
-
-
-def source_of(module: str) -> Path | None:
-    path = REPO / module.replace(".", "/")
-    return next((p for p in (path / "__init__.py", path.with_suffix(".py")) if p.is_file()), None)
 
 
 def torch_importers(roots: tuple[str, ...]) -> dict[str, list[str]]:
@@ -125,26 +97,6 @@ def torch_importers(roots: tuple[str, ...]) -> dict[str, list[str]]:
     return found
 
 
-def is_cli(module: str) -> bool:
-    return module == "pdserve.cli" or module.startswith("pdserve.cli.")
-
-
-def upward_imports() -> set[tuple[str, str]]:
-    found = set()
-    for path in source_files():
-        if path.is_relative_to(CLI):
-            continue
-        tree = ast.parse(path.read_text(), filename=str(path))
-        found |= {(rel(path), _top_cli(m)) for m in imported_modules(tree) if is_cli(m)}
-    return found
-
-
-def _top_cli(module: str) -> str:
-    """`pdserve.cli.options.runtime_config` -> `pdserve.cli.options` (the module, not the name)."""
-    parts = module.split(".")
-    return ".".join(parts[:3])
-
-
 def statistics_defined() -> list[str]:
     found = []
     for path in source_files():
@@ -155,6 +107,8 @@ def statistics_defined() -> list[str]:
                 found.append(f"{rel(path)}:{node.lineno} def {node.name}")
             elif isinstance(node, ast.ClassDef) and node.name in STATISTIC_TYPES:
                 found.append(f"{rel(path)}:{node.lineno} class {node.name}")
+            elif isinstance(node, ast.Call) and STATISTIC_CALLS.match(ast.unparse(node.func)):
+                found.append(f"{rel(path)}:{node.lineno} {ast.unparse(node.func)}()")
     return found
 
 
@@ -287,29 +241,32 @@ def test_the_torch_check_sees_what_it_looks_for():
     assert "pdserve.model.loader" in torch_importers(("pdserve.engine.engine",))
 
 
-def test_nothing_but_the_cli_imports_the_cli():
-    found = upward_imports()
-    assert found <= PENDING_UPWARD, f"imports of pdserve.cli from below it: {sorted(found - PENDING_UPWARD)}"
-
-
-def test_every_pending_upward_import_is_still_needed():
-    stale = PENDING_UPWARD - upward_imports()
-    assert not stale, f"no longer imported, remove from PENDING_UPWARD: {sorted(stale)}"
-
-
 def test_statistics_are_defined_once():
     found = statistics_defined()
     assert not found, f"percentiles, distributions and SLOs belong in pdserve/stats.py: {found}"
+
+
+CLIENT = REPO / "pdserve" / "client"
+CLIENT_WIRE = CLIENT / "wire.py"
+
+
+def is_wire_type(module: str) -> bool:
+    return module.startswith(("pdserve.v1", "grpc_health"))
+
+
+def test_the_client_speaks_protobuf_only_in_its_wire_module():
+    found = {rel(path) for path in sorted(CLIENT.glob("*.py")) if path != CLIENT_WIRE
+             and any(is_wire_type(m) for m in imported_modules(ast.parse(path.read_text())))}
+    assert not found, f"protobuf types outside pdserve/client/wire.py: {sorted(found)}"
 
 
 def test_the_checks_see_what_they_look_for():
     stats = ast.parse(STATS.read_text())
     names = {n.name for n in ast.walk(stats) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert {"percentile", "Slo", "Distribution"} <= names
-    tree = ast.parse("from pdserve.cli.up import x\nimport pdserve.cli\nfrom pdserve import cli\n"
-                     "from pdserve.client import Client\n")
-    assert sorted(m for m in imported_modules(tree) if is_cli(m)) == [
-        "pdserve.cli", "pdserve.cli", "pdserve.cli.up", "pdserve.cli.up.x"]
+    assert [bool(STATISTIC_CALLS.match(c)) for c in ("statistics.median", "np.percentile", "statistics.mean")] == [
+        True, True, False]
+    assert is_wire_type("grpc_health.v1.health_pb2") and not is_wire_type("grpc")
     wire = ast.parse("from pdserve.v1 import generation_pb2 as pb\nimport pdserve.v1.generation_pb2_grpc\n"
                      "from pdserve.v1 import worker_pb2\nfrom pdserve.client import Client\n")
     assert sorted(m for m in imported_modules(wire) if is_public_wire(m)) == [

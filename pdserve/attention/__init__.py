@@ -47,17 +47,15 @@ def _build(choice: BackendChoice, device: str | torch.device, dtype: torch.dtype
 
 def _batched(device: str | torch.device, dtype: torch.dtype | None) -> AttentionBackend:
     from pdserve.attention.batched_backend import BatchedTorchBackend
-    from pdserve.attention.native_decode import load_native_decode
+    from pdserve.native.paged_decode import load_native_decode
 
     if torch.device(device).type != "cpu":
         raise AttentionBackendUnavailable(f"torch-batched attention runs on the CPU, not {device}")
     if dtype is not None and dtype not in BATCHED_DTYPES:
         raise AttentionBackendUnavailable(f"torch-batched attention computes in float32/float64, not {dtype}")
-    native, problem = load_native_decode()
-    if problem is not None:
-        log.warning("torch-batched attention: decodes by sparse products, not the C kernel: %s", problem)
-    else:
-        log.info("torch-batched attention: decodes by the C kernel (pdserve/attention/paged_decode.c)")
+    native = load_native_decode().kernel  # None: the sparse products (the loader says why)
+    if native is not None:
+        log.info("torch-batched attention: decodes by the C kernel (pdserve/native/paged_decode.c)")
     return BatchedTorchBackend(native)
 
 

@@ -20,7 +20,7 @@ from pdserve.attention.batch import ForwardBatch
 from pdserve.kv.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from pdserve.attention.native_decode import NativeDecode, NativePlan
+    from pdserve.native.paged_decode import NativeDecode, NativePlan
 
 
 class AttentionBackend(ABC):

@@ -3,8 +3,8 @@
 A second implementation of the torch backend's contract, for passes dominated by decode tokens:
 
   * every one-token sequence of the pass, whatever its context length, read where its keys and
-    values lie in the pool: by the C kernel of native_decode.py (float32; each key and value read
-    once per layer), else in one sparse product per layer (pdserve/attention/pool_rows.py); no
+    values lie in the pool: by the C kernel of pdserve/native/paged_decode.py (float32; each key
+    and value read once per layer), else in one sparse product per layer (pool_rows.py); no
     per-layer gather of each sequence's K/V, no padding to the longest context;
   * each layer's new keys and values copied into the pool by that kernel's library where it
     runs (float32; one copy per token from the projection's output), else by KVCache.write;
@@ -17,16 +17,17 @@ compares the two, and the engine tests compare both to transformers token for to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch, SeqSpan
-from pdserve.attention.native_decode import NativeDecode, NativePlan
-from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, plan_pool_rows, pool_attention
+from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, block_tables, plan_pool_rows, pool_attention
 from pdserve.attention.torch_backend import Chunk, attend_chunk, plan_chunk
 from pdserve.kv.kv_cache import KVCache
+from pdserve.native.paged_decode import NativeDecode, NativePlan
 
 
 @dataclass(frozen=True)
@@ -66,15 +67,15 @@ class BatchedTorchBackend(AttentionBackend):
         decodes = _Decodes(_rows([s.query_start for s in singles], device), singles) if singles else None
         native, writes = None, False
         if self.native is not None and kv.data.dtype == torch.float32:
-            native = self.native.plan(list(singles), kv) if singles else None
-            writes = self.native.slots_problem(batch.slot_mapping, kv) is None  # else kv.write says what is wrong
+            native = plan_native_decodes(self.native, singles, kv) if singles else None
+            writes = self.native.slots_problem(batch.slot_mapping, kv.data) is None  # else kv.write says what is wrong
         self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native, writes)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
         assert plan is not None, "begin() must be called before forward()"
         if plan.native_writes:
-            self.native.write(kv, layer, plan.slot_mapping, k, v)
+            self.native.write(kv.data, layer, plan.slot_mapping, k, v)
         else:
             kv.write(layer, plan.slot_mapping, k, v)
         if plan.decodes is None:
@@ -97,7 +98,7 @@ class BatchedTorchBackend(AttentionBackend):
 
     def _decode(self, layer: int, q: torch.Tensor, kv: KVCache, plan: _Plan, decodes: _Decodes) -> torch.Tensor:
         if plan.native is not None:
-            return self.native.attend(q[decodes.rows], kv, layer, plan.native)
+            return self.native.attend(q[decodes.rows], kv.data, layer, plan.native)
         if plan.pool is None:
             plan.pool = plan_pool_rows(list(decodes.seqs), kv, q.shape[1])
         return pool_attention(q[decodes.rows], kv, layer, plan.pool)
@@ -110,6 +111,15 @@ class BatchedTorchBackend(AttentionBackend):
         for chunk in plan.chunks:
             out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
         return out
+
+
+def plan_native_decodes(native: NativeDecode, seqs: Sequence[SeqSpan], kv: KVCache) -> NativePlan:
+    """The C kernel's plan for a pass's one-token sequences, in the order their outputs are wanted.
+    Raises ValueError for a block table shorter than its context or naming a block outside the pool."""
+    if any(len(s.block_table) * kv.block_size < s.context_len for s in seqs):
+        raise ValueError("a decode sequence's block table is shorter than its context")
+    lens = [s.context_len for s in seqs]
+    return native.plan(block_tables(list(seqs), kv.block_size, max(lens)), lens, kv.data)
 
 
 def _rows(starts: list[int], device: torch.device) -> slice | torch.Tensor:

@@ -1,6 +1,7 @@
-"""Whether torch-batched's decodes run on the C kernel (native_decode.py) or the sparse products
-(pool_rows.py) on this machine: both compute the same attention, and which is faster depends on
-the CPU the kernel was built for (its 16-float vectors fill one AVX-512 register, two AVX2 ones).
+"""Whether torch-batched's decodes run on the C kernel (pdserve/native/paged_decode.py) or the
+sparse products (pool_rows.py) on this machine: both compute the same attention, and which is
+faster depends on the CPU the kernel was built for (its 16-float vectors fill one AVX-512
+register, two AVX2 ones).
 
 The probe attends one layer of a synthetic pool of the model's KV shape at PROBE_SHAPES (decode
 batch, context) both ways, every shape in turn within each repeat, best of REPEATS, and keeps

@@ -1,6 +1,7 @@
 """`pdserve bench`: a gRPC load generator and the policy comparison experiment.
 
-    workloads  deterministic request mixes (chat, mixed, shared-prefix) with Poisson arrivals
+    schedule   the load's schedule (seeded Poisson arrivals, kinds, priorities, sizes), the simulator's too
+    workloads  deterministic request mixes (chat, mixed, shared-prefix): the schedule rendered as text
     runner     sends a workload to a router on grpc.aio and records every streamed message
     stats      TTFT / TBT / latency distributions, throughput and goodput per class
     report     the screen table and the JSON document

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass
 
 from pdserve.client import AsyncClient, Completion, Message
+from pdserve.stats import median
 
 WORDS = ("river stone lantern orchard harbor meadow copper violet thunder garden pencil window "
          "canyon ember falcon glacier island jasmine kettle lemon marble nickel olive pepper quartz "
@@ -99,13 +100,13 @@ def turn_table(records: list[TurnRecord]) -> str:
         lines.append(_row("suffix", suffix))
         late = [r.ttft_s for r in records if r.conversation >= 0 and r.turn >= 2]
         if late:
-            ratio = statistics.median(late) / statistics.median(r.ttft_s for r in suffix)
+            ratio = median(late) / median(r.ttft_s for r in suffix)
             lines.append(f"\nTTFT of turns 3+ over a same-length first turn (suffix), medians: {ratio:.2f}")
     return "\n".join(lines)
 
 
 def _row(name: str, rows: list[TurnRecord]) -> str:
     return (f"| {name} | {statistics.mean(r.prompt_tokens for r in rows):.0f} | "
-            f"{statistics.median(r.ttft_s for r in rows) * 1e3:.0f} ms | {statistics.mean(r.kv_bytes for r in rows):,.0f} | "
+            f"{median(r.ttft_s for r in rows) * 1e3:.0f} ms | {statistics.mean(r.kv_bytes for r in rows):,.0f} | "
             f"{statistics.mean(r.decode_cached_tokens for r in rows):.0f} | "
             f"{sum(r.local_prefill for r in rows)}/{len(rows)} |")

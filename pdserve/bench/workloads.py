@@ -5,7 +5,9 @@
                    arriving evenly among them
     shared-prefix  one long common document followed by many short questions (RAG)
 
-Arrivals are a Poisson process (exponential gaps at `rate` per second), the first at t = 0.
+The schedule (arrival times, kinds, priorities, sizes) is drawn by `schedule.py`, the simulator's
+too; this module renders each prompt as text of so many words (text.py). Arrivals are a Poisson
+process (exponential gaps at `rate` per second), the first at t = 0.
 Prompt text and arrival times come from separate seeded generators, so changing the rate keeps
 the prompts. Every request is greedy with `ignore_eos`, so its output length is exactly
 `max_tokens` whatever the model says.
@@ -13,18 +15,14 @@ the prompts. Every request is greedy with `ignore_eos`, so its output length is 
 
 from __future__ import annotations
 
-import enum
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pdserve.bench import text
+from pdserve.bench.schedule import (Always, Fixed, Kind, Planned, Stream, Uniform, VipShare, by_arrival, plan,
+                                    poisson_times, spread)
 from pdserve.requests import Priority
-
-
-class Kind(enum.Enum):
-    CHAT = "chat"
-    DOCUMENT = "document"
-    QUESTION = "question"
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,9 @@ class ChatShape:
     max_tokens: tuple[int, int] = (24, 48)
     vip_fraction: float = 0.25
 
+    def stream(self) -> Stream:
+        return Stream(Kind.CHAT, VipShare(self.vip_fraction), Uniform(*self.prompt_words), Uniform(*self.max_tokens))
+
 
 @dataclass(frozen=True)
 class DocumentShape:
@@ -67,12 +68,18 @@ class DocumentShape:
     max_tokens: int = 16
     one_in: int = 9  # one document per this many requests, at least one
 
+    def stream(self) -> Stream:
+        return Stream(Kind.DOCUMENT, Always(Priority.BATCH), Uniform(*self.words), Fixed(self.max_tokens))
+
 
 @dataclass(frozen=True)
 class SharedPrefixShape:
     document_words: int = 950  # about 1,050 tokens shared by every request
     question_words: tuple[int, int] = (4, 12)
     max_tokens: tuple[int, int] = (8, 16)
+
+    def stream(self) -> Stream:
+        return Stream(Kind.QUESTION, Always(Priority.NORMAL), Uniform(*self.question_words), Uniform(*self.max_tokens))
 
 
 @dataclass(frozen=True)
@@ -85,31 +92,22 @@ DEFAULTS = {"chat": Defaults(24, 0.5), "mixed": Defaults(27, 0.5), "shared-prefi
 NAMES = tuple(DEFAULTS)
 
 
-def poisson_arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
-    """n arrival times: 0, then exponential gaps of mean 1/rate."""
-    times, now = [], 0.0
-    for i in range(n):
-        if i:
-            now += rng.expovariate(rate)
-        times.append(now)
-    return times
+def _drafts(planned: list[Planned[str]]) -> list[BenchRequest]:
+    return [BenchRequest(0, p.arrival_s, p.kind, p.priority, p.prompt, p.output_tokens) for p in planned]
 
 
-def _numbered(name: str, seed: int, rate: float, drafts: list[BenchRequest]) -> Workload:
-    ordered = sorted(drafts, key=lambda r: r.arrival_s)
+def _numbered(name: str, seed: int, rate: float, *drafts: list[BenchRequest]) -> Workload:
+    ordered = by_arrival(*drafts)
     return Workload(name, seed, rate, tuple(replace(r, index=i) for i, r in enumerate(ordered)))
 
 
+def _arrivals(label: str, seed: int, n: int, rate: float) -> list[float]:
+    return poisson_times(random.Random(f"{label}:{seed}:arrivals"), n, rate, first_at_start=True)
+
+
 def _chats(n: int, rate: float, seed: int, shape: ChatShape) -> list[BenchRequest]:
-    rng = random.Random(f"chat:{seed}:text")
-    arrivals = poisson_arrivals(random.Random(f"chat:{seed}:arrivals"), n, rate)
-    drafts = []
-    for at in arrivals:
-        vip = rng.random() < shape.vip_fraction
-        prompt = text.paragraph(rng, rng.randint(*shape.prompt_words))
-        drafts.append(BenchRequest(0, at, Kind.CHAT, Priority.VIP if vip else Priority.NORMAL, prompt,
-                                   rng.randint(*shape.max_tokens)))
-    return drafts
+    return _drafts(plan(shape.stream(), _arrivals("chat", seed, n, rate), random.Random(f"chat:{seed}:text"),
+                        text.paragraph))
 
 
 def chat(n: int, rate: float, seed: int, shape: ChatShape = ChatShape()) -> Workload:
@@ -120,29 +118,34 @@ def document_count(n: int, shape: DocumentShape = DocumentShape()) -> int:
     return max(1, n // shape.one_in)
 
 
+def _summarise(rng: random.Random, words: int) -> str:
+    return f"Summarise the following document in one sentence.\n\n{text.paragraph(rng, words)}\n\nSummary:"
+
+
+def documents(rng: random.Random, count: int, among: Sequence[BenchRequest],
+              shape: DocumentShape = DocumentShape()) -> list[BenchRequest]:
+    """`count` documents to summarise at evenly spaced times among the arrivals of `among`."""
+    span = max((r.arrival_s for r in among), default=0.0)
+    return _drafts(plan(shape.stream(), spread(span, count), rng, _summarise))
+
+
 def mixed(n: int, rate: float, seed: int, chats: ChatShape = ChatShape(),
           docs: DocumentShape = DocumentShape()) -> Workload:
     """The chats of `chat(n - d, rate, seed)` plus d documents at evenly spaced times among them."""
     d = min(document_count(n, docs), n)
     drafts = _chats(n - d, rate, seed, chats)
-    span = max((r.arrival_s for r in drafts), default=0.0)
-    rng = random.Random(f"document:{seed}:text")
-    for k in range(d):
-        body = text.paragraph(rng, rng.randint(*docs.words))
-        prompt = f"Summarise the following document in one sentence.\n\n{body}\n\nSummary:"
-        drafts.append(BenchRequest(0, span * (k + 0.5) / d, Kind.DOCUMENT, Priority.BATCH, prompt, docs.max_tokens))
-    return _numbered("mixed", seed, rate, drafts)
+    return _numbered("mixed", seed, rate, drafts, documents(random.Random(f"document:{seed}:text"), d, drafts, docs))
 
 
 def shared_prefix(n: int, rate: float, seed: int, shape: SharedPrefixShape = SharedPrefixShape()) -> Workload:
     rng = random.Random(f"shared-prefix:{seed}:text")
     document = text.paragraph(rng, shape.document_words)
-    arrivals = poisson_arrivals(random.Random(f"shared-prefix:{seed}:arrivals"), n, rate)
-    drafts = []
-    for at in arrivals:
-        prompt = f"{document}\n\nQuestion: {text.question(rng, rng.randint(*shape.question_words))}\nAnswer:"
-        drafts.append(BenchRequest(0, at, Kind.QUESTION, Priority.NORMAL, prompt, rng.randint(*shape.max_tokens)))
-    return _numbered("shared-prefix", seed, rate, drafts)
+
+    def ask(rng: random.Random, words: int) -> str:
+        return f"{document}\n\nQuestion: {text.question(rng, words)}\nAnswer:"
+
+    questions = plan(shape.stream(), _arrivals("shared-prefix", seed, n, rate), rng, ask)
+    return _numbered("shared-prefix", seed, rate, _drafts(questions))
 
 
 def build(name: str, requests: int | None = None, rate: float | None = None, seed: int = 0) -> Workload:

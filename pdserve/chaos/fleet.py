@@ -90,16 +90,3 @@ class Fleet(abc.ABC):
 
 def chaos_env() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "UCX_WARN_UNUSED_ENV_VARS": "n"}
-
-
-def serving(address: str, timeout_s: float = 1.0) -> bool:
-    """One health check: True when the server at `address` answers SERVING."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING

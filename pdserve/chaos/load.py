@@ -11,8 +11,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from pdserve.bench import text, workloads
-from pdserve.bench.workloads import BenchRequest, Kind, Workload
+from pdserve.bench import workloads
+from pdserve.bench.schedule import by_arrival
+from pdserve.bench.workloads import BenchRequest, Workload
 from pdserve.requests import Priority
 
 
@@ -37,8 +38,9 @@ def build(spec: LoadSpec, seed: int) -> Workload:
                            workloads.ChatShape(spec.chat_words, spec.chat_tokens, spec.vip_fraction)).requests
     if spec.rate is None:
         chats = tuple(replace(r, arrival_s=0.0) for r in chats)
-    drafts = [*_with_batch(chats, spec, seed), *_documents(spec, seed, chats)]
-    drafts = _with_sampling(sorted(drafts, key=lambda r: r.arrival_s), spec, seed)
+    docs = workloads.documents(random.Random(f"chaos-document:{seed}"), spec.documents, chats,
+                               workloads.DocumentShape(spec.document_words, spec.document_tokens))
+    drafts = _with_sampling(by_arrival(_with_batch(chats, spec, seed), docs), spec, seed)
     return Workload("chaos", seed, spec.rate or 0.0, tuple(replace(r, index=i) for i, r in enumerate(drafts)))
 
 
@@ -47,18 +49,6 @@ def _with_batch(chats: tuple[BenchRequest, ...], spec: LoadSpec, seed: int) -> l
     normal = [r.index for r in chats if r.priority is Priority.NORMAL]
     batch = set(rng.sample(normal, min(len(normal), round(spec.batch_fraction * len(chats)))))
     return [replace(r, priority=Priority.BATCH) if r.index in batch else r for r in chats]
-
-
-def _documents(spec: LoadSpec, seed: int, chats: tuple[BenchRequest, ...]) -> list[BenchRequest]:
-    rng = random.Random(f"chaos-document:{seed}")
-    span = max((r.arrival_s for r in chats), default=0.0)
-    docs = []
-    for k in range(spec.documents):
-        body = text.paragraph(rng, rng.randint(*spec.document_words))
-        prompt = f"Summarise the following document in one sentence.\n\n{body}\n\nSummary:"
-        docs.append(BenchRequest(0, span * (k + 0.5) / spec.documents, Kind.DOCUMENT, Priority.BATCH, prompt,
-                                 spec.document_tokens))
-    return docs
 
 
 def _with_sampling(drafts: list[BenchRequest], spec: LoadSpec, seed: int) -> list[BenchRequest]:

@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from pdserve.chaos.fleet import Fleet, FleetSpec, WorkerRef, chaos_env, role_of, serving
-from pdserve.procs.health import wait_serving
+from pdserve.chaos.fleet import Fleet, FleetSpec, WorkerRef, chaos_env, role_of
+from pdserve.procs.health import serving, wait_serving
 from pdserve.procs.supervisor import Child, Supervisor
 
 

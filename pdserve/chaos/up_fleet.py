@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pdserve.chaos.fleet import ROLES, Fleet, FleetSpec, WorkerRef, chaos_env, serving
-from pdserve.procs.health import wait_serving
+from pdserve.chaos.fleet import ROLES, Fleet, FleetSpec, WorkerRef, chaos_env
+from pdserve.procs.health import serving, wait_serving
 
 
 class UpFleet(Fleet):

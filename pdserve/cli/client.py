@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
 import time
 
 from pdserve.cli.options import sampling_params
 from pdserve.client import Client, ClientOptions, Completion, Message, PdserveError
 from pdserve.client.results import Collector
+from pdserve.stats import distribution
 
 
 def stream_remote(args: argparse.Namespace) -> int:
@@ -36,8 +36,8 @@ def stream_remote(args: argparse.Namespace) -> int:
 
 def summary(answer: Completion) -> str:
     gaps = answer.timings.gaps_s
-    p50 = statistics.median(gaps) * 1e3 if gaps else 0.0
-    worst = max(gaps) * 1e3 if gaps else 0.0
+    tbt = distribution(gaps)
+    p50, worst = (tbt.p50 * 1e3, tbt.max * 1e3) if tbt else (0.0, 0.0)
     u = answer.usage
     usage = f" prompt={u.prompt_tokens} cached={u.cached_tokens} preemptions={u.preemptions}" if u else ""
     return (f"finish={answer.finish_reason} tokens={len(answer.token_ids)} TTFT={(answer.timings.ttft_s or 0) * 1e3:.1f}"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
-import statistics
 
 from pdserve.client import Client, Message
+from pdserve.stats import distribution
 
 CHATS = [
     ("vip", "What is the capital of France?"),
@@ -26,8 +26,8 @@ def run_demo(target: str) -> None:
     print(f"\n{'priority':8} {'prompt':>7} {'tokens':>6} {'TTFT ms':>8} {'TBT p50':>8} {'TBT max':>8}  answer")
     for (priority, _, _), r in zip(jobs, results):
         gaps = r.timings.gaps_s
-        p50 = statistics.median(gaps) * 1e3 if gaps else 0.0
-        worst = max(gaps) * 1e3 if gaps else 0.0
+        tbt = distribution(gaps)
+        p50, worst = (tbt.p50 * 1e3, tbt.max * 1e3) if tbt else (0.0, 0.0)
         answer = r.text.strip().replace("\n", " ")
         print(f"{priority:8} {r.usage.prompt_tokens:7d} {len(r.token_ids):6d} {(r.timings.ttft_s or 0) * 1e3:8.0f} "
               f"{p50:8.0f} {worst:8.0f}  {answer[:70]}")

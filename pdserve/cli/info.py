@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def machine_lines() -> list[str]:
-    from pdserve.attention.native_build import cache_dir
+    from pdserve.native.build import cache_dir
     from pdserve.measurements import machine
 
     m = machine()

@@ -18,7 +18,7 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.config import DeadlineConfig
 from pdserve.procs.parent_watch import supervisor_pid, watch_parent
 from pdserve.rpc.security import add_security_flags
-from router.flow import FlowConfig
+from router.flow_types import FlowConfig
 from router.discovery import MAX_REGISTERED_WORKERS
 from router.gateway import MAX_ACTIVE
 from router.limits import add_limit_flags

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from pdserve.config import CacheConfig, SchedulerConfig
+
 POLICIES = ("fcfs", "decode-first", "chunked")
 MAX_MODEL_LEN = {"smollm2-135m": 8192}
 
@@ -27,10 +29,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                    "(default with 8 GPUs: 4P4D 2P6D 6P2D)")
     p.add_argument("--prefill-tp", type=int, default=None)
     p.add_argument("--decode-tp", type=int, default=None)
-    p.add_argument("--token-budget", type=int, default=2048)
-    p.add_argument("--max-chunk-tokens", type=int, default=1024)
+    p.add_argument("--token-budget", type=int, default=SchedulerConfig().token_budget)
+    p.add_argument("--max-chunk-tokens", type=int, default=SchedulerConfig().max_chunk_tokens)
     p.add_argument("--memory-fraction", type=float, default=0.9)
-    p.add_argument("--prefix-cache", choices=["on", "off"], default="on", help="radix prefix cache, or none")
+    p.add_argument("--prefix-cache", choices=["on", "off"], default="on" if CacheConfig().prefix_cache else "off",
+                   help="radix prefix cache, or none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", type=float, default=None, help="chat arrival rate override (requests/s)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="seconds, for goodput")
@@ -66,7 +69,7 @@ def _config(args: argparse.Namespace):
     return SimConfig(get_hardware(args.hardware), get_shape(args.model), token_budget=args.token_budget,
                      max_chunk_tokens=min(args.max_chunk_tokens, args.token_budget),
                      memory_fraction=args.memory_fraction, prefix_cache=args.prefix_cache == "on",
-                     max_model_len=MAX_MODEL_LEN.get(args.model, 131_072))
+                     max_model_len=MAX_MODEL_LEN.get(args.model, SimConfig.max_model_len))
 
 
 def _deployments(args: argparse.Namespace, cfg) -> list:

@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.client.calls import AsyncStream
 from pdserve.client.options import ClientOptions
 from pdserve.client.types import Completion, Message
-from pdserve.client.wire import error_of, request_of
-from pdserve.v1 import generation_pb2 as pb
-from pdserve.v1 import generation_pb2_grpc
+from pdserve.client.wire import (abort_request, error_of, generation_stub, health_request, health_stub, is_serving,
+                                 request_of)
 
 
 class AsyncClient:
@@ -21,7 +19,7 @@ class AsyncClient:
         credentials = options.credentials()
         self._channel = (grpc.aio.secure_channel(target, credentials, options.channel_options()) if credentials
                          else grpc.aio.insecure_channel(target, options.channel_options()))
-        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+        self._stub = generation_stub(self._channel)
 
     def stream(self, prompt: str | None = None, *, messages: Sequence[Message | Mapping] | None = None,
                token_ids: Sequence[int] | None = None, priority: str | None = None, request_id: str | None = None,
@@ -36,7 +34,7 @@ class AsyncClient:
 
     async def abort(self, request_id: str) -> bool:
         try:
-            response = await self._stub.Abort(pb.AbortRequest(request_id=request_id), timeout=self.options.timeout_s,
+            response = await self._stub.Abort(abort_request(request_id), timeout=self.options.timeout_s,
                                               metadata=self.options.metadata())
         except grpc.RpcError as exc:
             raise error_of(exc) from None
@@ -44,11 +42,11 @@ class AsyncClient:
 
     async def health(self, service: str = "") -> bool:
         try:
-            response = await health_pb2_grpc.HealthStub(self._channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=self.options.timeout_s or 10)
+            response = await health_stub(self._channel).Check(
+                health_request(service), timeout=self.options.timeout_s or 10)
         except grpc.RpcError as exc:
             raise error_of(exc) from None
-        return response.status == health_pb2.HealthCheckResponse.SERVING
+        return is_serving(response)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -6,10 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.client.types import Chunk, Message, PdserveError, TokenLogprobs, Usage
 from pdserve.requests import SamplingParams
 from pdserve.v1 import generation_pb2 as pb
+from pdserve.v1 import generation_pb2_grpc
 
 PRIORITIES = {"vip": pb.PRIORITY_VIP, "normal": pb.PRIORITY_NORMAL, "batch": pb.PRIORITY_BATCH}
 SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
@@ -69,3 +71,23 @@ def error_of(exc: grpc.RpcError) -> PdserveError:
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
     return PdserveError(code.name if code is not None else "UNKNOWN", details or "")
+
+
+def generation_stub(channel: grpc.Channel | grpc.aio.Channel) -> generation_pb2_grpc.GenerationStub:
+    return generation_pb2_grpc.GenerationStub(channel)
+
+
+def health_stub(channel: grpc.Channel | grpc.aio.Channel) -> health_pb2_grpc.HealthStub:
+    return health_pb2_grpc.HealthStub(channel)
+
+
+def abort_request(request_id: str) -> pb.AbortRequest:
+    return pb.AbortRequest(request_id=request_id)
+
+
+def health_request(service: str) -> health_pb2.HealthCheckRequest:
+    return health_pb2.HealthCheckRequest(service=service)
+
+
+def is_serving(response: health_pb2.HealthCheckResponse) -> bool:
+    return response.status == health_pb2.HealthCheckResponse.SERVING

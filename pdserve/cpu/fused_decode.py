@@ -1,13 +1,13 @@
-"""A decode step through every decoder layer in one C call (decode_layers.c): the second
-implementation of the layers' forward pass, for the passes where the modules' Python between the
-kernels is what is not reading weights or multiplying.
+"""A decode step through every decoder layer in one C call (pdserve/native/decode_layers.c): the
+second implementation of the layers' forward pass, for the passes where the modules' Python between
+the kernels is what is not reading weights or multiplying.
 
 It serves a pass only where the modules would run exactly these kernels on these rows: every token
 a decode the attention backend's C kernel attends and writes (`native_decode_pass`), at most
 `max_rows` rows (PANEL_MAX_ROWS, or what the engine measured faster fused than layer by layer),
 the native layer kernels on every module and float32 throughout. It calls the same C functions in
 the same order on the same weights, so its output equals the modules' bit for bit where they read
-the panels too (tests/model/test_fused_decode.py); any other pass runs the modules. At batch 1
+the panels too (tests/cpu/test_fused_decode.py); any other pass runs the modules. At batch 1
 the modules spent about 5 ms of a 26 ms step of the embedded model between the kernels, at batch
 64 about 13 ms of 250 (docs/BENCHMARKS.md).
 
@@ -18,59 +18,32 @@ the layer kernels are chosen); a deep copy of the model builds its own, over the
 from __future__ import annotations
 
 import copy
-import ctypes
 import logging
 import math
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch
-from pdserve.attention.native_build import NativeBuildError, load_library
-from pdserve.attention.native_decode import NativeDecode, NativePlan
-from pdserve.kv.kv_cache import KVCache
 from pdserve.checkpoint.model_config import ModelConfig
-from pdserve.model.native_kernels import NativeKernels
-from pdserve.model.panel_weights import PANEL_MAX_ROWS, PanelWeight, RowPanels
-
-SOURCE = Path(__file__).with_name("decode_layers.c")
-_P, _I = ctypes.c_void_p, ctypes.c_int64
+from pdserve.cpu.layer_kernels import NativeKernels
+from pdserve.kv.kv_cache import KVCache
+from pdserve.model.row_route import PANEL_MAX_ROWS
+from pdserve.native.decode_layers import DecodeLayers, Kernels, Layer, Pass, Shape, load_decode_layers
+from pdserve.native.paged_decode import NativeDecode, NativePlan
+from pdserve.native.row_panels import PanelWeight, RowPanels
 
 log = logging.getLogger(__name__)
 
 
-class _Kernels(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("rms_norm", "silu_mul", "rope", "gemm", "write_kv", "attend")]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("input_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up",
-                                        "down")]
-
-
-class _Shape(ctypes.Structure):
-    _fields_ = [(name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim", "inter", "num_layers",
-                                        "block_size")] + [(name, ctypes.c_float) for name in ("eps", "scale")]
-
-
-class _Pass(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("pool", "slots", "tables", "lens", "cos", "sin")] + [
-        (name, _I) for name in ("table_stride", "max_len", "attend_threads", "threads")]
-
-
 class FusedDecode:
-    def __init__(self, library: ctypes.CDLL, layers: list[nn.Module], config: ModelConfig):
+    def __init__(self, library: DecodeLayers, layers: list[nn.Module], config: ModelConfig):
         """layers: the model's DecoderLayers, each on NativeKernels with every projection in panels."""
         self._library, self.layers, self.config = library, layers, config
-        self._run = library.pdserve_decode_layers
-        self._run.argtypes, self._run.restype = [_P] * 5 + [_I, _P], ctypes.c_int
-        self._scratch = library.pdserve_decode_scratch_floats
-        self._scratch.argtypes, self._scratch.restype = [_P, _I], _I
-        self._table = (_Layer * len(layers))(*(_layer(layer) for layer in layers))
-        self._kernels: tuple[NativeDecode, _Kernels] | None = None  # for the attention kernel last seen
-        self._shapes: dict[int, _Shape] = {}  # by the pool's block size
+        self._table = (Layer * len(layers))(*(_layer(layer) for layer in layers))
+        self._kernels: tuple[NativeDecode, Kernels] | None = None  # for the attention kernel last seen
+        self._shapes: dict[int, Shape] = {}  # by the pool's block size
         attention = layers[0].self_attn
         self._layer_kernels: NativeKernels = attention.kernels
         self._panels: RowPanels = attention.qkv_proj.streamed.kernel
@@ -91,11 +64,9 @@ class FusedDecode:
             return None
         decode, plan = native
         shape = self._shape(kv)
-        scratch = torch.empty(self._scratch(ctypes.byref(shape), x.shape[0]), dtype=torch.float32)
-        one_pass = _pass(kv, batch, plan, cos, sin)
-        if self._run(ctypes.byref(self._kernels_for(decode)), self._table, ctypes.byref(shape), ctypes.byref(one_pass),
-                     x.data_ptr(), x.shape[0], scratch.data_ptr()) != 0:
-            raise MemoryError("the decode attention kernel could not allocate its scratch or threads")
+        scratch = torch.empty(self._library.scratch_floats(shape, x.shape[0]), dtype=torch.float32)
+        self._library.run(self._kernels_for(decode), self._table, shape, _pass(kv, batch, plan, cos, sin),
+                          x.data_ptr(), x.shape[0], scratch.data_ptr())
         return x
 
     def _fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache) -> bool:
@@ -105,29 +76,29 @@ class FusedDecode:
                 and (kv.shape.num_layers, kv.shape.num_kv_heads, kv.shape.head_dim)
                 == (c.num_layers, c.num_kv_heads, c.head_dim))
 
-    def _shape(self, kv: KVCache) -> _Shape:
+    def _shape(self, kv: KVCache) -> Shape:
         if kv.block_size not in self._shapes:
             self._shapes[kv.block_size] = self._new_shape(kv)
         return self._shapes[kv.block_size]
 
-    def _new_shape(self, kv: KVCache) -> _Shape:
+    def _new_shape(self, kv: KVCache) -> Shape:
         c = self.config
-        return _Shape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers,
-                      kv.block_size, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
+        return Shape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers,
+                     kv.block_size, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
 
-    def _kernels_for(self, decode: NativeDecode) -> _Kernels:
+    def _kernels_for(self, decode: NativeDecode) -> Kernels:
         if self._kernels is None or self._kernels[0] is not decode:
-            self._kernels = (decode, _Kernels(**self._layer_kernels.addresses(), gemm=self._panels.address,
-                                              **decode.addresses()))
+            self._kernels = (decode, Kernels(**self._layer_kernels.library.addresses(), gemm=self._panels.address,
+                                             **decode.addresses()))
         return self._kernels[1]
 
 
-def _layer(layer: nn.Module) -> _Layer:
+def _layer(layer: nn.Module) -> Layer:
     attention, mlp = layer.self_attn, layer.mlp
-    return _Layer(layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                  attention.qkv_proj.streamed.panels.data_ptr(), _pointer(attention.qkv_proj.bias),
-                  attention.o_proj.streamed.panels.data_ptr(), _pointer(attention.o_proj.bias),
-                  mlp.gate_up_proj.streamed.panels.data_ptr(), mlp.down_proj.streamed.panels.data_ptr())
+    return Layer(layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                 attention.qkv_proj.streamed.panels.data_ptr(), _pointer(attention.qkv_proj.bias),
+                 attention.o_proj.streamed.panels.data_ptr(), _pointer(attention.o_proj.bias),
+                 mlp.gate_up_proj.streamed.panels.data_ptr(), mlp.down_proj.streamed.panels.data_ptr())
 
 
 def _linears(layer: nn.Module) -> tuple[nn.Module, ...]:
@@ -138,10 +109,10 @@ def _pointer(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _pass(kv: KVCache, batch: ForwardBatch, plan: NativePlan, cos: torch.Tensor, sin: torch.Tensor) -> _Pass:
-    return _Pass(kv.data.data_ptr(), batch.slot_mapping.data_ptr(), plan.tables.data_ptr(), plan.lens.data_ptr(),
-                 cos.data_ptr(), sin.data_ptr(), plan.tables.shape[1], plan.max_len, plan.threads,
-                 torch.get_num_threads())
+def _pass(kv: KVCache, batch: ForwardBatch, plan: NativePlan, cos: torch.Tensor, sin: torch.Tensor) -> Pass:
+    return Pass(kv.data.data_ptr(), batch.slot_mapping.data_ptr(), plan.tables.data_ptr(), plan.lens.data_ptr(),
+                cos.data_ptr(), sin.data_ptr(), plan.tables.shape[1], plan.max_len, plan.threads,
+                torch.get_num_threads())
 
 
 def fusion_problem(model: nn.Module) -> str | None:
@@ -168,16 +139,14 @@ def fusion_problem(model: nn.Module) -> str | None:
 
 
 def fuse_decode(model: nn.Module) -> FusedDecode | None:
-    """Attaches a fused decode step to `model` (its `fused_decode`) where its layers qualify;
-    returns it, or None (the model's modules compute every pass, as before)."""
-    problem = fusion_problem(model)
-    if problem is None:
-        try:
-            model.fused_decode = FusedDecode(load_library(SOURCE), list(model.layers), model.config)
-            log.info("decode steps of up to %d rows can run every layer in one C call", model.fused_decode.max_rows)
-            return model.fused_decode
-        except NativeBuildError as exc:
-            problem = str(exc)
+    """Attaches a fused decode step to `model` (its `fused_decode`) where its layers qualify and
+    the kernel builds; returns it, or None (the model's modules compute every pass, as before)."""
     model.fused_decode = None
-    log.info("decode steps layer by layer: %s", problem)
-    return None
+    if problem := fusion_problem(model):
+        log.info("decode steps layer by layer: %s", problem)
+        return None
+    library = load_decode_layers().kernel  # None: not built here (the loader says why)
+    if library is not None:
+        model.fused_decode = FusedDecode(library, list(model.layers), model.config)
+        log.info("decode steps of up to %d rows can run every layer in one C call", model.fused_decode.max_rows)
+    return model.fused_decode

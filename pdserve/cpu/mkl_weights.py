@@ -5,7 +5,7 @@ through torch's `mkl::_mkl_reorder_linear_weight`; each call `cblas_sgemm_comput
 torch's op computes from the packed panels only when the rows equal the batch size it is told; it
 is told each call's own row count. That relies on MKL's packed B not depending on the row count
 it was packed for, which `MklPanels.problem` checks on this machine (several row counts against a
-dense multiply, pdserve/model/packed_weights.py) before any model is packed.
+dense multiply, pdserve/cpu/packed_weights.py) before any model is packed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdserve.model.packed_weights import packing_problem
+from pdserve.cpu.packed_weights import packing_problem
 
 PACK_ROWS = 256  # the row count packing is asked for; any row count computes from the panels
 

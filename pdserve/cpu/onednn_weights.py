@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdserve.model.packed_weights import packing_problem
+from pdserve.cpu.packed_weights import packing_problem
 
 HINT_ROWS = 256  # the row count the blocked layout is chosen for (decode batches and prefill chunks alike)
 

@@ -1,6 +1,6 @@
-"""Projection weights laid out for a CPU GEMM library, beside the dense weight: the interface a
-Linear multiplies through, and the probe every packing passes on this machine before a model is
-packed with it (pdserve/model/weight_layout.py chooses which).
+"""Projection weights laid out for a CPU GEMM library, beside the dense weight: the interface every
+packing offers (Linear's WeightCopy, packed and probed), and the probe every packing passes on this
+machine before a model is packed with it (weight_layout.py chooses which).
 
 A plain `x @ W` lays W out in the kernel's blocked panels on every call: at decode sizes (a few
 hundred rows against a weight streamed from memory) that copy is a large part of the multiply.
@@ -21,16 +21,15 @@ from typing import Protocol
 
 import torch
 
-MIN_PACKED_ROWS = 2  # one row is a matrix-vector product, bound by reading the weight (dense is fastest)
+from pdserve.model.layers import WeightCopy
+
 PROBE_ROWS = (2, 3, 17, 64, 129, 300)
 PROBE_SHAPE = (576, 320)  # in, out: a projection-like shape, one row block and a tail
 
 
-class PackedWeight(Protocol):
+class PackedWeight(WeightCopy, Protocol):
     """One projection's weight in a library's layout; `weight` is the dense [in, out] parameter it
     was packed from (a deep copy of the module packs the copy's own parameter again)."""
-
-    weight: torch.Tensor
 
     @classmethod
     def pack(cls, weight: torch.Tensor) -> PackedWeight:
@@ -41,11 +40,7 @@ class PackedWeight(Protocol):
         """Why weights cannot be packed this way on `device` in `dtype` (probed), or None."""
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x: [T, in] -> [T, out] (+ bias), T at least MIN_PACKED_ROWS."""
-
-    @property
-    def nbytes(self) -> int:
-        """The dense weight's bytes (the packed copy takes about as much again)."""
+        """x: [T, in] -> [T, out] (+ bias), T at least MIN_PACKED_ROWS (pdserve/model/row_route.py)."""
 
 
 @dataclass(frozen=True)

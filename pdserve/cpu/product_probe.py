@@ -9,7 +9,7 @@ The probe multiplies random weights of the decoder layers' projection shapes (ea
 sequence, follows the layers' choice)
 at each of PROBE_ROWS rows, every layout in turn within each repeat so drift in the machine's
 speed falls on all alike, and keeps the best of REPEATS. It runs on the threads torch has now
-(the worker's --threads). pdserve/model/weight_layout.py turns the rates into a layout and caches
+(the worker's --threads). pdserve/cpu/weight_layout.py turns the rates into a layout and caches
 them per machine (pdserve/measurements.py); `pdserve info` prints them.
 """
 

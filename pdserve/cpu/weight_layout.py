@@ -2,17 +2,18 @@
 for and what stops each packing here (`problems`), then the packing itself.
 
     dense:  Linear.weight [in, out], multiplied by `x @ weight` (the reference; every device)
-    onednn: oneDNN's blocked weight beside it (CPU float32; pdserve/model/onednn_weights.py)
-    mkl:    MKL's pre-packed panels beside it (CPU float32; pdserve/model/mkl_weights.py)
+    onednn: oneDNN's blocked weight beside it (CPU float32; onednn_weights.py)
+    mkl:    MKL's pre-packed panels beside it (CPU float32; mkl_weights.py)
     panels: products of up to PANEL_MAX_ROWS rows (decode steps) from the weight in panels, by
-            a C kernel (CPU float32; pdserve/model/panel_weights.py); more rows dense
+            a C kernel (CPU float32; panel_weights.py); more rows dense
     auto:   what this machine measured fastest for the model's projections (product_probe.py,
             cached per machine): at each range of row counts the fastest of dense, the panels and
             the one packing of PACKINGS kept (the fastest that nothing stops here); the panels
             held for the fused decode step wherever they build
 
 The choice is a `WeightLayout`: the packing the projections hold a copy in, whether they hold
-one in panels too, and the route by row count between those and the dense weight (row_route.py).
+one in panels too, and the route by row count between those and the dense weight
+(pdserve/model/row_route.py).
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ import torch
 from torch import nn
 
 from pdserve.config import WEIGHT_LAYOUTS, WEIGHT_PACKINGS
+from pdserve.cpu.mkl_weights import MklPanels
+from pdserve.cpu.onednn_weights import OneDnnWeight
+from pdserve.cpu.packed_weights import PackedWeight, PackSummary
+from pdserve.cpu.panel_weights import load_row_panels
+from pdserve.cpu.product_probe import ProductRates, dense, probe_products, shape_counts
 from pdserve.measurements import measured
-from pdserve.model.layers import DEFAULT_ROUTE, Linear
-from pdserve.model.mkl_weights import MklPanels
-from pdserve.model.onednn_weights import OneDnnWeight
-from pdserve.model.packed_weights import MIN_PACKED_ROWS, PackedWeight, PackSummary
-from pdserve.model.panel_weights import RowPanels, load_row_panels
-from pdserve.model.product_probe import ProductRates, dense, probe_products, shape_counts
-from pdserve.model.row_route import DENSE, PACKED, RowRoute
+from pdserve.model.layers import Linear
+from pdserve.model.row_route import DEFAULT_ROUTE, DENSE, MIN_PACKED_ROWS, PACKED, RowRoute
 from pdserve.model.row_route import PANELS as PANEL_ROUTE
+from pdserve.native.row_panels import RowPanels
 
 # the packings in the order `auto` prefers them (measured: docs/BENCHMARKS.md, "oneDNN weights and a segment kernel")
 _PACKING_TYPES: dict[str, type[PackedWeight]] = {"onednn": OneDnnWeight, "mkl": MklPanels}
@@ -158,8 +160,6 @@ def apply_weight_layout(model: nn.Module, name: str, device: str | torch.device,
     if layout.few_rows == PANELS:
         summary = stream_linears(model, panels, layout.route)
         log.info("packed %d projections (%.0f MB) in panels", summary.linears, summary.nbytes / 1e6)
-    elif name == "auto" and torch.device(device).type == "cpu" and dtype == torch.float32:
-        log.info("no panels for decode steps: %s", problems[PANELS])
     log.info("projections: %s%s", layout, " (measured on this machine)" if rates is not None else "")
     return layout
 

@@ -1,6 +1,6 @@
 """How many rows a decode step runs fused on this machine: the one C call through every layer
-(pdserve/model/fused_decode.py) against the layers one by one on the layout the product probe
-chose (pdserve/model/weight_layout.py), each timed on the engine's own model, pool and attention
+(pdserve/cpu/fused_decode.py) against the layers one by one on the layout the product probe
+chose (pdserve/cpu/weight_layout.py), each timed on the engine's own model, pool and attention
 backend at PROBE_BATCHES decode rows, cached per machine and model (pdserve/measurements.py).
 
     rows = fused_rows(timings)   # the largest probed batch up to which fused won at every probe

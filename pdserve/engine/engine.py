@@ -24,7 +24,8 @@ from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
 from pdserve.validation import Limits, validate_request, validate_resumed
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
-from pdserve.model.loader import LoadedModel, load_engine_model
+from pdserve.engine.engine_model import EngineModel, load_engine_model
+from pdserve.model.loader import LoadedModel
 from pdserve.requests import FinishReason, Priority, Request, SamplingParams
 from pdserve.kv.manager import BlockHold
 from pdserve.scheduler import AdmissionError as SchedulerAdmissionError
@@ -37,16 +38,17 @@ ReservedListener = Callable[[tuple[Reservation, ...]], None]
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None,
+    def __init__(self, config: EngineConfig, loaded: EngineModel | LoadedModel | None = None,
                  clock: Callable[[], float] = time.monotonic, hold_blocks: bool = False):
-        """`hold_blocks` (prefill workers): finished requests' blocks are handed out as holds in
+        """`loaded`: the model to run (a LoadedModel runs as it is, on one rank), else the one
+        `config` names, loaded here. `hold_blocks` (prefill workers): finished requests' blocks are handed out as holds in
         StepResult.holds, to be given back with `release` once their KV was sent."""
         self.config = config
         self.clock = clock
         self.hold_blocks = hold_blocks
         self.lock = threading.Lock()  # held while the scheduler's state changes (see step)
         dtype = serving_dtype(config.dtype, config.device)
-        self.loaded = loaded or load_engine_model(config)
+        self.loaded = _engine_model(loaded) if loaded is not None else load_engine_model(config)
         self.model_config = self.loaded.config
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
@@ -187,3 +189,7 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
+
+
+def _engine_model(loaded: EngineModel | LoadedModel) -> EngineModel:
+    return loaded if isinstance(loaded, EngineModel) else EngineModel.alone(loaded)

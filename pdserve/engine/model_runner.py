@@ -11,7 +11,7 @@ from pdserve.attention.batch import ForwardBatch
 from pdserve.engine.batch_builder import build_forward_batch
 from pdserve.engine.host_logits import HostLogits
 from pdserve.kv.kv_cache import KVCache
-from pdserve.model.loader import LoadedModel
+from pdserve.engine.engine_model import EngineModel
 from pdserve.parallel.plan import SwapPlan
 from pdserve.sampling.logprobs import TokenLogprobs, token_logprobs
 from pdserve.sampling.sampler import Sampler
@@ -35,7 +35,7 @@ class StepTimes:
 class ModelRunner:
     """Owns the device KV pool, the host swap pool and the host logits buffer of one worker."""
 
-    def __init__(self, loaded: LoadedModel, kv: KVCache, host_kv: KVCache, attn: AttentionBackend, seed: int):
+    def __init__(self, loaded: EngineModel, kv: KVCache, host_kv: KVCache, attn: AttentionBackend, seed: int):
         self.model = loaded.model
         self.ranks = loaded.ranks  # tensor parallelism: the other ranks repeat every swap
         self.kv = kv

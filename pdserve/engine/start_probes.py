@@ -21,7 +21,7 @@ from pdserve.config import EngineConfig, PreemptionConfig
 from pdserve.engine.calibration import calibrated, serving_identity
 from pdserve.engine.decode_probe import DecodeTimings, tune_fused_rows
 from pdserve.kv.kv_cache import KVCache
-from pdserve.model.loader import LoadedModel
+from pdserve.engine.engine_model import EngineModel
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class StartMeasurements:
     preemption: PreemptionConfig  # calibrated where config.calibrate, else as configured
 
 
-def measure_at_start(config: EngineConfig, loaded: LoadedModel, kv: KVCache, host_kv: KVCache,
+def measure_at_start(config: EngineConfig, loaded: EngineModel, kv: KVCache, host_kv: KVCache,
                      attn: AttentionBackend, dtype: torch.dtype) -> StartMeasurements:
     """Sets the paths chosen on `attn` and `loaded.model`; returns what they were chosen by."""
     model = loaded.model

@@ -19,7 +19,8 @@ from typing import NamedTuple
 
 from pdserve.config import CacheConfig
 from pdserve.kv.block_pool import Allocated, Allocation, BlockPool, OutOfBlocks
-from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixHandle, make_prefix_cache
+from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixHandle
+from pdserve.kv.prefix_caches import make_prefix_cache
 from pdserve.kv.tokens import TokenView
 from pdserve.requests import Request
 

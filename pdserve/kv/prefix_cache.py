@@ -5,7 +5,8 @@ cached once all B of them are computed. A cached block is found again by the exa
 of every block up to and including it, so equal prefixes share blocks.
 
 Two implementations side by side: `RadixPrefixCache` (radix_cache.py) and `NoPrefixCache`
-(no_prefix_cache.py). `make_prefix_cache` picks one from the config; callers never branch on it.
+(no_prefix_cache.py). `make_prefix_cache` (prefix_caches.py) picks one from the config; callers
+never branch on it.
 """
 
 from __future__ import annotations
@@ -72,9 +73,3 @@ def block_keys(token_ids: Sequence[int], block_size: int, first: int, end: int) 
     """Token ids of blocks first..end-1, one tuple per block."""
     return [tuple(token_ids[i * block_size:(i + 1) * block_size]) for i in range(first, end)]
 
-
-def make_prefix_cache(enabled: bool, pool: BlockPool, block_size: int) -> PrefixCache:
-    from pdserve.kv.no_prefix_cache import NoPrefixCache
-    from pdserve.kv.radix_cache import RadixPrefixCache
-
-    return RadixPrefixCache(pool, block_size) if enabled else NoPrefixCache(block_size)

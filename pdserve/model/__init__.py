@@ -1,4 +1,4 @@
-"""The Llama-family model, its loaders and its CPU weight layouts (a checkpoint's files and config
+"""The Llama-family model, its torch reference and its loaders (a checkpoint's files and config
 are read by pdserve/checkpoint/)."""
 
 from pdserve.model.loader import LoadedModel, load_model

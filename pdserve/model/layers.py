@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
@@ -9,27 +11,37 @@ from pdserve.attention.base import AttentionBackend
 from pdserve.kv.kv_cache import KVCache
 from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.layer_kernels import LayerKernels, TorchKernels
-from pdserve.model.packed_weights import MIN_PACKED_ROWS, PackedWeight
-from pdserve.model.row_route import DENSE, PACKED, PANELS, RowRoute
-from pdserve.model.panel_weights import PANEL_MAX_ROWS
+from pdserve.model.row_route import DEFAULT_ROUTE, DENSE, MIN_PACKED_ROWS, PANELS
 
-DEFAULT_ROUTE = RowRoute((PANEL_MAX_ROWS,), (PANELS, PACKED))  # the explicit layouts' (row_route.py)
+
+class WeightCopy(Protocol):
+    """A projection's weight in another layout, beside the dense one (pdserve/cpu/ packs them);
+    `weight` is the dense [in, out] parameter it was packed from."""
+
+    weight: torch.Tensor
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x: [T, in] -> [T, out] (+ bias)."""
+
+    @property
+    def nbytes(self) -> int:
+        """The dense weight's bytes (the copy takes about as much again)."""
 
 
 class Linear(nn.Module):
     """y = x @ weight + bias, with `weight` stored [in_features, out_features]: the transpose of
     the checkpoint's [out, in]. NOTE: on CPU the skinny matmuls of decode steps (a few rows)
     run about twice as fast against this layout; prefill-sized matmuls are unaffected.
-    With `packed` set (pdserve/model/weight_layout.py) the product reads a GEMM library's own
+    With `packed` set (pdserve/cpu/weight_layout.py) the product reads a GEMM library's own
     layout of the weight (oneDNN's or MKL's); with `streamed` set, from the weight in panels
-    (pdserve/model/panel_weights.py); `route` says which a product of so many rows reads."""
+    (pdserve/cpu/panel_weights.py); `route` says which a product of so many rows reads."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed: PackedWeight | None = None
-        self.streamed: PackedWeight | None = None
+        self.packed: WeightCopy | None = None
+        self.streamed: WeightCopy | None = None
         self.route = DEFAULT_ROUTE  # which of the weights a product of so many rows reads (auto: as measured)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,7 +65,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
-        self.kernels: LayerKernels = TorchKernels()  # pdserve/model/layer_kernels.py sets the model's
+        self.kernels: LayerKernels = TorchKernels()  # pdserve/cpu/layer_kernels.py sets the model's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, dim] -> [T, dim]; normalised in float32, then scaled by the learned weight."""

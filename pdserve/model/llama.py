@@ -4,13 +4,13 @@
 
 One forward pass computes a mixed batch (prefill chunks and decode tokens, flattened to T rows,
 see ForwardBatch); logits are computed only for the rows in `batch.logits_indices`. With
-`fused_decode` set (pdserve/model/fused_decode.py), a decode step (of up to PANEL_MAX_ROWS
+`fused_decode` set (pdserve/cpu/fused_decode.py), a decode step (of up to PANEL_MAX_ROWS
 sequences) goes through every layer in one C call instead of layer by layer.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -22,8 +22,14 @@ from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.layers import DecoderLayer, Linear, RMSNorm
 from pdserve.model.rope import RotaryEmbedding
 
-if TYPE_CHECKING:
-    from pdserve.model.fused_decode import FusedDecode
+
+class FusedLayers(Protocol):
+    """Every decoder layer of one pass in one call (pdserve/cpu/fused_decode.py attaches one)."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, kv: KVCache,
+                attn: AttentionBackend) -> torch.Tensor | None:
+        """x [T, hidden] through every layer, updated in place and returned; None (x untouched)
+        where this pass is not one it serves."""
 
 
 class LlamaForCausalLM(nn.Module):
@@ -36,7 +42,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size)  # weight [hidden, vocab]
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
-        self.fused_decode: FusedDecode | None = None  # set by fuse_decode where the layers qualify
+        self.fused_decode: FusedLayers | None = None  # set by fuse_decode where the layers qualify
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend,

@@ -1,5 +1,6 @@
 """Which of a projection's weights a product of so many rows reads: the panels, the packed copy
-or the dense parameter, by ranges of row counts.
+or the dense parameter, by ranges of row counts (Linear follows it; pdserve/cpu/ lays the copies
+out and measures the route).
 
     route = RowRoute((4, 16, 64), (PANELS, PACKED, DENSE, PACKED))
     route.kind(3)    # "panels"   (up to 4 rows)
@@ -19,6 +20,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 PANELS, PACKED, DENSE = "panels", "packed", "dense"
+PANEL_MAX_ROWS = 256  # rows `--weight-layout panels` reads them for (auto measures its own)
+MIN_PACKED_ROWS = 2  # one row is a matrix-vector product, bound by reading the weight (dense is fastest)
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,6 @@ class RowRoute:
         """The winner at each probed row count serves the rows up to it from the probe before; the
         last one every row count beyond."""
         return cls(tuple(rows[:-1]), tuple(winners))
+
+
+DEFAULT_ROUTE = RowRoute((PANEL_MAX_ROWS,), (PANELS, PACKED))  # the explicit layouts'

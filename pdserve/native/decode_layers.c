@@ -1,6 +1,6 @@
 /* A decode step through every decoder layer in one call (float32): the same kernels
  * the modules call one at a time (the norms, SwiGLU and rotary positions of layer_kernels.c, the
- * panels of row_panels.c, the K/V copy and attention of pdserve/attention/paged_decode.c), passed
+ * panels of row_panels.c, the K/V copy and attention of paged_decode.c), passed
  * in as function pointers and run in the modules' order, on the modules' weights:
  *
  *   h = norm(x); qkv = h @ Wqkv (+ b); rope(q, k); K/V -> pool; a = attend(q); x = x + a @ Wo (+ b)
@@ -8,8 +8,8 @@
  *
  * so the result equals the modules' bit for bit; what it saves is the Python between the kernels
  * (about ten module and kernel calls a layer). x [rows, hidden] is updated in place; `scratch`
- * holds the intermediates of one layer (see scratch_floats). Built and loaded by
- * pdserve/model/fused_decode.py, which checks every shape first.
+ * holds the intermediates of one layer (see scratch_floats). Loaded by decode_layers.py; called by
+ * pdserve/cpu/fused_decode.py, which checks every shape first.
  */
 #include <stddef.h>
 #include <stdint.h>

@@ -8,8 +8,8 @@
  *             (a, b) -> (a cos - b sin, b cos + a sin) at the token's angles cos[t, i], sin[t, i]
  *
  * Rows may be strided (`*_stride`: floats from one row's start to the next); elements within a row
- * are contiguous. Built and loaded by pdserve/model/native_kernels.py, which checks every shape and
- * stride first; tests/model/test_layer_kernels.py compares each with the torch reference.
+ * are contiguous. Loaded by layer_kernels.py; pdserve/cpu/layer_kernels.py checks every shape and
+ * stride first; tests/cpu/test_layer_kernels.py compares each with the torch reference.
  */
 #include <math.h>
 #include <stdint.h>

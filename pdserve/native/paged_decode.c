@@ -17,8 +17,7 @@
  * memory streams during the arithmetic instead of between it. Any other head_dim goes one position
  * at a time, asking for the segments ahead the same way. Sequences are split over `threads` POSIX threads. The queries may be strided (views of
  * the fused projection's output). pdserve_write_kv copies a layer's new keys and values into the
- * pool. Built and loaded by pdserve/attention/native_decode.py; the caller checks every block id,
- * slot and length first.
+ * pool. Loaded by paged_decode.py; the caller checks every block id, slot and length first.
  */
 #include <math.h>
 #include <pthread.h>

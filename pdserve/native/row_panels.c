@@ -20,8 +20,8 @@
  * x's rows may be strided (`x_stride` floats from one row's start to the next); y is [rows, out]
  * contiguous. The (panel, row tile) grid is split over up to `limit` POSIX threads where the product
  * is worth it (pdserve_panels_threads: the one place that decides, for every caller).
- * Built and loaded by pdserve/model/panel_weights.py, which packs the panels and checks every
- * shape and stride first; tests/model/test_panel_weights.py compares it with the dense product.
+ * Loaded by row_panels.py, which packs the panels and checks every shape and stride first;
+ * tests/cpu/test_panel_weights.py compares it with the dense product.
  */
 #include <pthread.h>
 #include <stdint.h>

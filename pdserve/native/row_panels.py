@@ -1,15 +1,7 @@
-"""Projection weights in panels for the products of decode steps (up to PANEL_MAX_ROWS rows):
-the C kernel of row_panels.c reads each 64-column panel front to back, every row of the product
-reusing each vector while it is in registers, and the other rows' tiles finding the panel in the
-cache.
-
-At one row a decode step reads every weight once and little else, so it is bound by memory
-bandwidth; torch's `x @ W` (MKL's matrix-vector product) streams the embedded model's weights at
-about 14-16 GB/s on the development machine, oneDNN's blocked weight slower, the panels at 21-24
-GB/s against 26 GB/s the machine reads a plain tensor at. At 8 to 256 rows, one thread, the panels
-multiply as fast as oneDNN's blocked weight or faster (60 against 40 GFLOP/s at 8 rows), and a
-decode step's projections in one layout let the whole step run in C (fused_decode.py); beyond,
-prefill chunks, oneDNN's (pdserve/model/weight_layout.py chooses; docs/BENCHMARKS.md).
+"""Projection weights in panels, multiplied by the C kernel of row_panels.c: it reads each panel
+front to back, every row of the product reusing each vector while it is in registers, and the
+other rows' tiles finding the panel in the cache (pdserve/cpu/panel_weights.py says where the
+panels serve).
 
     panels[p, i, j] = W[i, P p + j]    W: Linear.weight [in, out]; the last panel zero-padded;
                                        P: 64 columns where the kernel is built for AVX-512, else 16
@@ -26,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from pdserve.attention.native_build import NativeBuildError, function_address, load_library
-from pdserve.model.packed_weights import probe_problem
+from pdserve.native.build import function_address
+from pdserve.native.loader import Kernel, Loaded, load_kernel
 
-SOURCE = Path(__file__).with_name("row_panels.c")
-PANEL_MAX_ROWS = 256  # rows `--weight-layout panels` reads them for (auto measures its own: weight_layout.py)
+ROW_PANELS = Kernel("row_panels.c", "panel kernel",
+                    "decode-sized products from the dense or packed weights, no fused decode step: slower decode")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -48,18 +40,13 @@ class RowPanels:
         self.library_name = Path(library._name).name  # names the source, compiler, flags and CPU it was built for
         self.width = width()  # columns a panel: what this build's vector registers hold (row_panels.c)
 
-    @classmethod
-    def load(cls) -> RowPanels:
-        """Raises NativeBuildError when the kernel cannot be built or loaded here."""
-        return cls(load_library(SOURCE))
-
     def __deepcopy__(self, memo: dict) -> RowPanels:
         """Stateless: a copied model shares the loaded library."""
         return self
 
     @property
     def address(self) -> int:
-        """The C product's address, for a caller composing kernels in C (fused_decode.py)."""
+        """The C product's address, for a caller composing kernels in C (pdserve/cpu/fused_decode.py)."""
         return function_address(self._gemm)
 
     def threads(self, rows: int, inputs: int, outputs: int, limit: int) -> int:
@@ -117,16 +104,6 @@ class PanelWeight:
         return self.weight.numel() * self.weight.element_size()
 
 
-def load_row_panels(device: str | torch.device, dtype: torch.dtype) -> tuple[RowPanels | None, str | None]:
-    """The kernel for a model on `device` in `dtype`, or None and why not (not a CPU, not float32,
-    no compiler, or the probe's row counts computed wrongly here)."""
-    if torch.device(device).type != "cpu":
-        return None, f"device {device} is not a CPU"
-    if dtype != torch.float32:
-        return None, f"the panels compute float32, not {dtype}"
-    try:
-        kernel = RowPanels.load()
-    except NativeBuildError as exc:
-        return None, str(exc)
-    problem = probe_problem(kernel.pack, "the panel kernel")
-    return (None, problem) if problem else (kernel, None)
+def load_row_panels_kernel() -> Loaded[RowPanels]:
+    """The kernel, or None and why not (the fallback logged: loader.py)."""
+    return load_kernel(ROW_PANELS, RowPanels)

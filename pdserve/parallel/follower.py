@@ -73,7 +73,7 @@ def build_state(spec: FollowerSpec, comm: Communicator) -> FollowerState:
     from pdserve.attention import make_attention_backend
     from pdserve.kv.kv_cache import KVCache
     from pdserve.model.dtypes import serving_dtype
-    from pdserve.model.loader import load_model_shard
+    from pdserve.parallel.shard_load import load_model_shard
 
     cfg, device = spec.engine, rank_device(spec.engine.device, spec.rank)
     dtype = serving_dtype(cfg.dtype, device)

@@ -15,17 +15,24 @@ import asyncio
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from pdserve.transfer import TransferCancelled, TransferError, TransferRejected, TransferResult, TransferTimeout
+from pdserve.transfer import (KVReceiver, KVSender, TransferCancelled, TransferError, TransferRejected,
+                              TransferResult, TransferTimeout)
 from pdserve.transfer.head_slices import HeadSlice
-
-if TYPE_CHECKING:
-    from pdserve.parallel.kv_agent import KVAgent
 
 _LENGTH = struct.Struct("<I")
 _ERRORS = {cls.__name__: cls for cls in (TransferError, TransferTimeout, TransferCancelled, TransferRejected)}
 Pairs = tuple[tuple[int, int], ...]
+
+
+class TransferEnds(Protocol):
+    """What an op runs on: the follower's transfer ends over its own pool (kv_agent.py's KVAgent),
+    each built on first use."""
+
+    def receiver(self) -> KVReceiver: ...
+
+    def sender(self) -> KVSender: ...
 
 
 @dataclass(frozen=True)
@@ -42,14 +49,14 @@ class PieceSpec:
 
 @dataclass(frozen=True)
 class OpenReceiver:
-    async def run(self, agent: "KVAgent") -> bytes:
+    async def run(self, agent: TransferEnds) -> bytes:
         """The receiver's address (built on first use)."""
         return agent.receiver().address()
 
 
 @dataclass(frozen=True)
 class OpenSender:
-    async def run(self, agent: "KVAgent") -> None:
+    async def run(self, agent: TransferEnds) -> None:
         agent.sender()
 
 
@@ -60,7 +67,7 @@ class Expect:
 
     piece: PieceSpec
 
-    async def run(self, agent: "KVAgent") -> TransferResult:
+    async def run(self, agent: TransferEnds) -> TransferResult:
         p = self.piece
         return await agent.receiver().expect(p.transfer_id, p.seq, p.pairs, p.timeout_s, secret=p.secret,
                                              heads=p.heads, hold=True)
@@ -73,7 +80,7 @@ class Land:
     transfer_id: str
     seq: int
 
-    async def run(self, agent: "KVAgent") -> None:
+    async def run(self, agent: TransferEnds) -> None:
         agent.receiver().land(self.transfer_id, self.seq)
 
 
@@ -82,7 +89,7 @@ class Send:
     address: bytes
     piece: PieceSpec
 
-    async def run(self, agent: "KVAgent") -> TransferResult:
+    async def run(self, agent: TransferEnds) -> TransferResult:
         p = self.piece
         return await agent.sender().send(self.address, p.transfer_id, p.seq, p.pairs, p.timeout_s,
                                          secret=p.secret, heads=p.heads)
@@ -92,7 +99,7 @@ class Send:
 class Cancel:
     transfer_id: str
 
-    async def run(self, agent: "KVAgent") -> int:
+    async def run(self, agent: TransferEnds) -> int:
         """The pieces withdrawn. A follower's receives are held (Expect), so none of them leaves
         a block of its pool unsafe."""
         return agent.receiver().cancel(self.transfer_id).pieces

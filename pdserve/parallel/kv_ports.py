@@ -8,7 +8,6 @@ from abc import ABC, abstractmethod
 
 from pdserve.parallel.kv_link import FollowerLink
 from pdserve.parallel.kv_ops import Cancel, Expect, Land, PieceSpec, Send
-from pdserve.parallel.ranks import RankFailed
 from pdserve.transfer import CancelResult, KVReceiver, KVSender, TransferResult
 
 

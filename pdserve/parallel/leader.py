@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -29,13 +30,14 @@ from pdserve.attention.batch import ForwardBatch
 from pdserve.config import EngineConfig
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
-from pdserve.model.loader import LoadedModel, load_model_shard
+from pdserve.model.loader import LoadedModel
 from pdserve.checkpoint.source import read_model_config
 from pdserve.parallel.config import TensorParallelConfig
 from pdserve.parallel.follower import FollowerSpec, rank_device, store_key
 from pdserve.parallel.plan import ForwardPlan
 from pdserve.parallel.ranks import Followers, RankFailed, RankGroup
 from pdserve.parallel.shard import check_tensor_parallel
+from pdserve.parallel.shard_load import load_model_shard
 
 
 class LeaderModel(nn.Module):
@@ -61,9 +63,17 @@ class LeaderModel(nn.Module):
         return self.shard.device
 
 
-def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallelConfig()) -> LoadedModel:
-    """Rank 0's LoadedModel (its model a LeaderModel, its `ranks` the followers). Raises
-    TensorParallelError (a size that does not divide), ModelLoadError, RankFailed."""
+class RankZero(NamedTuple):
+    """What start_leader returns: rank 0's model (a LeaderModel around its shard) and the follower
+    ranks it runs with (close them with `followers.close()`)."""
+
+    loaded: LoadedModel
+    followers: Followers
+
+
+def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallelConfig()) -> RankZero:
+    """Rank 0 with its followers started and loaded. Raises TensorParallelError (a size that does
+    not divide), ModelLoadError, RankFailed."""
     from torch.distributed import TCPStore
 
     from pdserve.parallel.communicator import join_group
@@ -90,7 +100,7 @@ def start_leader(config: EngineConfig, tp: TensorParallelConfig = TensorParallel
     except BaseException:
         followers.close()
         raise
-    return LoadedModel(loaded.config, LeaderModel(loaded.model, followers), loaded.source_path, followers)
+    return RankZero(LoadedModel(loaded.config, LeaderModel(loaded.model, followers), loaded.source_path), followers)
 
 
 def _spawn(spec: FollowerSpec) -> subprocess.Popen:

@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from pdserve.checkpoint.errors import ModelLoadError
+from pdserve.checkpoint.source import resolve_model_path
 from pdserve.model.llama import LlamaForCausalLM
+from pdserve.model.loader import LoadedModel
 from pdserve.model.weights import Assembly, Part, checkpoint_layout
 from pdserve.parallel.checkpoint_slices import CheckpointSlices, Cut, open_slices
 from pdserve.parallel.communicator import Communicator
@@ -36,6 +38,15 @@ class PartCuts(NamedTuple):
 
     cuts: tuple[Cut | None, ...]
     pad_rows: int | None = None
+
+
+def load_model_shard(path: str | None, device: str | torch.device, dtype: torch.dtype,
+                     comm: Communicator) -> LoadedModel:
+    """Rank `comm.rank`'s tensor-parallel shard of the model at `path` (resolved as load_model
+    resolves it), read a slice at a time: the device holds the shard only."""
+    source = resolve_model_path(path)
+    model = load_shard(source, device, dtype, comm)
+    return LoadedModel(model.config, model, source)
 
 
 def load_shard(source: Path, device: str | torch.device, dtype: torch.dtype, comm: Communicator) -> LlamaForCausalLM:

@@ -14,7 +14,6 @@ fit.py turns the samples into a profile and the stack's overheads.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from pdserve.sim.costmodel import StepLoad
 from pdserve.sim.fit import Fit, StepSample, fit_profile
 from pdserve.sim.hardware import HardwareProfile
 from pdserve.sim.shapes import ModelShape
+from pdserve.stats import median
 
 PREFILL_SIZES = (64, 128, 256, 512, 1024)
 DECODE_BATCHES = (1, 2, 4, 8, 16)
@@ -42,7 +42,7 @@ def _prompt(n: int, salt: int) -> list[int]:
 def _decode_sample(engine: Any, clock: EngineClock, steps: int) -> StepSample:
     timed = [timed_step(engine, clock) for _ in range(steps)]
     chunks = tuple((c.num_tokens, c.end) for c in timed[steps // 2][0].chunks)
-    return StepSample("decode", chunks, statistics.median(t for _, t in timed))
+    return StepSample("decode", chunks, median(t for _, t in timed))
 
 
 def measure_prefills(engine: Any, clock: EngineClock, sizes: Sequence[int] = PREFILL_SIZES,
@@ -87,7 +87,7 @@ def measure_bandwidth(tensors: Sequence[Any], clock: EngineClock, reps: int = 3)
             for t in tensors:
                 t.sum()
             times.append(clock.now() - start)
-    return nbytes / statistics.median(times)
+    return nbytes / median(times)
 
 
 def _drain(engine: Any) -> None:

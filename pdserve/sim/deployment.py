@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pdserve.config import CacheConfig, SchedulerConfig
 from pdserve.sim.costmodel import StepCostModel
 from pdserve.sim.hardware import HardwareProfile, Link
 from pdserve.sim.shapes import ModelShape
@@ -27,15 +28,15 @@ class SimConfig:
 
     hardware: HardwareProfile
     shape: ModelShape
-    token_budget: int = 2048
-    max_chunk_tokens: int = 1024
-    block_size: int = 16
-    memory_fraction: float = 0.9  # of device memory usable for weights + KV
-    host_swap_bytes_per_gpu: float = 64 * GB
-    max_model_len: int = 131_072
-    max_running: int = 256
-    aging_seconds: float | None = 30.0
-    prefix_cache: bool = True
+    token_budget: int = SchedulerConfig().token_budget
+    max_chunk_tokens: int = SchedulerConfig().max_chunk_tokens
+    block_size: int = CacheConfig().block_size
+    memory_fraction: float = 0.9  # of device memory usable for weights + KV (the engine counts blocks instead)
+    host_swap_bytes_per_gpu: float = 64 * GB  # a GPU server's host pool, not the CPU engine's num_host_blocks
+    max_model_len: int = 131_072  # Llama-3.1's context; the engine's default is the model's own
+    max_running: int = SchedulerConfig().max_running
+    aging_seconds: float | None = SchedulerConfig().aging_seconds
+    prefix_cache: bool = CacheConfig().prefix_cache
     gpus_per_node: int = 8  # a KV transfer between instances of one node uses NVLink
     # The serving stack's own costs on top of the roofline and the hardware's fixed step overhead:
     # per sequence in a step (batch building, per-sequence attention calls, sampling) and per

@@ -133,6 +133,7 @@ def _scheduler_config(cfg: SimConfig, model: StepCostModel, policy: str) -> Sche
     prefill_rate = probe / model.step_time([(probe, probe)]).total_s
     host_link = model.tp * cfg.hardware.host_link_bytes_s
     preemption = PreemptionConfig(prefill_tokens_per_s=prefill_rate, host_link_bytes_per_s=host_link)
+    # max_waiting: not the service's bound; a simulated queue refuses no request for its length
     return SchedulerConfig(policy=policy, token_budget=cfg.token_budget, max_chunk_tokens=cfg.max_chunk_tokens,
                            max_running=cfg.max_running, max_waiting=1 << 20, aging_seconds=cfg.aging_seconds,
                            preemption=preemption)

@@ -15,6 +15,10 @@ requests share a cached prefix only where the workload says so (`shared_prefix`)
     shared-prefix  64 questions (64 new tokens, 64 output) after one 8,192-token document,
                    Poisson at 8/s (RAG over one document)
     validate       the small workload `--validate` runs on the real engine and in the simulator
+
+The schedule (arrival times, priorities, sizes) is drawn by pdserve/bench/schedule.py, the load
+generator's too, from one generator per workload seeded with the seed: every arrival first, then
+each request's draws; this module renders each prompt as a count of tokens.
 """
 
 from __future__ import annotations
@@ -23,11 +27,22 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pdserve.bench.schedule import (Always, Fixed, Kind, Planned, Stream, Uniform, VipShare, by_arrival, every, plan,
+                                    poisson_times)
 from pdserve.requests import Priority, Request, SamplingParams
 
 FAKE_TOKEN = 11  # the token every simulated step samples (never an end-of-sequence id)
 _FILLER = 13
 _PRIVATE_BASE = 9_000  # + request index: below every model's vocabulary for < 40,000 requests
+
+SEED_CHATS = Stream(Kind.CHAT, VipShare(0.2), Fixed(1024), Fixed(256))
+SEED_DOCUMENTS = Stream(Kind.DOCUMENT, Always(Priority.BATCH), Fixed(65_536), Fixed(512))
+MIXED_CHATS = Stream(Kind.CHAT, VipShare(0.2), Fixed(512), Fixed(128))
+MIXED_DOCUMENTS = Stream(Kind.DOCUMENT, Always(Priority.BATCH), Fixed(16_384), Fixed(256))
+SHARED_DOCUMENT_TOKENS = 8192
+QUESTIONS = Stream(Kind.QUESTION, Always(Priority.NORMAL), Fixed(64), Fixed(64))  # after the shared document
+VALIDATION_CHATS = Stream(Kind.CHAT, Always(Priority.NORMAL), Uniform(90, 110), Fixed(24))
+VALIDATION_LONGS = Stream(Kind.DOCUMENT, Always(Priority.BATCH), Fixed(600), Fixed(8))
 
 
 @dataclass(frozen=True)
@@ -64,79 +79,74 @@ def make_request(spec: RequestSpec, index: int) -> Request:
     return Request(spec.request_id, prompt, sampling, spec.priority, arrival_time=spec.arrival_s)
 
 
-def _poisson_times(rng: random.Random, count: int, rate: float, start: float = 0.0) -> list[float]:
-    t, times = start, []
-    for _ in range(count):
-        t += rng.expovariate(rate)
-        times.append(t)
-    return times
+def _tokens(rng: random.Random, count: int) -> int:
+    return count
 
 
-def _chats(rng: random.Random, count: int, rate: float, prompt: int, output: int,
-           vip_share: float = 0.2) -> list[RequestSpec]:
-    times = _poisson_times(rng, count, rate)
-    return [RequestSpec(f"chat-{i:03d}", t, prompt, output,
-                        Priority.VIP if rng.random() < vip_share else Priority.NORMAL, "chat")
-            for i, t in enumerate(times)]
+def _specs(prefix: str, width: int, stream: Stream, times: list[float], rng: random.Random,
+           shared: int = 0) -> list[RequestSpec]:
+    """`stream` at `times`, named prefix-000 (`width` digits) in stream order; `shared` tokens of a
+    common document before each prompt."""
+    planned: list[Planned[int]] = plan(stream, times, rng, _tokens)
+    return [RequestSpec(f"{prefix}-{p.number:0{width}d}", p.arrival_s, shared + p.prompt, p.output_tokens,
+                        p.priority, p.kind.value, shared) for p in planned]
 
 
-def _documents(count: int, first_s: float, every_s: float, prompt: int, output: int) -> list[RequestSpec]:
-    return [RequestSpec(f"doc-{i:02d}", first_s + i * every_s, prompt, output, Priority.BATCH, "document")
-            for i in range(count)]
+def _chats(rng: random.Random, stream: Stream, count: int, rate: float) -> list[RequestSpec]:
+    return _specs("chat", 3, stream, poisson_times(rng, count, rate), rng)
 
 
-def _workload(name: str, specs: list[RequestSpec], description: str) -> Workload:
-    return Workload(name, tuple(sorted(specs, key=lambda r: r.arrival_s)), description)
+def _documents(rng: random.Random, stream: Stream, times: list[float]) -> list[RequestSpec]:
+    return _specs("doc", 2, stream, times, rng)
+
+
+def _workload(name: str, description: str, *specs: list[RequestSpec]) -> Workload:
+    return Workload(name, tuple(by_arrival(*specs)), description)
 
 
 def seed_workload(seed: int = 0, chat_rate: float = 4.0, doc_every_s: float = 4.0) -> Workload:
     rng = random.Random(seed)
-    chats = _chats(rng, 100, chat_rate, 1024, 256)
-    docs = _documents(10, 1.0, doc_every_s, 65_536, 512)
-    return _workload("seed", chats + docs, f"100 chats (1K prompt, 256 out, Poisson {chat_rate:g}/s, 20% VIP) "
-                     f"+ 10 documents (64K prompt, 512 out, BATCH, every {doc_every_s:g} s from 1 s)")
+    chats = _chats(rng, SEED_CHATS, 100, chat_rate)
+    docs = _documents(rng, SEED_DOCUMENTS, every(1.0, doc_every_s, 10))
+    return _workload("seed", f"100 chats (1K prompt, 256 out, Poisson {chat_rate:g}/s, 20% VIP) "
+                     f"+ 10 documents (64K prompt, 512 out, BATCH, every {doc_every_s:g} s from 1 s)", chats, docs)
 
 
 def seed_burst_workload(seed: int = 0, chat_rate: float = 20.0) -> Workload:
     rng = random.Random(seed)
-    chats = _chats(rng, 100, chat_rate, 1024, 256)
-    docs = _documents(10, 0.5, 0.0, 65_536, 512)
-    return _workload("seed-burst", chats + docs, f"100 chats (1K prompt, 256 out, Poisson {chat_rate:g}/s, "
-                     "20% VIP) + 10 documents (64K prompt, 512 out, BATCH) together at 0.5 s")
+    chats = _chats(rng, SEED_CHATS, 100, chat_rate)
+    docs = _documents(rng, SEED_DOCUMENTS, every(0.5, 0.0, 10))
+    return _workload("seed-burst", f"100 chats (1K prompt, 256 out, Poisson {chat_rate:g}/s, "
+                     "20% VIP) + 10 documents (64K prompt, 512 out, BATCH) together at 0.5 s", chats, docs)
 
 
 def chat_workload(seed: int = 0, chat_rate: float = 4.0) -> Workload:
-    rng = random.Random(seed)
-    return _workload("chat", _chats(rng, 100, chat_rate, 1024, 256),
-                     f"100 chats (1K prompt, 256 out, Poisson {chat_rate:g}/s, 20% VIP)")
+    chats = _chats(random.Random(seed), SEED_CHATS, 100, chat_rate)
+    return _workload("chat", f"100 chats (1K prompt, 256 out, Poisson {chat_rate:g}/s, 20% VIP)", chats)
 
 
 def mixed_workload(seed: int = 0, chat_rate: float = 4.0) -> Workload:
     rng = random.Random(seed)
-    chats = _chats(rng, 40, chat_rate, 512, 128)
-    docs = _documents(3, 1.0, 3.0, 16_384, 256)
-    return _workload("mixed", chats + docs, f"40 chats (512 prompt, 128 out, Poisson {chat_rate:g}/s) "
-                     "+ 3 documents (16K prompt, 256 out, BATCH, every 3 s from 1 s)")
+    chats = _chats(rng, MIXED_CHATS, 40, chat_rate)
+    docs = _documents(rng, MIXED_DOCUMENTS, every(1.0, 3.0, 3))
+    return _workload("mixed", f"40 chats (512 prompt, 128 out, Poisson {chat_rate:g}/s) "
+                     "+ 3 documents (16K prompt, 256 out, BATCH, every 3 s from 1 s)", chats, docs)
 
 
 def shared_prefix_workload(seed: int = 0, chat_rate: float = 8.0) -> Workload:
     rng = random.Random(seed)
-    times = _poisson_times(rng, 64, chat_rate)
-    specs = [RequestSpec(f"q-{i:03d}", t, 8192 + 64, 64, Priority.NORMAL, "question", shared_prefix_tokens=8192)
-             for i, t in enumerate(times)]
-    return _workload("shared-prefix", specs, f"64 questions (8K shared document + 64 tokens, 64 out, "
-                     f"Poisson {chat_rate:g}/s)")
+    questions = _specs("q", 3, QUESTIONS, poisson_times(rng, 64, chat_rate), rng, SHARED_DOCUMENT_TOKENS)
+    return _workload("shared-prefix", f"64 questions (8K shared document + 64 tokens, 64 out, "
+                     f"Poisson {chat_rate:g}/s)", questions)
 
 
 def validation_workload(seed: int = 0, chat_rate: float = 2.0) -> Workload:
     """Sized for this CPU: 8 chats of ~100-token prompts and 2 prompts of 600 tokens."""
     rng = random.Random(seed)
-    times = _poisson_times(rng, 8, chat_rate, start=0.2)
-    chats = [RequestSpec(f"chat-{i}", t, rng.randint(90, 110), 24, Priority.NORMAL, "chat")
-             for i, t in enumerate(times)]
-    longs = [RequestSpec(f"long-{i}", 0.5 + 1.5 * i, 600, 8, Priority.BATCH, "document") for i in range(2)]
-    return _workload("validate", chats + longs, "8 chats (~100 prompt, 24 out, Poisson 2/s) "
-                     "+ 2 prompts of 600 tokens (8 out) at 0.5 s and 2 s")
+    chats = _specs("chat", 1, VALIDATION_CHATS, poisson_times(rng, 8, chat_rate, start_s=0.2), rng)
+    longs = _specs("long", 1, VALIDATION_LONGS, every(0.5, 1.5, 2), rng)
+    return _workload("validate", "8 chats (~100 prompt, 24 out, Poisson 2/s) "
+                     "+ 2 prompts of 600 tokens (8 out) at 0.5 s and 2 s", chats, longs)
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {

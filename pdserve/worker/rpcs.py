@@ -1,22 +1,49 @@
-"""The RPCs both worker roles answer alike (MatchPrefix, Abort, Stats), for their servicers to
-inherit: each servicer sets `role` and has `worker` (with `engine`, `abort` and `kv_rank_bytes`)
-and `draining`."""
+"""What both worker roles' servicers share: their common fields and the RPCs they answer alike
+(MatchPrefix, Abort, Stats). Each servicer inherits it, sets `role` and adds its own streams."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from opentelemetry import trace
+
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.rpc.drain import Drain
 from pdserve.rpc.stats import stats_to_pb
 from pdserve.v1 import worker_pb2 as wpb
+from pdserve.worker.live import LiveRequests
 from pdserve.worker.prefix_probe import cached_prefix
 
 
+class ServedWorker(Protocol):
+    """What the common RPCs ask of a role's worker."""
+
+    engine: AsyncEngine
+    live: LiveRequests  # the requests it serves: Abort ends one, their count is its load
+
+    def kv_rank_bytes(self) -> list[int]: ...
+
+
 class CommonWorkerRpcs:
-    role: str
+    role: str  # "prefill" | "decode", as its Stats report it
+
+    def __init__(self, worker: ServedWorker, tracer: trace.Tracer, draining: Drain, transport: str):
+        """`transport`: the KV transport of this worker's reservations (those it fills, or hands out)."""
+        self.worker = worker
+        self.tracer = tracer
+        self.draining = draining
+        self.transport = transport
+        self.address = ""  # host:port the fleet reaches this worker at: set at start-up, before it serves
+
+    def in_flight(self) -> int:
+        """Requests this worker still serves (a drain waits for none)."""
+        return len(self.worker.live)
 
     async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
         return wpb.MatchPrefixResponse(cached_tokens=await cached_prefix(self.worker.engine, request.token_ids))
 
     async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
-        return wpb.WorkerAbortResponse(found=await self.worker.abort(request.request_id))
+        return wpb.WorkerAbortResponse(found=self.worker.live.abort(request.request_id))
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
         stats = stats_to_pb(self.role, self.worker.engine.stats, self.draining.draining)

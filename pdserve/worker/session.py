@@ -1,8 +1,5 @@
-"""One request's event stream on a worker: the engine side pushes, the servicer iterates.
-
-The session table is the lease on request ids: an id is taken from `open` until `close` (or
-an abort) removes its entry, and only then may a new request reuse it.
-"""
+"""One request's event stream on a worker: the engine side pushes, the servicer iterates
+(the requests and their ids: pdserve/worker/live.py)."""
 
 from __future__ import annotations
 
@@ -54,33 +51,3 @@ class Session:
             if self.ending is Ending.FINISHED:
                 return
 
-
-class SessionTable:
-    def __init__(self) -> None:
-        self._sessions: dict[str, Session] = {}
-
-    def open(self, request_id: str) -> Session:
-        session = Session(request_id)
-        self._sessions[request_id] = session
-        return session
-
-    def get(self, request_id: str) -> Session | None:
-        return self._sessions.get(request_id)
-
-    def close(self, session: Session) -> bool:
-        """Remove this session's entry (not a newer session's under the same id); True if it was there."""
-        if self._sessions.get(session.request_id) is not session:
-            return False
-        del self._sessions[session.request_id]
-        return True
-
-    def fail_all(self, error: BaseException) -> None:
-        """End every open stream with `error` (the engine under them is gone)."""
-        for session in list(self._sessions.values()):
-            session.fail(error)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._sessions

@@ -22,7 +22,7 @@ from aiohttp_sse import sse_response
 from pdserve.errors import InvalidRequestError
 from router.gateway import Gateway, Generation
 from router.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
-from router.http.openai_requests import OpenAIRequest, chat_request, completion_request
+from router.http.openai_requests import OpenAIRequest, ParsedAsk, chat_request, completion_request
 from router.http.openai_responses import Reply
 from router.limits import InputLimits
 
@@ -74,18 +74,13 @@ class HttpApi:
         return web.json_response({"status": "not serving"}, status=503)
 
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
-        asked: list[OpenAIRequest] = []
-
-        def build_ask(_limits):  # the gateway checks sizes on the ask; JSON is parsed already
-            asked.append(self._checked(parse(body, request.headers, self.settings.model)))
-            return asked[0].ask
-
         try:
             body = await self._body(request)
-            generation = await self.gateway.admit(_metadata(request), build_ask, None)
+            source = ParsedAsk(lambda: self._checked(parse(body, request.headers, self.settings.model)))
+            generation = await self.gateway.admit(_metadata(request), source, None)
         except Exception as exc:
             return error_response(exc)
-        openai = asked[0]
+        openai = source.parsed()
         reply = Reply(generation.request_id, openai.model, openai.chat, self.token_text, openai.logprobs)
         if openai.stream:
             return await self._stream(request, generation, reply, openai.include_usage)

@@ -9,12 +9,13 @@ Sizes (messages, token ids, stop strings) are the gateway's to check, as for the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdserve.errors import InvalidRequestError
 from pdserve.requests import Priority, SamplingParams
 from pdserve.tokenizer import ChatMessage
-from router.asks import Ask, ChatPrompt, Prompt, TextPrompt, TokenPrompt
+from router.asks import Ask, AskSizes, ChatPrompt, Prompt, TextPrompt, TokenPrompt, sizes_of
 from router.http.fields import Body, boolean, integer, integers, number, string, strings, unsupported
 
 PRIORITY_HEADER = "x-pdserve-priority"
@@ -33,6 +34,26 @@ class OpenAIRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     logprobs: bool = False
+
+
+class ParsedAsk:
+    """An OpenAI body as the gateway's AskSource: parsed when the gateway first reads it (the body's
+    size was bounded before, router/http/app.py), its sizes then read off the Ask."""
+
+    def __init__(self, parse: Callable[[], OpenAIRequest]):
+        self._parse = parse
+        self._parsed: OpenAIRequest | None = None
+
+    def parsed(self) -> OpenAIRequest:
+        if self._parsed is None:
+            self._parsed = self._parse()
+        return self._parsed
+
+    def sizes(self) -> AskSizes:
+        return sizes_of(self.parsed().ask)
+
+    def ask(self) -> Ask:
+        return self.parsed().ask
 
 
 def chat_request(body: Body, headers, model: str) -> OpenAIRequest:

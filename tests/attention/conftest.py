@@ -9,10 +9,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def native_decode():
-    from pdserve.attention.native_build import NativeBuildError
-    from pdserve.attention.native_decode import NativeDecode
+    from tests.helpers.kernels import decode_kernel
 
-    try:
-        return NativeDecode.load()
-    except NativeBuildError as exc:
-        pytest.fail(f"the decode kernel cannot be built here ({exc}); install a C compiler (gcc) or set CC")
+    return decode_kernel()

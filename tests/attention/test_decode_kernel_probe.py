@@ -8,9 +8,9 @@ import pytest
 from pdserve.attention import decode_kernel_probe
 from pdserve.attention.batched_backend import BatchedTorchBackend
 from pdserve.attention.decode_kernel_probe import DecodeKernelTimings, measure_kernels, tune_decode_kernel
-from pdserve.attention.native_decode import NativeDecode, load_native_decode
 from pdserve.attention.torch_backend import TorchAttentionBackend
 from pdserve.kv.kv_shape import KVShape
+from pdserve.native.paged_decode import NativeDecode, load_native_decode
 
 SHAPE = KVShape(num_layers=2, num_kv_heads=2, head_dim=16, block_size=4)
 

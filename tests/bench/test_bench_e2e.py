@@ -19,7 +19,7 @@ WORKER_FLAGS = ["--kv-blocks", "128", "--host-kv-blocks", "64", "--threads", "1"
 @pytest.fixture(scope="module")
 def target():
     from pdserve.cli.supervisor import Supervisor
-    from pdserve.cli.up import wait_serving
+    from pdserve.procs.health import wait_serving
     from tests.helpers.cluster import cluster_flags
 
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})

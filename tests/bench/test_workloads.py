@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from pdserve.bench import workloads
+from pdserve.bench import schedule, workloads
 from pdserve.bench.workloads import Kind
 from pdserve.requests import Priority
 
@@ -36,7 +36,7 @@ def test_requests_numbered_in_arrival_order_from_zero(name):
 
 
 def test_poisson_gaps_have_the_rate_as_mean():
-    times = workloads.poisson_arrivals(random.Random(0), 4001, 2.0)
+    times = schedule.poisson_times(random.Random(0), 4001, 2.0, first_at_start=True)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert statistics.mean(gaps) == pytest.approx(0.5, rel=0.05)
     assert statistics.stdev(gaps) == pytest.approx(0.5, rel=0.1)  # exponential: stdev == mean

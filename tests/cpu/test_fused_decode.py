@@ -1,4 +1,4 @@
-"""The fused decode step (pdserve/model/fused_decode.py, decode_layers.c): logits and the KV pool
+"""The fused decode step (pdserve/cpu/fused_decode.py, pdserve/native/decode_layers.c): logits and the KV pool
 equal to the modules' bit for bit over prefills, decode steps of 1 to 40 rows (fused) and mixed
 passes (the modules), on models with GQA, q/k/v biases and an untied lm_head; the passes it leaves
 to the modules (the reference backend, more rows than the panels serve); why a model does not
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from pdserve.attention.batched_backend import BatchedTorchBackend
-from pdserve.attention.native_decode import NativeDecode
 from pdserve.attention.torch_backend import TorchAttentionBackend
-from pdserve.model import fused_decode
-from pdserve.model.fused_decode import FusedDecode, fuse_decode, fusion_problem
-from pdserve.model.layer_kernels import apply_layer_kernels
-from pdserve.model.weight_layout import PANELS, apply_weight_layout
+from pdserve.cpu import fused_decode
+from pdserve.cpu.fused_decode import FusedDecode, fuse_decode, fusion_problem
+from pdserve.cpu.layer_kernels import apply_layer_kernels
+from pdserve.cpu.weight_layout import PANELS, apply_weight_layout
+from tests.helpers.kernels import decode_kernel
 from tests.helpers.paged_driver import PagedDriver
 
 pytestmark = pytest.mark.timeout(300)
@@ -40,9 +40,9 @@ SCHEDULE = [
 FUSED_PASSES = [1, 2, 4, 5, 6, 8, 10]
 
 
-def served(name: str, tiny_models) -> torch.nn.Module:
+def served(name: str, tiny_loaded) -> torch.nn.Module:
     """A copy of the tiny model as auto serves it on a CPU: panels, native layer kernels."""
-    model = copy.deepcopy(tiny_models[name][0].model)
+    model = copy.deepcopy(tiny_loaded[name].model)
     apply_weight_layout(model, PANELS, "cpu", torch.float32)
     assert apply_layer_kernels(model, "native", "cpu", torch.float32) == "native"
     return model
@@ -61,7 +61,7 @@ class Recorder:
 
 
 def run(model, schedule=SCHEDULE) -> tuple[list[torch.Tensor], torch.Tensor]:
-    driver = PagedDriver(model, block_size=4, backend=BatchedTorchBackend(NativeDecode.load()), shuffle_seed=3)
+    driver = PagedDriver(model, block_size=4, backend=BatchedTorchBackend(decode_kernel()), shuffle_seed=3)
     gen = torch.Generator().manual_seed(0)
     seqs = [driver.new_sequence(torch.randint(3, model.config.vocab_size, (n,), generator=gen).tolist())
             for n in PROMPTS]
@@ -77,8 +77,8 @@ def run(model, schedule=SCHEDULE) -> tuple[list[torch.Tensor], torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", ["llama_gqa_llama3", "qwen2_bias", "llama_untied"])
-def test_the_fused_step_equals_the_modules_bit_for_bit(tiny_models, name):
-    modules = served(name, tiny_models)
+def test_the_fused_step_equals_the_modules_bit_for_bit(tiny_loaded, name):
+    modules = served(name, tiny_loaded)
     fused = copy.deepcopy(modules)
     assert fusion_problem(fused) is None
     fused.fused_decode = recorder = Recorder(fuse_decode(fused))
@@ -90,8 +90,8 @@ def test_the_fused_step_equals_the_modules_bit_for_bit(tiny_models, name):
     assert torch.equal(our_pool, their_pool)
 
 
-def test_the_reference_backend_and_long_passes_run_the_modules(tiny_models):
-    model = served("llama_gqa_llama3", tiny_models)
+def test_the_reference_backend_and_long_passes_run_the_modules(tiny_loaded):
+    model = served("llama_gqa_llama3", tiny_loaded)
     model.fused_decode = recorder = Recorder(fuse_decode(model))
     driver = PagedDriver(model, block_size=4, backend=TorchAttentionBackend())
     seq = driver.new_sequence([5, 6, 7])
@@ -101,16 +101,16 @@ def test_the_reference_backend_and_long_passes_run_the_modules(tiny_models):
     assert recorder.served == [False, False]
 
 
-def test_more_rows_than_the_panels_serve_run_the_modules(tiny_models, monkeypatch):
+def test_more_rows_than_the_panels_serve_run_the_modules(tiny_loaded, monkeypatch):
     monkeypatch.setattr(fused_decode, "PANEL_MAX_ROWS", 6)
-    model = served("llama_gqa_llama3", tiny_models)
+    model = served("llama_gqa_llama3", tiny_loaded)
     model.fused_decode = recorder = Recorder(fuse_decode(model))
     run(model, SCHEDULE[:6])
     assert [i for i, hit in enumerate(recorder.served) if hit] == [1, 2, 4]  # not the pass of 7 rows
 
 
-def test_a_copy_computes_from_its_own_weights(tiny_models):
-    model = served("llama_gqa_llama3", tiny_models)
+def test_a_copy_computes_from_its_own_weights(tiny_loaded):
+    model = served("llama_gqa_llama3", tiny_loaded)
     fuse_decode(model)
     reference, _ = run(copy.deepcopy(model), SCHEDULE[:3])
     twin = copy.deepcopy(model)
@@ -122,8 +122,8 @@ def test_a_copy_computes_from_its_own_weights(tiny_models):
     assert all(torch.equal(a, b) for a, b in zip(ours, reference))
 
 
-def test_a_model_that_does_not_qualify_says_why(tiny_models):
-    dense = copy.deepcopy(tiny_models["llama_gqa_llama3"][0].model)
+def test_a_model_that_does_not_qualify_says_why(tiny_loaded):
+    dense = copy.deepcopy(tiny_loaded["llama_gqa_llama3"].model)
     assert "not native" in fusion_problem(dense)
     assert fuse_decode(dense) is None and dense.fused_decode is None
     apply_layer_kernels(dense, "native", "cpu", torch.float32)

@@ -6,26 +6,17 @@ the reference."""
 from __future__ import annotations
 
 import copy
-from typing import TypeVar
 
 import pytest
 import torch
 
-from pdserve.model.layer_kernels import (LayerKernelsUnavailable, TorchKernels, apply_layer_kernels,
-                                         choose_layer_kernels, set_layer_kernels)
-from pdserve.model.native_kernels import NativeKernels, load_native_kernels
+from pdserve.cpu.layer_kernels import (LayerKernelsUnavailable, NativeKernels, apply_layer_kernels,
+                                       choose_layer_kernels, load_native_kernels, set_layer_kernels)
+from pdserve.model.layer_kernels import TorchKernels
+from tests.helpers.kernels import built
 
-T = TypeVar("T")
 REFERENCE = TorchKernels()
 CLOSE = {"rtol": 1e-5, "atol": 1e-5}
-
-
-def built(loaded: tuple[T | None, str | None], what: str) -> T:
-    """A native library's loader's result, or the test fails saying why it did not build here."""
-    library, problem = loaded
-    if library is None:
-        pytest.fail(f"{what} cannot be built here ({problem}); install a C compiler (gcc) or set CC")
-    return library
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +98,10 @@ def test_one_row_with_any_row_stride_runs_native(native, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["qwen2_bias", "llama_untied"])
-def test_a_model_on_native_kernels_computes_the_reference_logits(tiny_models, native, name):
+def test_a_model_on_native_kernels_computes_the_reference_logits(tiny_loaded, native, name):
     from tests.model.test_model_mixed_batch import prompts, run_mixed
 
-    model = tiny_models[name][0].model
+    model = tiny_loaded[name].model
     fast = copy.deepcopy(model)
     assert set_layer_kernels(fast, native) == 4 * model.config.num_layers + 1  # 2 norms, attention, MLP; final norm
     prompt_ids = prompts(model.config.vocab_size)
@@ -120,10 +111,10 @@ def test_a_model_on_native_kernels_computes_the_reference_logits(tiny_models, na
     assert copy.deepcopy(fast).norm.kernels is native  # stateless: copies share the library
 
 
-def test_without_a_compiler_auto_keeps_the_reference(tiny_models, tmp_path, monkeypatch):
+def test_without_a_compiler_auto_keeps_the_reference(tiny_loaded, tmp_path, monkeypatch):
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "/bin/false")
-    model = copy.deepcopy(tiny_models["qwen2_bias"][0].model)
+    model = copy.deepcopy(tiny_loaded["qwen2_bias"].model)
     assert apply_layer_kernels(model, "auto", "cpu", torch.float32) == "torch"
     assert all(m.kernels.name == "torch" for m in model.modules() if hasattr(m, "kernels"))
     with pytest.raises(LayerKernelsUnavailable, match="/bin/false"):

@@ -1,8 +1,8 @@
-"""The panels for decode-sized products (pdserve/model/panel_weights.py, row_panels.c): the product
-against the dense one at every row count of a tile and past it, odd widths and depths, strided and
-non-float32 inputs, biases, threads over panels and row tiles; a Linear reading them only up to
-PANEL_MAX_ROWS rows; a copied model packing its own;
-a model's logits against the dense model's; and the machines where they do not build."""
+"""The panels for decode-sized products (pdserve/cpu/panel_weights.py, pdserve/native/row_panels.py):
+the product against the dense one at every row count of a tile and past it, odd widths and depths,
+strided and non-float32 inputs, biases, threads over panels and row tiles; a Linear reading them
+only up to PANEL_MAX_ROWS rows; a copied model packing its own; a model's logits against the dense
+model's; and the machines where they do not build."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import copy
 import pytest
 import torch
 
+from pdserve.cpu.panel_weights import load_row_panels
+from pdserve.cpu.weight_layout import (PANELS, WeightLayout, WeightLayoutUnavailable, apply_weight_layout,
+                                       stream_linears)
 from pdserve.model.layers import Linear
-from pdserve.model.panel_weights import PANEL_MAX_ROWS, RowPanels, load_row_panels
-from pdserve.model.row_route import DENSE, RowRoute
+from pdserve.model.row_route import DENSE, PANEL_MAX_ROWS, RowRoute
 from pdserve.model.row_route import PANELS as PANELS_KIND
-from pdserve.model.weight_layout import (PANELS, WeightLayout, WeightLayoutUnavailable, apply_weight_layout,
-                                         stream_linears)
-from tests.model.test_layer_kernels import built
+from pdserve.native.row_panels import RowPanels
+from tests.helpers.kernels import built
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,12 +156,12 @@ def test_a_copied_model_packs_its_own_weight(panels):
 
 
 @pytest.mark.parametrize("name", ["qwen2_bias", "llama_untied"])  # q/k/v biases; an untied lm_head
-def test_a_model_in_panels_computes_the_dense_models_logits(tiny_models, panels, name):
+def test_a_model_in_panels_computes_the_dense_models_logits(tiny_loaded, panels, name):
     """Mixed passes: decode steps of one to a few sequences and the lm_head's few rows read the
     panels, prefill chunks the dense weight."""
     from tests.model.test_model_mixed_batch import prompts, run_mixed
 
-    model = tiny_models[name][0].model
+    model = tiny_loaded[name].model
     streamed = copy.deepcopy(model)
     assert apply_weight_layout(streamed, PANELS, "cpu", torch.float32) == WeightLayout("dense", PANELS)
     assert all(m.streamed is not None for m in streamed.modules() if isinstance(m, Linear))

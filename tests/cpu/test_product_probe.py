@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pdserve.model.product_probe import ProductRates, dense, probe_products, shape_counts
+from pdserve.cpu.product_probe import ProductRates, dense, probe_products, shape_counts
 from pdserve.model.row_route import DENSE as D
 from pdserve.model.row_route import PACKED as K
 from pdserve.model.row_route import PANELS as P
 from pdserve.model.row_route import RowRoute
-from pdserve.model.weight_layout import PANELS, WeightLayout, fastest_layout
+from pdserve.cpu.weight_layout import PANELS, WeightLayout, fastest_layout
 
 ROWS = (1, 4, 16, 64, 256, 512)
 

@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 
-from pdserve.model.mkl_weights import MklPanels
-from pdserve.model.onednn_weights import OneDnnWeight
-from pdserve.model.weight_layout import (PACKINGS, PANELS, WeightLayout, WeightLayoutUnavailable,
-                                         apply_weight_layout, choose_weight_layout, pack_linears, packing_problems)
+from pdserve.cpu.mkl_weights import MklPanels
+from pdserve.cpu.onednn_weights import OneDnnWeight
+from pdserve.cpu.weight_layout import (PACKINGS, PANELS, WeightLayout, WeightLayoutUnavailable,
+                                       apply_weight_layout, choose_weight_layout, pack_linears, packing_problems)
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(),
                                reason="this torch build has no MKL (a CPU without it packs for oneDNN or not at all)")
@@ -87,7 +87,7 @@ def test_the_packed_product_equals_the_dense_one(packing, rows, with_bias):
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_a_linear_writes_its_product_into_the_buffer_given(layout, with_bias):
     from pdserve.model.layers import Linear
-    from pdserve.model.panel_weights import load_row_panels
+    from pdserve.cpu.panel_weights import load_row_panels
 
     linear = Linear(64, 80, bias=with_bias)
     for p in linear.parameters():
@@ -119,10 +119,10 @@ def test_a_non_contiguous_input_is_multiplied_as_its_values(packing):
 
 @packings
 @pytest.mark.parametrize("name", ["qwen2_bias", "llama_untied"])  # q/k/v biases; an untied lm_head
-def test_a_packed_model_computes_the_dense_models_logits(tiny_models, packing, name):
+def test_a_packed_model_computes_the_dense_models_logits(tiny_loaded, packing, name):
     from tests.model.test_model_mixed_batch import prompts, run_mixed
 
-    model = tiny_models[name][0].model
+    model = tiny_loaded[name].model
     packed = copy.deepcopy(model)
     assert pack_linears(packed, packing).linears == 4 * model.config.num_layers + 1  # qkv, o, gate_up, down; lm_head
     prompt_ids = prompts(model.config.vocab_size)

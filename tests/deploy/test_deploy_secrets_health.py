@@ -21,6 +21,8 @@ from deploy_contract import GENERATED_SECRET_KEYS
 from deploy_paths import DOCKER, K8S
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from pdserve.procs.health import answers_serving
+
 HEALTHCHECK = DOCKER / "healthcheck.py"
 GENERATOR = K8S / "secrets" / "generate.sh"
 NAMESPACE = "pdserve-test"
@@ -152,11 +154,8 @@ def read(generated: Path, *names: str) -> list[bytes]:
     return [(generated / name).read_bytes() for name in names]
 
 
-def check_over_tls(address: str, credentials: grpc.ChannelCredentials) -> int:
-    options = [("grpc.ssl_target_name_override", "pdserve-internal")]
-    with grpc.secure_channel(address, credentials, options=options) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        return stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+def serving_over_tls(address: str, credentials: grpc.ChannelCredentials) -> bool:
+    return answers_serving(address, 10, credentials, options=[("grpc.ssl_target_name_override", "pdserve-internal")])
 
 
 @pytest.mark.timeout(120)
@@ -167,7 +166,7 @@ def test_mutual_tls_accepts_cluster_and_client_certificates_and_rejects_anonymou
         for pair in (("tls.key", "tls.crt"), ("client.key", "client.crt")):
             client_key, client_cert = read(generated, *pair)
             credentials = grpc.ssl_channel_credentials(ca, private_key=client_key, certificate_chain=client_cert)
-            assert check_over_tls(address, credentials) == SERVING
+            assert serving_over_tls(address, credentials)
         with pytest.raises(grpc.RpcError) as refused:
-            check_over_tls(address, grpc.ssl_channel_credentials(ca))
+            serving_over_tls(address, grpc.ssl_channel_credentials(ca))
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -9,7 +9,7 @@ import pytest
 
 from pdserve.cli.supervisor import Supervisor
 from pdserve.client import Client, ClientOptions
-from pdserve.cli.up import wait_serving
+from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 
 WORKER_FLAGS = ["--kv-blocks", "192", "--host-kv-blocks", "128", "--threads", "1", "--token-budget", "256",

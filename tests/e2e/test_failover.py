@@ -9,9 +9,9 @@ import signal
 import pytest
 
 from pdserve.cli.supervisor import Supervisor
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions, Completion, PdserveError
 from pdserve.client.results import Collector, now
+from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.outcomes import outcome
 from tests.helpers.waiting import wait_for

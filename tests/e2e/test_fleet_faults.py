@@ -13,8 +13,8 @@ import time
 import pytest
 
 from pdserve.cli.supervisor import Supervisor
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions, PdserveError
+from pdserve.procs.health import wait_serving
 from pdserve.v1 import worker_pb2 as wpb
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.outcomes import outcome, succeeded

@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from pdserve.cli.supervisor import Supervisor
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions
+from pdserve.procs.health import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc

@@ -13,7 +13,8 @@ from pdserve.requests import Priority, SamplingParams
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.security import Security
 from router.clients import Finished, Tokens, WorkerJob
-from router.flow import FlowConfig, Job, NewTokens, RequestFlow
+from router.flow import RequestFlow
+from router.flow_types import FlowConfig, Job, NewTokens
 from router.grpc_clients import GrpcWorkerClients
 from router.workers import WorkerPool
 from tests.helpers.cluster import cluster_token_file

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve.cli.supervisor import Supervisor
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions
 from pdserve.config import CacheConfig
+from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.otlp_receivers import GrpcReceiver
 from tests.helpers.waiting import wait_for, wait_until

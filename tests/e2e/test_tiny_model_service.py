@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from pdserve.cli.supervisor import Supervisor
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions
 from pdserve.config import CacheConfig
+from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 

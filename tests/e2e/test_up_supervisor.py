@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions, PdserveError
+from pdserve.procs.health import wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2, worker_pb2_grpc
 from tests.helpers.worker_stats import STUBS, worker_stats

@@ -4,8 +4,8 @@ the native layer kernels (`--layer-kernels native`: norms, SwiGLU, rotary positi
 decode steps through every layer in one C call. Greedy tokens equal to the reference model's
 (dense, torch ops) and to transformers', at batch 1, 64 and 256, with mixed context lengths and
 prefix-cache hits, under both CPU attention backends. MKL's panels are held to the dense model's
-logits in tests/model/test_weight_layout.py, the panels in tests/model/test_panel_weights.py, the
-native kernels to torch's in tests/model/test_layer_kernels.py."""
+logits in tests/cpu/test_weight_layout.py, the panels in tests/cpu/test_panel_weights.py, the
+native kernels to torch's in tests/cpu/test_layer_kernels.py."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import dataclasses
 import pytest
 import torch
 
-from pdserve.model.fused_decode import fuse_decode
-from pdserve.model.layer_kernels import apply_layer_kernels
-from pdserve.model.onednn_weights import OneDnnWeight
-from pdserve.model.panel_weights import load_row_panels
-from pdserve.model.weight_layout import pack_linears, stream_linears
+from pdserve.cpu.fused_decode import fuse_decode
+from pdserve.cpu.layer_kernels import apply_layer_kernels
+from pdserve.cpu.onednn_weights import OneDnnWeight
+from pdserve.cpu.panel_weights import load_row_panels
+from pdserve.cpu.weight_layout import pack_linears, stream_linears
+from tests.cpu.test_weight_layout import needs_onednn
 from tests.engine.test_engine_batched_attention import (assert_big_batch_equal,
                                                        assert_smollm2_alone_and_mixed_equal_transformers, run_batch,
                                                        shared_prefix_prompts)
-from tests.model.test_weight_layout import needs_onednn
 
 pytestmark = needs_onednn
 

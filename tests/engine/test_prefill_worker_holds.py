@@ -55,11 +55,11 @@ def test_closing_with_pieces_queued_behind_a_stuck_one_releases_every_hold(tiny_
             session = await worker.open("r-1", prompt, SamplingParams(max_tokens=4), Priority.NORMAL, target, 30.0)
             await asyncio.wait_for(peer.pushed.wait(), 30)
             for _ in range(200):  # let the prefill finish: every chunk's piece is now queued or stuck
-                if len(worker.jobs["r-1"].tasks) >= 5:
+                if len(worker.live["r-1"].tasks) >= 5:
                     break
                 await asyncio.sleep(0.05)
-            assert len(worker.jobs["r-1"].tasks) >= 5
-            worker.close(session)
+            assert len(worker.live["r-1"].tasks) >= 5
+            worker.live.close(session)
             for _ in range(100):
                 if await async_engine.call(_active) == 0:
                     break

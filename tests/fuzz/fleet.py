@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.cli.supervisor import Child, Supervisor
-from pdserve.cli.up import wait_serving
+from pdserve.procs.health import serving, wait_serving
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc, worker_pb2_grpc
 from pdserve.v1 import worker_pb2 as wpb
@@ -113,15 +112,6 @@ def canary(fleet: FuzzFleet) -> tuple[int, ...]:
         return tuple(t for r in responses for t in r.token_ids)
 
 
-def serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
-        except grpc.RpcError:
-            return False
-    return status == health_pb2.HealthCheckResponse.SERVING
-
-
 def leftovers(fleet: FuzzFleet) -> dict[str, dict[str, int]]:
     """What each worker's Stats say it still holds (only counters that are not zero)."""
     found = {}
@@ -138,7 +128,7 @@ def assert_came_through(fleet: FuzzFleet, settle_s: float = 15.0) -> None:
     """Every process up and SERVING, the canary's output as before, and nothing left held."""
     assert not fleet.dead(), f"processes exited: {fleet.dead()}"
     for address in (fleet.router, fleet.registry, fleet.prefill, fleet.decode):
-        assert _eventually(lambda: serving(address), settle_s), f"{address} is not SERVING"
+        assert _eventually(lambda: serving(address, 5.0), settle_s), f"{address} is not SERVING"
     assert canary(fleet) == fleet.canary_tokens, "the canary's greedy output changed"
     assert _eventually(lambda: not any(leftovers(fleet).values()), settle_s), f"still held: {leftovers(fleet)}"
 

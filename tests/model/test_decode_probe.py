@@ -9,21 +9,18 @@ import copy
 import torch
 
 from pdserve.attention.batched_backend import BatchedTorchBackend
-from pdserve.attention.native_decode import NativeDecode
 from pdserve.attention.torch_backend import TorchAttentionBackend
+from pdserve.cpu.transform import apply_cpu_paths
+from pdserve.cpu.weight_layout import PANELS
 from pdserve.engine.decode_probe import DecodeTimings, decode_batch, fused_rows, measure_decode, tune_fused_rows
 from pdserve.kv.kv_cache import KVCache
 from pdserve.kv.kv_shape import KVShape
-from pdserve.model.fused_decode import fuse_decode
-from pdserve.model.layer_kernels import apply_layer_kernels
-from pdserve.model.weight_layout import PANELS, apply_weight_layout
+from tests.helpers.kernels import decode_kernel
 
 
 def served(tiny_models, name: str = "llama_gqa_llama3"):
     model = copy.deepcopy(tiny_models[name][0].model)
-    apply_weight_layout(model, PANELS, "cpu", torch.float32)
-    apply_layer_kernels(model, "native", "cpu", torch.float32)
-    fuse_decode(model)
+    apply_cpu_paths(model, PANELS, "native", "cpu", torch.float32)
     kv = KVCache(model.config.kv_shape(4), 8, torch.float32, "cpu")
     return model, kv
 
@@ -45,7 +42,7 @@ def test_a_probe_batch_puts_one_token_of_each_sequence_in_the_pools_blocks():
 def test_the_probe_times_both_ways_and_leaves_the_fused_step_attached(tiny_models):
     model, kv = served(tiny_models)
     fused = model.fused_decode
-    timings = measure_decode(model, kv, BatchedTorchBackend(NativeDecode.load()), (1, 3))
+    timings = measure_decode(model, kv, BatchedTorchBackend(decode_kernel()), (1, 3))
     assert timings.batches == (1, 3) and all(t > 0 for t in (*timings.fused, *timings.layers))
     assert model.fused_decode is fused
 
@@ -57,8 +54,8 @@ def test_tuning_sets_the_rows_from_the_kept_timings_and_skips_a_backend_without_
     assert tune_fused_rows(model, kv, TorchAttentionBackend(), {"model": "tiny"}) is None
     assert model.fused_decode.max_rows == 0  # no native decode pass to fuse with
     model.fused_decode.max_rows = 256
-    timings = tune_fused_rows(model, kv, BatchedTorchBackend(NativeDecode.load()), {"model": "tiny"})
+    timings = tune_fused_rows(model, kv, BatchedTorchBackend(decode_kernel()), {"model": "tiny"})
     assert model.fused_decode.max_rows == fused_rows(timings)
     twin, _ = served(tiny_models)
-    assert tune_fused_rows(twin, kv, BatchedTorchBackend(NativeDecode.load()), {"model": "tiny"}) == timings  # kept
+    assert tune_fused_rows(twin, kv, BatchedTorchBackend(decode_kernel()), {"model": "tiny"}) == timings  # kept
     assert copy.deepcopy(model).fused_decode.max_rows == model.fused_decode.max_rows

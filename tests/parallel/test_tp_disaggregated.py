@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pdserve.cli.supervisor import Supervisor
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions
+from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 from tests.helpers.worker_stats import wait_no_active_blocks, worker_stats

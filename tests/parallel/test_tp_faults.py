@@ -96,11 +96,12 @@ def test_followers_exit_when_rank0_is_killed_while_stepping(tiny_model_dirs):
 def test_a_stalled_follower_fails_the_step_at_the_collective_timeout(tiny_model_dirs):
     """SIGSTOPped: rank 0's collective (or its plan, once the pipe is full) gives up after the
     timeout instead of waiting for ever."""
+    from pdserve.engine.engine_model import EngineModel
     from pdserve.parallel.config import TensorParallelConfig
     from pdserve.parallel.leader import start_leader
 
     config = tp_config(tiny_model_dirs["llama_gqa_llama3"], 2)
-    loaded = start_leader(config, TensorParallelConfig(collective_timeout_s=3.0))
+    loaded = EngineModel.leading(start_leader(config, TensorParallelConfig(collective_timeout_s=3.0)))
     engine = Engine(config, loaded=loaded)
     follower = loaded.ranks.procs[0]
     try:

@@ -18,17 +18,17 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_the_leaders_settings_reach_its_followers_group(tiny_model_dirs):
     tp = TensorParallelConfig(watch_s=0.05, stop_grace_s=2.0)
-    loaded = start_leader(tp_config(tiny_model_dirs["llama_gqa_llama3"], 2), tp)
+    followers = start_leader(tp_config(tiny_model_dirs["llama_gqa_llama3"], 2), tp).followers
     lost: list[RankFailed] = []
     heard = threading.Event()
-    watch = RankWatch(loaded.ranks, lambda exc: (lost.append(exc), heard.set())).start()
+    watch = RankWatch(followers, lambda exc: (lost.append(exc), heard.set())).start()
     try:
-        assert loaded.ranks.config is tp
-        loaded.ranks.procs[0].kill()
+        assert followers.config is tp
+        followers.procs[0].kill()
         assert heard.wait(30)
     finally:
         watch.stop()
-        loaded.ranks.close()
+        followers.close()
     assert len(lost) == 1 and "rank 1" in str(lost[0])
 
 

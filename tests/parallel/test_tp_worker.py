@@ -13,8 +13,8 @@ import torch
 
 from pdserve.cli.services import EXIT_ENGINE_FAILED
 from pdserve.cli.supervisor import Supervisor
-from pdserve.cli.up import wait_serving
 from pdserve.client import Client, ClientOptions, PdserveError
+from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 from tests.helpers.waiting import wait_until

@@ -1,4 +1,4 @@
-"""A fleet of fake workers behind the worker-client interface (see router/fake_workers.py).
+"""A fleet of fake workers behind the worker-client interface (see tests/router/fake_workers.py).
 
 `FakeFleet` is a `WorkerClients`: the router's flow and pool use it as they use the gRPC
 clients. Its fake data plane carries a prefill worker's writes into a decode worker's
@@ -13,7 +13,7 @@ import asyncio
 from pdserve.requests import FinishReason
 from router.clients import Call, Chunk, DecodeClient, Finished, FirstToken, PrefillClient, Reservation, Tokens
 from router.clients import Culprit, FaultKind, WorkerClients, WorkerFault, WorkerJob, WorkerSnapshot
-from router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, _Session, logprobs_at, token_at
+from tests.router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, FakeSession, logprobs_at, token_at
 
 
 class FakeDecodeClient(DecodeClient):
@@ -31,7 +31,7 @@ class FakeDecodeClient(DecodeClient):
         w.run(session, self._serve(job, session, local_prefill))
         return FakeCall(w, session)
 
-    async def _serve(self, job: WorkerJob, session: _Session, local: bool):
+    async def _serve(self, job: WorkerJob, session: FakeSession, local: bool):
         w = self.worker
         await w.step(session, "open")
         if local:
@@ -70,7 +70,7 @@ class FakePrefillClient(PrefillClient):
         w.run(session, self._serve(job, target, session))
         return FakeCall(w, session)
 
-    async def _serve(self, job: WorkerJob, target: Reservation, session: _Session):
+    async def _serve(self, job: WorkerJob, target: Reservation, session: FakeSession):
         w, cfg = self.worker, self.worker.fleet.config
         await w.step(session, "open")
         for start in range(0, len(job.prompt), cfg.chunk_tokens):
@@ -102,13 +102,13 @@ class FakeFleet(WorkerClients):
     def active_blocks(self) -> dict[str, int]:
         return {a: w.active_blocks for a, w in self.workers.items()}
 
-    def fire(self, worker: FakeWorker, session: _Session, point: str) -> None:
+    def fire(self, worker: FakeWorker, session: FakeSession, point: str) -> None:
         for t in self.triggers:
             if not t.fired and t.address == worker.address and t.point == point:
                 t.fired = True
                 self._apply(t, worker, session)
 
-    def _apply(self, t: Trigger, worker: FakeWorker, session: _Session) -> None:
+    def _apply(self, t: Trigger, worker: FakeWorker, session: FakeSession) -> None:
         if t.mode == Mode.KILL:
             worker.kill()
         elif t.mode == Mode.STALL:
@@ -122,7 +122,7 @@ class FakeFleet(WorkerClients):
 
     # ---- the data plane between fake workers ----
 
-    def _reservation(self, prefill: FakeWorker, target: Reservation) -> _Session:
+    def _reservation(self, prefill: FakeWorker, target: Reservation) -> FakeSession:
         decode = self.workers.get(target.decode_endpoint)
         session = None
         if decode is not None and not decode.killed and (prefill.address, decode.address) not in self.partitions:

@@ -1,6 +1,6 @@
 """In-process workers behind the worker-client interface, for tests of the request protocol.
 
-A `FakeFleet` (router/fake_fleet.py) plays prefill and decode workers on one asyncio loop, with the semantics of the
+A `FakeFleet` (tests/router/fake_fleet.py) plays prefill and decode workers on one asyncio loop, with the semantics of the
 real ones: a decode worker reserves blocks, a prefill worker holds its blocks while it computes
 and writes chunk by chunk into the reservation, then sends the first token; closing a call ends
 the request on the worker, which frees its blocks. Tokens are a function of the prompt and the
@@ -21,14 +21,10 @@ import asyncio
 import enum
 import itertools
 from dataclasses import dataclass, field
-
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pdserve.requests import TokenLogprobs
 from router.clients import Call, FaultKind, WorkerFault, WorkerSnapshot
-
-if TYPE_CHECKING:
-    from router.fake_fleet import FakeFleet
 
 DECODE_POINTS = ("open", "reserved", "received", "token", "last")  # last: every token out, Finished not yet
 PREFILL_POINTS = ("open", "chunk", "written")
@@ -71,7 +67,7 @@ class _Killed(Exception):
 
 
 @dataclass
-class _Session:
+class FakeSession:
     """A request on a fake worker: its blocks, and the events it produced for the caller."""
 
     worker_id: str
@@ -92,8 +88,17 @@ class FleetConfig:
     keepalive_s: float = 0.2  # how long a caller waits on a silent, stalled worker
 
 
+class Fleet(Protocol):
+    """What a worker asks of its fleet (fake_fleet.py's FakeFleet): the settings, and the faults
+    armed for a point a request passes."""
+
+    config: FleetConfig
+
+    def fire(self, worker: FakeWorker, session: FakeSession, point: str) -> None: ...
+
+
 class FakeWorker:
-    def __init__(self, fleet: FakeFleet, address: str, role: str):
+    def __init__(self, fleet: Fleet, address: str, role: str):
         self.fleet = fleet
         self.address = address
         self.role = role
@@ -101,8 +106,8 @@ class FakeWorker:
         self.slow = 1.0
         self.running = asyncio.Event()
         self.running.set()
-        self.sessions: dict[str, _Session] = {}
-        self.transfers: dict[str, _Session] = {}  # decode: transfer id -> the reservation's session
+        self.sessions: dict[str, FakeSession] = {}
+        self.transfers: dict[str, FakeSession] = {}  # decode: transfer id -> the reservation's session
         self.free = fleet.config.blocks
         self.epoch = 0
         self._ids = itertools.count()
@@ -141,7 +146,7 @@ class FakeWorker:
     def stalled(self) -> bool:
         return not self.running.is_set()
 
-    async def step(self, session: _Session, point: str | None = None, seconds: float | None = None) -> None:
+    async def step(self, session: FakeSession, point: str | None = None, seconds: float | None = None) -> None:
         """One unit of work; raises _Killed, or ends the session if its caller closed it."""
         await asyncio.sleep((self.fleet.config.step_s if seconds is None else seconds) * self.slow)
         if point is not None:
@@ -152,22 +157,22 @@ class FakeWorker:
         if session.closed:
             raise asyncio.CancelledError
 
-    def open_session(self, worker_id: str, blocks: int) -> _Session:
+    def open_session(self, worker_id: str, blocks: int) -> FakeSession:
         if self.killed:
             raise WorkerFault(FaultKind.GONE, self.address, f"{self.address}: connection refused")
         if blocks > self.free:
             raise WorkerFault(FaultKind.OVERLOADED, self.address, f"{self.address}: out of KV blocks")
         self.free -= blocks
-        session = _Session(worker_id, blocks, epoch=self.epoch)
+        session = FakeSession(worker_id, blocks, epoch=self.epoch)
         self.sessions[worker_id] = session
         return session
 
-    def end_session(self, session: _Session) -> None:
+    def end_session(self, session: FakeSession) -> None:
         if session.epoch == self.epoch and self.sessions.pop(session.worker_id, None) is not None:
             self.free += session.blocks
             self.transfers = {t: s for t, s in self.transfers.items() if s is not session}
 
-    def run(self, session: _Session, body) -> None:
+    def run(self, session: FakeSession, body) -> None:
         """Run the worker side of a call; whatever ends it, its blocks come back."""
 
         async def serve() -> None:
@@ -192,7 +197,7 @@ class FakeCall(Call):
     """The caller's side of one call: a worker that is killed fails it at once, a stalled one
     after the keepalive time; `close` tells the worker, which frees when it next runs."""
 
-    def __init__(self, worker: FakeWorker, session: _Session | None, refused: WorkerFault | None = None):
+    def __init__(self, worker: FakeWorker, session: FakeSession | None, refused: WorkerFault | None = None):
         self.worker = worker
         self.session = session
         self.refused = refused

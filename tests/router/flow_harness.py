@@ -8,9 +8,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from pdserve.requests import Priority, SamplingParams
-from router.fake_fleet import FakeFleet
-from router.fake_workers import FleetConfig, token_at
-from router.flow import Done, FlowConfig, Job, NewTokens, RequestFlow
+from tests.router.fake_fleet import FakeFleet
+from tests.router.fake_workers import FleetConfig, token_at
+from router.flow import RequestFlow
+from router.flow_types import Done, FlowConfig, Job, NewTokens
 from router.recovery import RecoveryPolicy
 from router.workers import PoolConfig, WorkerPool
 

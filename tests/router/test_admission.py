@@ -14,7 +14,7 @@ from pdserve.v1 import generation_pb2 as pb
 from router.frontend import Frontend
 from router.limits import InputLimits
 from router.gateway import Gateway
-from router.servicer import ask_from_pb
+from router.servicer import WireAsk
 
 
 class _Trace:
@@ -54,7 +54,7 @@ def servicer():
 
 
 def _admit(gateway, request: pb.GenerateRequest, metadata=()):
-    return asyncio.run(gateway.admit(metadata, lambda limits: ask_from_pb(request, limits), None)).job
+    return asyncio.run(gateway.admit(metadata, WireAsk(request), None)).job
 
 
 def test_a_good_request_is_admitted(servicer):

@@ -10,7 +10,7 @@ import pytest
 
 from pdserve.rpc.errors import Unavailable
 from router.breaker import BreakerState
-from router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger
+from tests.router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger
 from router.recovery import RequestPoisoned
 from tests.helpers.waiting import async_wait_until
 from tests.router.flow_harness import collect, expected, harness, job, settle

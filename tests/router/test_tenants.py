@@ -15,7 +15,7 @@ from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb
 from router.frontend import Frontend
 from router.gateway import Gateway, _Active
-from router.servicer import ask_from_pb
+from router.servicer import WireAsk
 from router.tenants import OverPriority, Tenant, TenantsFileError, open_tenants, read_tenants
 
 FILE = """
@@ -78,7 +78,7 @@ class _Trace:
 def _admit(servicer, priority, token=None):
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     request = pb.GenerateRequest(text="Hello", priority=priority)
-    return asyncio.run(servicer.admit(metadata, lambda limits: ask_from_pb(request, limits), None)).job
+    return asyncio.run(servicer.admit(metadata, WireAsk(request), None)).job
 
 
 def test_the_router_admits_by_tenant(tenants):

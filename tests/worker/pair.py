@@ -121,7 +121,7 @@ class Pair:
             try:
                 done = [e async for e in p_session.events() if isinstance(e, PrefillDone)]
             finally:
-                self.prefill.close(p_session)
+                self.prefill.live.close(p_session)
             outcome = Outcome(done[0].first_token_id, [], None)
             async for event in events:
                 if isinstance(event, Tokens):
@@ -130,7 +130,7 @@ class Pair:
                     outcome.finished = event
             return outcome
         finally:
-            self.decode.close(d_session)
+            self.decode.live.close(d_session)
 
     async def stop(self) -> None:
         await self.sender.close()

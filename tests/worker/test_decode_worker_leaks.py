@@ -39,7 +39,7 @@ def test_a_kv_deadline_between_pieces_aborts_the_request_and_frees_its_reservati
             session, events, reserved = await _reserve(pair.decode, pair.job("late", PROMPT, kv_timeout_s=0.3))
             pair.decode.push_kv(reserved.transfer_id, 0, 0, (0, 1), 30.0)  # announced, never sent
             await _fails_with(events, TimeoutError)
-            pair.decode.close(session)
+            pair.decode.live.close(session)
             ends = pair.decode.leases.ends[LeaseKind.RESERVATION, Reclaim.EXPIRED]
             return ends, await settle(pair.decode_engine), pair.decode_engine.engine.scheduler.get("late")
         finally:
@@ -56,7 +56,7 @@ def test_a_piece_that_times_out_aborts_the_request_and_frees_its_reservation(tin
             session, events, reserved = await _reserve(pair.decode, pair.job("slow", PROMPT))
             pair.decode.push_kv(reserved.transfer_id, 0, 0, (0, 1), 0.2)
             await _fails_with(events, TransferTimeout)
-            pair.decode.close(session)
+            pair.decode.live.close(session)
             return await settle(pair.decode_engine), pair.decode_engine.engine.scheduler.get("slow")
         finally:
             await pair.stop()
@@ -76,7 +76,7 @@ def test_an_open_cancelled_after_the_engine_added_the_request_aborts_it(tiny_lla
             with pytest.raises(asyncio.CancelledError):
                 await task
             return await settle(pair.decode_engine), pair.decode_engine.engine.scheduler.get("cut"), \
-                len(pair.decode.sessions)
+                len(pair.decode.live)
         finally:
             await pair.stop()
 
@@ -95,13 +95,13 @@ def test_a_reservation_of_an_earlier_request_never_reaches_a_later_one_with_its_
         try:
             first = await decode.open(_job("same", PROMPT))
             block_until(engine, lambda e: e.scheduler.kv.has_blocks("same"))  # reserved; the loop hears of it later
-            decode.close(first)
+            decode.live.close(first)
             second = await decode.open(_job("same", PROMPT[:8]))
             events = second.events()
             reserved = await asyncio.wait_for(anext(events), 10)
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(anext(events), 0.8)
-            decode.close(second)
+            decode.live.close(second)
             return reserved, await settle(engine)
         finally:
             await receiver.close()
@@ -119,7 +119,7 @@ def test_pieces_are_routed_by_transfer_id_only(tiny_llama):
         pair = await make_pair(tiny_llama)
         try:
             session, _, old = await _reserve(pair.decode, pair.job("a#0", PROMPT))
-            pair.decode.close(session)
+            pair.decode.live.close(session)
             session, _, new = await _reserve(pair.decode, pair.job("a#0", PROMPT))
             with pytest.raises(InvalidRequestError, match="no transfer"):
                 pair.decode.push_kv(old.transfer_id, 0, 0, (0, 1), 5.0)
@@ -127,7 +127,7 @@ def test_pieces_are_routed_by_transfer_id_only(tiny_llama):
                 pair.decode.push_kv("a", 0, 0, (0, 1), 5.0)
             pair.decode.push_kv(new.transfer_id, 0, 0, (0, 1), 5.0)
             routed = set(pair.decode.intakes) == {new.transfer_id}
-            pair.decode.close(session)
+            pair.decode.live.close(session)
             return routed, await settle(pair.decode_engine)
         finally:
             await pair.stop()

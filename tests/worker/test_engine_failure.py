@@ -74,8 +74,8 @@ def test_a_prefill_stream_fails_when_the_engine_dies(tiny_llama):
             p_session = await pair.prefill.open("r", LONG, SAMPLING, Priority.NORMAL, pair.target(reserved), 10.0)
             with pytest.raises(EngineFailed):
                 await asyncio.wait_for(_drain(p_session), 5)
-            pair.prefill.close(p_session)
-            pair.decode.close(d_session)
+            pair.prefill.live.close(p_session)
+            pair.decode.live.close(d_session)
         finally:
             await pair.stop()
 
@@ -93,9 +93,9 @@ def test_a_request_at_fault_fails_alone(tiny_llama):
             switch.arm(RequestFault("bad", InjectedFault("poison")))
             with pytest.raises(RequestFailed):
                 await asyncio.wait_for(_drain(bad), 10)
-            decode.close(bad)
+            decode.live.close(bad)
             events = await asyncio.wait_for(_drain(good), 30)
-            decode.close(good)
+            decode.live.close(good)
             return events[-1]
         finally:
             engine.stop()

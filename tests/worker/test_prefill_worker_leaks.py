@@ -71,9 +71,9 @@ def test_a_piece_task_cancelled_before_it_first_ran_releases_its_hold(tiny_llama
     class ClosingAtFirstChunk(PrefillWorker):
         def on_step(self, result):
             super().on_step(result)
-            job = self.jobs.get("r")
+            job = self.live.get("r")
             if job is not None and job.tasks:
-                self.close(job.session)
+                self.live.close(job.session)
 
     async def main():
         engine = start_engine(tiny_llama, hold_blocks=True, num_blocks=128)
@@ -82,15 +82,15 @@ def test_a_piece_task_cancelled_before_it_first_ran_releases_its_hold(tiny_llama
         try:
             await _open(worker, "r", PROMPT)
             for _ in range(500):
-                if not worker.jobs:
+                if not worker.live:
                     break
                 await asyncio.sleep(0.01)
             left = await settle(engine)
-            return left, worker.jobs, worker.peer.pushed.is_set(), worker.leases.live(LeaseKind.HOLD)
+            return left, len(worker.live), worker.peer.pushed.is_set(), worker.leases.live(LeaseKind.HOLD)
         finally:
             engine.stop()
 
-    assert asyncio.run(main()) == (0, {}, False, 0)
+    assert asyncio.run(main()) == (0, 0, False, 0)
 
 
 def test_a_failed_piece_aborts_the_request_in_the_engine(tiny_llama):
@@ -102,7 +102,7 @@ def test_a_failed_piece_aborts_the_request_in_the_engine(tiny_llama):
             with pytest.raises(PeerFault):
                 async for _ in session.events():
                     pass
-            worker.close(session)
+            worker.live.close(session)
             still_there = await engine.call(lambda e: e.scheduler.get("r") is not None)
             return still_there, await settle(engine)
         finally:
@@ -120,7 +120,7 @@ def test_a_failed_kv_send_is_the_decode_workers_fault(tiny_llama):
             with pytest.raises(PeerFault, match="endpoint closed by peer"):
                 async for _ in session.events():
                     pass
-            worker.close(session)
+            worker.live.close(session)
             return await settle(engine)
         finally:
             engine.stop()
@@ -137,7 +137,7 @@ def test_a_hold_whose_send_outlives_the_kv_timeout_is_reclaimed(tiny_llama):
             with pytest.raises(PeerFault, match="not delivered"):
                 async for _ in session.events():
                     pass
-            worker.close(session)
+            worker.live.close(session)
             return await settle(engine), worker.leases.ends[LeaseKind.HOLD, Reclaim.EXPIRED]
         finally:
             engine.stop()
@@ -160,7 +160,7 @@ def test_an_open_cancelled_after_the_engine_added_the_request_aborts_it(tiny_lla
             with pytest.raises(asyncio.CancelledError):
                 await task
             gone = await engine.call(lambda e: e.scheduler.get("cut") is None)
-            return gone, await settle(engine), len(worker.sessions)
+            return gone, await settle(engine), len(worker.live)
         finally:
             engine.stop()
 
@@ -174,7 +174,7 @@ def test_abort_stops_the_request_at_once(tiny_llama):
         try:
             session = await _open(worker, "r", LONG)
             await asyncio.wait_for(worker.peer.pushed.wait(), 10)
-            found = await worker.abort("r")
+            found = worker.live.abort("r")
             gone = await engine.call(lambda e: e.scheduler.get("r") is None)
             with pytest.raises(asyncio.CancelledError):
                 async for _ in session.events():
@@ -209,10 +209,10 @@ def test_steps_of_an_earlier_request_never_reach_a_later_one_with_its_id(tiny_ll
             first = await _open(worker, "same", LONG, transfer_id="t-first")
             # the engine prefills (some chunks, or all: then it is gone); the loop hears of it later
             block_until(engine, lambda e: (r := e.scheduler.get("same")) is None or r.num_computed_tokens > 0)
-            worker.close(first)
+            worker.live.close(first)
             second = await _open(worker, "same", tuple(range(350, 358)), transfer_id="t-second")
             events = [e async for e in second.events()]
-            worker.close(second)
+            worker.live.close(second)
             return events, peer.pieces, await settle(engine)
         finally:
             engine.stop()

@@ -55,7 +55,7 @@ async def _quarantined_request(observable: bool, quarantine_timeout_s: float, lo
     assert isinstance(reserved, Reserved)
     decode.push_kv(reserved.transfer_id, 0, 0, (0, 1), 30.0)
     await asyncio.sleep(0)
-    decode.close(session)  # the stream is cut while the piece is in flight
+    decode.live.close(session)  # the stream is cut while the piece is in flight
     return engine, receiver, decode, reserved
 
 

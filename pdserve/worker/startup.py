@@ -1,0 +1,79 @@
+"""How a worker process starts, for both roles, around the part that is each role's own:
+
+    lay_groundwork(args, config, role)   security, tracing and /metrics, the engine on its thread,
+                                         leases, the metrics feed, channels to peers, the drain
+    the role's main                      its KV end (sender or receiver), worker and servicer
+    serve(args, ground, role, ...)       gRPC server up, NOT_SERVING -> the servicer learns its address
+                                         -> metrics feed and registry heartbeat start -> SERVING
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from pdserve.rpc.channels import ChannelPool, split_addresses
+from pdserve.rpc.drain import Drain
+from pdserve.rpc.registration import Registration
+from pdserve.rpc.security import Security, security_from_args
+from pdserve.rpc.server import ServiceBinding, start_server
+from pdserve.v1 import worker_pb2
+from pdserve.worker.leases import Leases
+from pdserve.worker.metrics_feed import MetricsFeed
+from pdserve.worker.observability import Observability, start_observability
+from pdserve.worker.rpcs import CommonWorkerRpcs
+from pdserve.worker.runtime import RuntimeConfig, WorkerRuntime, build_runtime
+from pdserve.worker.service import TransferEnd, WorkerService
+
+
+@dataclass(frozen=True)
+class Role:
+    """A worker role, as start-up needs to know it."""
+
+    name: str  # "prefill" | "decode": its role in the registry; its tracer's service is pdserve-<name>
+    service: str  # its gRPC service in worker.proto
+    add_to_server: Callable[[object, grpc.aio.Server], None]  # the generated registration of that service
+    hold_blocks: bool  # the engine holds a request's blocks until their KV was sent (prefill)
+
+
+@dataclass
+class Groundwork:
+    """What every worker builds before its role's own part."""
+
+    security: Security
+    observability: Observability
+    runtime: WorkerRuntime
+    leases: Leases
+    feed: MetricsFeed  # not started until the worker serves
+    channels: ChannelPool
+    drainer: Drain
+
+
+def lay_groundwork(args: argparse.Namespace, config: RuntimeConfig, role: Role) -> Groundwork:
+    """On the running event loop (the engine thread starts on it)."""
+    security = security_from_args(args)
+    observability = start_observability(f"pdserve-{role.name}", args)
+    runtime = build_runtime(config, hold_blocks=role.hold_blocks)
+    leases = Leases()
+    feed = MetricsFeed(runtime.async_engine, observability.metrics, leases)
+    return Groundwork(security, observability, runtime, leases, feed, ChannelPool(security), Drain())
+
+
+async def serve(args: argparse.Namespace, ground: Groundwork, role: Role, servicer: CommonWorkerRpcs,
+                transfer: TransferEnd | None) -> WorkerService:
+    """Start the server with `servicer` and put the worker in rotation; `transfer`: its KV end
+    (None: a decode worker without UCX), closed when the worker stops."""
+    name = worker_pb2.DESCRIPTOR.services_by_name[role.service].full_name
+    server = await start_server([ServiceBinding(role.add_to_server, servicer, name)], args.host, args.port,
+                                ground.security.server_credentials(), ground.security.server_interceptors(),
+                                args.health_port)
+    servicer.address = f"{args.advertise_host or args.host}:{server.port}"
+    registration = Registration(ground.channels, split_addresses(args.register_with), servicer.address, role.name)
+    ground.feed.start()
+    registration.start()
+    await server.set_serving(True)
+    return WorkerService(ground.runtime, server, transfer, ground.channels, ground.observability, ground.feed,
+                         ground.drainer, registration, servicer.in_flight)

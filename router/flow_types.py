@@ -1,0 +1,90 @@
+"""The values of one request's flow through the workers (router/flow.py drives it): the job as the
+gateway hands it over, the events the flow yields (tokens, the end, milestones for the trace), the
+state one request keeps across its attempts, and the flow's settings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pdserve.config import DeadlineConfig
+from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
+from router.clients import WorkerFault
+from router.local_prefill import LocalPrefillPolicy
+from router.protocol import RequestProtocol
+from router.recovery import RecoveryPolicy
+
+
+@dataclass(frozen=True)
+class Job:
+    request_id: str
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    priority: Priority
+    metadata: tuple[tuple[str, str], ...] = ()
+    deadline: float | None = None  # time.monotonic() at which the client stops waiting
+    tenant: str = "anonymous"
+
+    def timeout_s(self) -> float | None:
+        """What is left of the client's deadline, for the calls made on its behalf."""
+        return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
+
+
+@dataclass(frozen=True)
+class NewTokens:
+    """Tokens for the client, each exactly once across retries and resumes. `logprobs`: one per
+    token id, in order, when the request set sampling.logprobs (else empty); each computed by
+    the worker that sampled the token and never sent again."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] = ()
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: FinishReason
+    cached_tokens: int
+    preemptions: int
+    preemptions_by_mode: dict = field(default_factory=dict)  # "recompute" | "swap" -> count
+    kv_bytes: int = 0  # KV moved from prefill to decode workers, over every attempt
+    decode_cached_tokens: int = 0  # prompt tokens the (last) decode worker held already
+    local_prefill: bool = False  # the (last) decode worker prefilled the prompt itself
+
+
+@dataclass(frozen=True)
+class Milestone:
+    """Something for the trace: placement, prefill chunk, KV transfer, preemption, retry."""
+
+    name: str
+    attributes: dict
+
+
+FlowEvent = NewTokens | Done | Milestone
+
+
+@dataclass
+class FlowState:
+    protocol: RequestProtocol
+    generated: list[int] = field(default_factory=list)
+    faults: list[WorkerFault] = field(default_factory=list)
+    cached_tokens: int = 0
+    preemptions: int = 0
+    by_mode: dict[str, int] = field(default_factory=dict)
+    avoid: dict[str, set[str]] = field(default_factory=lambda: {"prefill": set(), "decode": set()})
+    kv_bytes: int = 0
+    decode_cached_tokens: int = 0
+    local_prefill: bool = False
+
+    def done(self, reason: FinishReason, cached: int = 0) -> Done:
+        return Done(reason, self.cached_tokens or cached, self.preemptions, dict(self.by_mode), self.kv_bytes,
+                    self.decode_cached_tokens, self.local_prefill)
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    colocated: bool = False
+    kv_timeout_s: float = DeadlineConfig().kv_timeout_s
+    wait_for_worker_s: float = 30.0  # a request waits this long (within its deadline) for a usable worker
+    probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill and decode workers
+    recovery: RecoveryPolicy = RecoveryPolicy()
+    local_prefill: LocalPrefillPolicy = LocalPrefillPolicy()
