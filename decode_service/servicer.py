@@ -17,7 +17,7 @@ from pdserve.rpc.errors import PermissionDenied
 from pdserve.telemetry import extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import Finished, Notice, Reserved, Tokens
+from pdserve.worker.events import Finished, Preempted, Reserved, Tokens
 from pdserve.worker.rpcs import CommonWorkerRpcs
 
 
@@ -70,7 +70,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(
                 finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,
                 preemptions=event.preemptions, queue_seconds=event.queue_seconds))
-        assert isinstance(event, Notice)
+        assert isinstance(event, Preempted)
         return wpb.DecodeEvent(preempted=wpb.PreemptionNotice(mode=event.mode, reason=event.reason, phase=event.phase))
 
     async def PushKV(self, request: wpb.KVPiece, context) -> wpb.KVPieceAck:
@@ -92,7 +92,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
 
 
 def _trace_event(span, event) -> None:
-    if isinstance(event, Notice):
+    if isinstance(event, Preempted):
         name = {"preempted": "preemption", "resumed": "resume"}.get(event.phase, event.phase)
         span.add_event(name, {"mode": event.mode, "reason": event.reason})
     elif isinstance(event, Reserved):

@@ -42,7 +42,7 @@ from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.transfer import KVReceiver
 from pdserve.worker.commands import submit
-from pdserve.worker.events import Finished, Notice, Reserved, Tokens
+from pdserve.worker.events import Finished, Preempted, Reserved, Tokens
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.session import Session
@@ -197,9 +197,9 @@ class DecodeWorker:
         for reservation in result.reserved:
             self._on_reserved(reservation.request, reservation.block_ids, reservation.cached_blocks)
         for preemption in result.preemptions:
-            self._notify(preemption.request, Notice(preemption.mode.value, preemption.reason, "preempted"))
+            self._notify(preemption.request, Preempted(preemption.mode.value, preemption.reason, "preempted"))
         for request in result.resumed:
-            self._notify(request, Notice("", "", "resumed"))
+            self._notify(request, Preempted("", "", "resumed"))
         for out in result.outputs:
             self._on_output(out)
         for hold in result.holds.values():  # nothing of a decode worker's is sent on
@@ -235,7 +235,7 @@ class DecodeWorker:
             queue_s = max(0.0, (r.first_scheduled_time or r.arrival_time) - r.arrival_time)
             live.session.push(Finished(r.finish_reason, r.num_cached_tokens, r.num_preemptions, queue_s))
 
-    def _notify(self, request: Request, notice: Notice) -> None:
+    def _notify(self, request: Request, notice: Preempted) -> None:
         live = self.live.owner(request)
         if live is not None:
             live.session.push(notice)

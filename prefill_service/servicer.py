@@ -15,7 +15,7 @@ from pdserve.rpc.drain import Drain
 from pdserve.telemetry import Metrics, extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import ChunkDone, PrefillDone
+from pdserve.worker.events import Chunk, FirstToken
 from pdserve.worker.rpcs import CommonWorkerRpcs
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 
@@ -89,7 +89,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
                       t.kv_secret, t.num_blocks, t.cached_blocks, kv_ranks_from_pb(t.ranks))
 
     def _observe(self, span, event) -> None:
-        if isinstance(event, ChunkDone):
+        if isinstance(event, Chunk):
             span.add_event("prefill.chunk", {"start": event.start, "tokens": event.num_tokens,
                                              "cached_tokens": event.cached_tokens, "step_seconds": event.step_seconds})
             return
@@ -100,15 +100,15 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
 
 
 def _event_to_pb(event) -> wpb.PrefillEvent:
-    if isinstance(event, ChunkDone):
+    if isinstance(event, Chunk):
         return wpb.PrefillEvent(chunk=wpb.PrefillChunk(start=event.start, num_tokens=event.num_tokens,
                                                        cached_tokens=event.cached_tokens,
                                                        step_seconds=event.step_seconds))
-    assert isinstance(event, PrefillDone)
+    assert isinstance(event, FirstToken)
     done = wpb.PrefillDone(
-        first_token_id=event.first_token_id, cached_tokens=event.cached_tokens, kv_bytes=event.kv_bytes,
+        first_token_id=event.token_id, cached_tokens=event.cached_tokens, kv_bytes=event.kv_bytes,
         kv_blocks=event.kv_blocks, kv_descriptors=event.kv_descriptors, kv_seconds=event.kv_seconds,
         queue_seconds=event.queue_seconds)
-    if event.first_logprobs is not None:
-        done.first_token_logprobs.CopyFrom(logprobs_to_pb(event.first_logprobs))
+    if event.logprobs is not None:
+        done.first_token_logprobs.CopyFrom(logprobs_to_pb(event.logprobs))
     return wpb.PrefillEvent(done=done)

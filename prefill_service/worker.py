@@ -4,7 +4,7 @@
     every step: on_step() -> new complete blocks of each request -> a piece:
         decode.PushKV(piece descriptors)  then  sender.send(blocks)     (overlaps the next step)
     last chunk samples the first token -> last piece -> decode.CompleteKV(first token)
-           <-- ChunkDone ... PrefillDone(first token) --
+           <-- Chunk ... FirstToken --
 
 The engine holds every block of a request that a piece still has to read (BlockHold) until
 the send finished, so preemption or eviction can never recycle blocks under a transfer. Each
@@ -39,7 +39,7 @@ from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
 from pdserve.transfer.wire import check_secret
-from pdserve.worker.events import ChunkDone, PrefillDone
+from pdserve.worker.events import Chunk, FirstToken
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.session import Session
@@ -180,7 +180,7 @@ class PrefillWorker:
         job.cached_tokens = request.num_cached_tokens
         if job.seq == 0 and job.sent_blocks == job.target.cached_blocks:
             job.queue_seconds = max(0.0, (request.first_scheduled_time or request.arrival_time) - request.arrival_time)
-        job.session.push(ChunkDone(chunk.start, chunk.num_tokens, request.num_cached_tokens, step_s))
+        job.session.push(Chunk(chunk.start, chunk.num_tokens, request.num_cached_tokens, step_s))
         final = chunk.samples
         complete = -(-job.prompt_len // self.block_size) if final else chunk.end // self.block_size
         blocks = hold.blocks if hold is not None else chunk.block_table
@@ -236,7 +236,7 @@ class PrefillWorker:
     async def _complete(self, job: PrefillJob, first_token: int) -> None:
         await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token,
                                     job.target.secret)
-        job.session.push(PrefillDone(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
+        job.session.push(FirstToken(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
                                      job.kv_descriptors, job.kv_seconds, job.queue_seconds, job.first_logprobs))
 
     async def _send_piece(self, job: PrefillJob, piece: Piece) -> None:

@@ -20,7 +20,8 @@ import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
+from pdserve.requests import Priority, SamplingParams
+from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
 
 
 class FaultKind(enum.Enum):
@@ -80,48 +81,6 @@ class Reservation:
     num_blocks: int  # the decode worker's pool
     cached_blocks: int = 0  # leading blocks the decode worker holds already: the prefill worker skips them
     ranks: tuple[tuple[bytes, int, int], ...] = ()  # a tensor-parallel decode worker's (address, head start, head end)
-
-
-@dataclass(frozen=True)
-class Tokens:
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id when the request asked, else empty
-
-
-@dataclass(frozen=True)
-class Preempted:
-    mode: str  # "recompute" | "swap" (empty for a resume notice)
-    reason: str
-    phase: str  # "preempted" | "swapped_in" | "resumed"
-
-
-@dataclass(frozen=True)
-class Finished:
-    reason: FinishReason
-    cached_tokens: int
-    preemptions: int
-
-
-@dataclass(frozen=True)
-class Chunk:
-    start: int
-    num_tokens: int
-    cached_tokens: int
-    step_seconds: float
-
-
-@dataclass(frozen=True)
-class FirstToken:
-    """The prompt's KV is in the decode worker's blocks and the first token is sampled."""
-
-    token_id: int
-    cached_tokens: int
-    kv_bytes: int = 0
-    kv_blocks: int = 0
-    kv_descriptors: int = 0
-    kv_seconds: float = 0.0
-    queue_seconds: float = 0.0
-    logprobs: TokenLogprobs | None = None  # the first token's, when the request asked
 
 
 DecodeEvent = Reservation | Tokens | Preempted | Finished

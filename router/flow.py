@@ -17,20 +17,8 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 
-from router.clients import (
-    Call,
-    Chunk,
-    Culprit,
-    FaultKind,
-    Finished,
-    FirstToken,
-    Preempted,
-    Reservation,
-    Tokens,
-    WorkerClients,
-    WorkerFault,
-    WorkerJob,
-)
+from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
+from router.clients import Call, Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
 from router.flow_types import FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal

@@ -8,18 +8,14 @@ from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, sampling_to_pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
+from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
 from router.clients import (
     Call,
-    Chunk,
     Culprit,
     DecodeClient,
     FaultKind,
-    Finished,
-    FirstToken,
-    Preempted,
     PrefillClient,
     Reservation,
-    Tokens,
     WorkerClients,
     WorkerFault,
     WorkerJob,

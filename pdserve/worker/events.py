@@ -1,4 +1,13 @@
-"""Events a worker streams for one request (turned into wire messages by the servicers)."""
+"""The events of one request on a worker, one vocabulary on both sides of the wire: a worker
+streams them, its servicer turns them into wire messages (prefill_service/servicer.py,
+decode_service/servicer.py), and the router's gRPC clients turn those back into the same types
+(router/grpc_clients.py) for the flow (router/flow.py).
+
+    decode:   Reserved (the router sees it as a Reservation, with where to send), Tokens ...,
+              Preempted (preempted, swapped in, resumed), Finished
+    prefill:  Chunk ..., FirstToken
+    either:   Failed (on the worker only: its stream ends with the error's status)
+"""
 
 from __future__ import annotations
 
@@ -26,20 +35,22 @@ class Finished:
     reason: FinishReason
     cached_tokens: int
     preemptions: int
-    queue_seconds: float
+    queue_seconds: float = 0.0  # the worker's own figure (its metrics); not on the wire
 
 
 @dataclass(frozen=True)
-class Notice:
-    """A preemption-related event of the request: phase preempted | swapped_in | resumed."""
+class Preempted:
+    """A preemption-related event of the request."""
 
-    mode: str
+    mode: str  # "recompute" | "swap" (empty for a resume notice)
     reason: str
-    phase: str
+    phase: str  # "preempted" | "swapped_in" | "resumed"
 
 
 @dataclass(frozen=True)
-class ChunkDone:
+class Chunk:
+    """One prefill chunk of the prompt computed."""
+
     start: int
     num_tokens: int
     cached_tokens: int
@@ -47,15 +58,17 @@ class ChunkDone:
 
 
 @dataclass(frozen=True)
-class PrefillDone:
-    first_token_id: int
+class FirstToken:
+    """The prompt's KV is in the decode worker's blocks and the first token is sampled."""
+
+    token_id: int
     cached_tokens: int
-    kv_bytes: int
-    kv_blocks: int
-    kv_descriptors: int
-    kv_seconds: float
-    queue_seconds: float
-    first_logprobs: TokenLogprobs | None = None  # when the request asked for logprobs
+    kv_bytes: int = 0
+    kv_blocks: int = 0
+    kv_descriptors: int = 0
+    kv_seconds: float = 0.0
+    queue_seconds: float = 0.0
+    logprobs: TokenLogprobs | None = None  # the first token's, when the request asked
 
 
 @dataclass(frozen=True)
@@ -65,4 +78,4 @@ class Failed:
     error: Exception
 
 
-Event = Reserved | Tokens | Finished | Notice | ChunkDone | PrefillDone | Failed
+Event = Reserved | Tokens | Finished | Preempted | Chunk | FirstToken | Failed

@@ -12,7 +12,8 @@ import pytest
 from pdserve.requests import Priority, SamplingParams
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.security import Security
-from router.clients import Finished, Tokens, WorkerJob
+from pdserve.worker.events import Finished, Tokens
+from router.clients import WorkerJob
 from router.flow import RequestFlow
 from router.flow_types import FlowConfig, Job, NewTokens
 from router.grpc_clients import GrpcWorkerClients

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from pdserve.requests import FinishReason
-from router.clients import Call, Chunk, DecodeClient, Finished, FirstToken, PrefillClient, Reservation, Tokens
+from pdserve.worker.events import Chunk, Finished, FirstToken, Tokens
+from router.clients import Call, DecodeClient, PrefillClient, Reservation
 from router.clients import Culprit, FaultKind, WorkerClients, WorkerFault, WorkerJob, WorkerSnapshot
 from tests.router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, FakeSession, logprobs_at, token_at
 

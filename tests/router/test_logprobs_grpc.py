@@ -10,9 +10,8 @@ from pdserve.rpc.convert import logprobs_from_pb, logprobs_to_pb, sampling_from_
 from pdserve.sampling import TokenLogprobs
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2 as wpb
-from pdserve.worker.events import PrefillDone
+from pdserve.worker.events import FirstToken, Tokens
 from prefill_service.servicer import _event_to_pb as prefill_event_to_pb
-from router.clients import FirstToken, Tokens
 from router.grpc_clients import _decode_event, _prefill_event
 
 LP = TokenLogprobs(7, -0.25, ((7, -0.25), (3, -1.5)))  # exact in float32
@@ -43,8 +42,8 @@ def test_decode_tokens_carry_aligned_logprobs():
 
 
 def test_the_prefill_workers_first_token_carries_its_logprobs_when_asked():
-    asked = prefill_event_to_pb(PrefillDone(7, 0, 10, 1, 1, 0.5, 0.0, LP))
-    silent = prefill_event_to_pb(PrefillDone(7, 0, 10, 1, 1, 0.5, 0.0))
+    asked = prefill_event_to_pb(FirstToken(7, 0, 10, 1, 1, 0.5, 0.0, LP))
+    silent = prefill_event_to_pb(FirstToken(7, 0, 10, 1, 1, 0.5, 0.0))
     assert not silent.done.HasField("first_token_logprobs")
     first = _prefill_event(asked)
     assert isinstance(first, FirstToken) and (first.token_id, first.logprobs) == (7, LP)

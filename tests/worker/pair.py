@@ -17,7 +17,7 @@ from pdserve.engine.faults import FaultInjector, NoFaults
 from pdserve.requests import Priority, SamplingParams
 from pdserve.transfer import InProcessFabric, KVReceiver, KVSender, make_transport
 from pdserve.errors import PeerFault
-from pdserve.worker.events import Finished, PrefillDone, Reserved, Tokens
+from pdserve.worker.events import Finished, FirstToken, Reserved, Tokens
 from pdserve.worker.leases import Leases
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
 
@@ -119,10 +119,10 @@ class Pair:
             p_session = await self.prefill.open(request_id, prompt, sampling, Priority.NORMAL, self.target(reserved),
                                                 10.0)
             try:
-                done = [e async for e in p_session.events() if isinstance(e, PrefillDone)]
+                done = [e async for e in p_session.events() if isinstance(e, FirstToken)]
             finally:
                 self.prefill.live.close(p_session)
-            outcome = Outcome(done[0].first_token_id, [], None)
+            outcome = Outcome(done[0].token_id, [], None)
             async for event in events:
                 if isinstance(event, Tokens):
                     outcome.tokens.extend(event.token_ids)

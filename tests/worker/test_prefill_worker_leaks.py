@@ -7,7 +7,7 @@ import pytest
 
 from pdserve.requests import Priority
 from pdserve.transfer import KVSender, TransferError, TransferResult
-from pdserve.worker.events import ChunkDone, PrefillDone
+from pdserve.worker.events import Chunk, FirstToken
 from pdserve.errors import PeerFault
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
@@ -218,8 +218,8 @@ def test_steps_of_an_earlier_request_never_reach_a_later_one_with_its_id(tiny_ll
             engine.stop()
 
     events, pieces, left = asyncio.run(main())
-    assert [(e.start, e.num_tokens) for e in events if isinstance(e, ChunkDone)] == [(0, 8)]
-    assert isinstance(events[-1], PrefillDone) and events[-1].kv_blocks == 2
+    assert [(e.start, e.num_tokens) for e in events if isinstance(e, Chunk)] == [(0, 8)]
+    assert isinstance(events[-1], FirstToken) and events[-1].kv_blocks == 2
     assert [(p.transfer_id, p.seq, len(p.src_block_ids)) for p in pieces if p.transfer_id == "t-second"] == \
         [("t-second", 0, 2)]
     assert left == 0
