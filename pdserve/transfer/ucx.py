@@ -261,29 +261,12 @@ class UcxReceiver(KVReceiver):
         await self._worker.close(self._config.drain_s)
 
 
-# A packed UCP worker address starts with a header byte whose low 4 bits are the address format's
-# version (ucp/wireup/address.h); UCX asserts (aborting the process) on one it cannot unpack.
-_ADDRESS_VERSION_MASK = 0x0F
-_MIN_ADDRESS_BYTES = 16  # the header, the worker's 64-bit id and at least one device
-
-
-def check_peer_address(peer: bytes, own: bytes) -> None:
-    """TransferError unless `peer` could be a worker address of this UCX build (as `own` is): its
-    format version and a plausible length. What is checked is what UCX would otherwise abort on."""
-    if len(peer) < _MIN_ADDRESS_BYTES:
-        raise TransferError(f"cannot reach peer: {len(peer)} bytes is no UCX worker address")
-    if peer[0] & _ADDRESS_VERSION_MASK != own[0] & _ADDRESS_VERSION_MASK:
-        raise TransferError("cannot reach peer: not a UCX worker address of this UCX version "
-                            f"(format {peer[0] & _ADDRESS_VERSION_MASK}, ours {own[0] & _ADDRESS_VERSION_MASK})")
-
-
 class UcxSender(KVSender):
     def __init__(self, pool: torch.Tensor, config: UcxConfig):
         self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._config = config
         self._worker = config.worker()
-        self._own_address = self._worker.address()
         self._endpoints: dict[bytes, Endpoint] = {}
         self._closed = False
 
@@ -318,7 +301,6 @@ class UcxSender(KVSender):
         if self._closed:
             raise TransferError("sender closed")
         if peer_address not in self._endpoints:
-            check_peer_address(peer_address, self._own_address)
             try:
                 self._endpoints[peer_address] = self._worker.connect(peer_address)
             except Exception as exc:

@@ -30,6 +30,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pdserve.transfer.base import TransferError
+
 log = logging.getLogger(__name__)
 
 
@@ -131,6 +133,22 @@ def _request_error(request: Any) -> BaseException | None:
     return None
 
 
+# A packed UCP worker address starts with a header byte whose low 4 bits are the address format's
+# version (ucp/wireup/address.h); UCX asserts (aborting the process) on one it cannot unpack.
+_ADDRESS_VERSION_MASK = 0x0F
+_MIN_ADDRESS_BYTES = 16  # the header, the worker's 64-bit id and at least one device
+
+
+def check_peer_address(peer: bytes, own: bytes) -> None:
+    """TransferError unless `peer` could be a worker address of this UCX build (as `own` is): its
+    format version and a plausible length. What is checked is what UCX would otherwise abort on."""
+    if len(peer) < _MIN_ADDRESS_BYTES:
+        raise TransferError(f"{len(peer)} bytes is no UCX worker address")
+    if peer[0] & _ADDRESS_VERSION_MASK != own[0] & _ADDRESS_VERSION_MASK:
+        raise TransferError("not a UCX worker address of this UCX version "
+                            f"(format {peer[0] & _ADDRESS_VERSION_MASK}, ours {own[0] & _ADDRESS_VERSION_MASK})")
+
+
 class UcxWorker:
     """A UCX worker and the task that progresses it; build it with the loop running.
 
@@ -160,6 +178,8 @@ class UcxWorker:
         return bytes(self._worker.address.tobytes())
 
     def connect(self, address: bytes) -> Endpoint:
+        """An endpoint to the worker at `address`; TransferError for one UCX could not unpack."""
+        check_peer_address(address, self.address())
         ucx_address = self._lib.UCXAddress.create_from_buffer(address)
         endpoint = Endpoint(self._lib.UCXEndpoint.create_from_worker_address(self._worker, ucx_address, False))
         self._endpoints.append(endpoint)

@@ -4,7 +4,7 @@ process, on one whose format version is not its own)."""
 import pytest
 
 from pdserve.transfer import TransferError
-from pdserve.transfer.ucx import check_peer_address
+from pdserve.transfer.ucx_worker import check_peer_address
 
 pytestmark = pytest.mark.timeout(30)
 
