@@ -6,7 +6,6 @@ cost model. Measures what this machine has not measured yet (kept beside the ker
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 
 from pdserve.cli.options import add_engine_flags, engine_config
@@ -34,13 +33,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def machine_lines() -> list[str]:
-    from pdserve.native.build import cache_dir
     from pdserve.measurements import machine
+    from pdserve.native.build import cache_dir, prebuilt_dir
+    from pdserve.native.target import target
 
     m = machine()
+    shipped = prebuilt_dir()
     return [f"cpu: {m['cpu']} ({m['cores']} cores, {m['arch']}), torch {m['torch']}",
-            f"kernels: -march={os.environ.get('PDSERVE_NATIVE_ARCH') or 'native'} "
-            f"(the compiler reads native as {_native_target()}); cache {cache_dir()}"]
+            f"kernels: -march={target()} (the compiler reads native as {_native_target()}); "
+            + (f"prebuilt {shipped}, then " if shipped else "") + f"cache {cache_dir()}"]
 
 
 def engine_lines(engine) -> list[str]:

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "simulate": "pdserve.cli.simulate",
     "chaos": "pdserve.cli.chaos",
     "info": "pdserve.cli.info",
+    "kernels": "pdserve.cli.kernels",
 }
 
 

@@ -1,17 +1,23 @@
-"""Compiles a C source of this package into a shared library once per machine, and loads it.
+"""Compiles a C source of this package into a shared library once per machine (or once per
+image), and loads it.
 
-    cache:  $PDSERVE_CACHE_DIR, else $XDG_CACHE_HOME/pdserve, else ~/.cache/pdserve
-    target: -march=$PDSERVE_NATIVE_ARCH, else -march=native (an image built for a fleet names the
-            oldest CPU it runs on, e.g. x86-64-v3 or znver1; the kernels size their tiles to it)
-    key:    the source, the compiler (its resolved path, size and modification time: nothing is run
-            to read it, so a cached library loads without starting the compiler), the flags and
-            this CPU's features: a library built with -march=native for one CPU is never loaded on
-            another
-    build:  `$CC` (else cc) in a temporary folder, then renamed into place: workers starting together
-            may each build, and each loads a whole library; the compiler runs only here
+    target:   -march=$PDSERVE_NATIVE_ARCH, else -march=native (pdserve/native/target.py)
+    prebuilt: $PDSERVE_NATIVE_PREBUILT, a read-only folder of libraries built for the explicit
+              target when the image was built (`pdserve kernels --into DIR`), looked in first: a
+              pod that finds its kernels there starts without a compiler and compiles nothing
+    cache:    $PDSERVE_CACHE_DIR, else $XDG_CACHE_HOME/pdserve, else ~/.cache/pdserve
+    key:      the source, the flags, the target and (in the cache) the compiler: its resolved
+              path, size and modification time, so a cached library loads without starting it;
+              for -march=native this CPU's features too, so a library built for one CPU is never
+              loaded on another
+    needs:    every library is checked against this CPU's features before it is loaded: one
+              built for a target this CPU does not implement is refused with the features it lacks
+    build:    `$CC` (else cc) in a temporary folder, then renamed into place: workers starting
+              together may each build, and each loads a whole library; the compiler runs only here
 
-Raises NativeBuildError with the reason (no compiler, a compile error, an unwritable cache).
-Wrappers load their library through pdserve/native/loader.py, never from here.
+Raises NativeBuildError with the reason (no compiler, a compile error, an unwritable cache, a
+CPU without the target's features). Wrappers load their library through pdserve/native/loader.py,
+never from here.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from pdserve.native.target import (NATIVE, TargetError, cpu_features_line, lacking, needs_of,
+                                   needs_path, read_needs, target, write_needs)
 
 # -ffast-math for the compile only (vectorised expf and sums): linked with it, gcc adds
 # crtfastmath.o, whose constructor flushes denormals to zero for the whole process.
@@ -41,15 +50,44 @@ class NativeBuildError(RuntimeError):
 
 
 def load_library(source: Path) -> ctypes.CDLL:
-    """The compiled `source`, built now unless this machine has it cached."""
+    """The compiled `source`: the image's prebuilt one, else this machine's cached one, else one
+    built now."""
+    arch = target()
+    shipped = prebuilt_dir()
+    if shipped is not None and arch != NATIVE:
+        library = shipped / library_name(source, arch)
+        if library.exists():
+            return _open(library, arch)
+        log.info("no prebuilt %s for -march=%s in %s (another source): building it", source.name, arch, shipped)
     compiler = _compiler()
-    target = cache_dir() / f"{source.stem}-{_key(source, compiler)}.so"
-    if not target.exists():
-        _compile(compiler, source, target)
-    try:
-        return ctypes.CDLL(str(target))
-    except OSError as exc:
-        raise NativeBuildError(f"loading {target} failed: {exc}") from exc
+    library = cache_dir() / f"{source.stem}-{_key(source, arch, compiler)}.so"
+    if not library.exists():
+        _compile(compiler, source, library, arch)
+    return _open(library, arch)
+
+
+def prebuild(sources: list[Path], into: Path, arch: str) -> list[Path]:
+    """Builds every one of `sources` for -march=`arch` into `into`, named as load_library looks
+    for them there when `arch` is its target: the image's step (`pdserve kernels`)."""
+    if arch == NATIVE:
+        raise NativeBuildError("a prebuilt kernel needs an explicit target: set PDSERVE_NATIVE_ARCH to the "
+                               "oldest CPU it runs on (e.g. x86-64-v3), not native")
+    compiler = _compiler()
+    built = [into / library_name(source, arch) for source in sources]
+    for source, library in zip(sources, built):
+        _compile(compiler, source, library, arch)
+    return built
+
+
+def library_name(source: Path, arch: str) -> str:
+    """A prebuilt library's name: its source, flags and target, not the compiler that built it
+    (a pod may have none)."""
+    return f"{source.stem}-{_digest(source, arch).hexdigest()[:16]}.so"
+
+
+def prebuilt_dir() -> Path | None:
+    named = os.environ.get("PDSERVE_NATIVE_PREBUILT")
+    return Path(named) if named else None
 
 
 def function_address(function: ctypes._CFuncPtr) -> int:
@@ -64,6 +102,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdserve"
 
 
+def _open(library: Path, arch: str) -> ctypes.CDLL:
+    missing = lacking(read_needs(library))
+    if missing:
+        raise NativeBuildError(f"{library.name} is built for -march={arch}, which needs {' '.join(missing)}: "
+                               "this CPU lacks them")
+    try:
+        return ctypes.CDLL(str(library))
+    except OSError as exc:
+        raise NativeBuildError(f"loading {library} failed: {exc}") from exc
+
+
 def _compiler() -> str:
     """The compiler's resolved path: $CC (a name on PATH or a path), else cc, else gcc."""
     named = os.environ.get("CC")
@@ -74,11 +123,17 @@ def _compiler() -> str:
     return found
 
 
-def _key(source: Path, compiler: str) -> str:
+def _digest(source: Path, arch: str):
     digest = hashlib.sha256(source.read_bytes())
-    digest.update(" ".join((*_compile_flags(), *LINK_FLAGS, *LIBS)).encode())
+    digest.update(" ".join((*_compile_flags(arch), *LINK_FLAGS, *LIBS)).encode())
+    return digest
+
+
+def _key(source: Path, arch: str, compiler: str) -> str:
+    digest = _digest(source, arch)
     digest.update(_compiler_identity(compiler).encode())
-    digest.update(f"{platform.machine()} {_cpu_features()}".encode())
+    if arch == NATIVE:
+        digest.update(f"{platform.machine()} {cpu_features_line()}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -94,33 +149,29 @@ def _compiler_identity(compiler: str) -> str:
     return f"{real} {stat.st_size} {stat.st_mtime_ns}"
 
 
-def _compile_flags() -> tuple[str, ...]:
-    return (f"-march={os.environ.get('PDSERVE_NATIVE_ARCH') or 'native'}", *COMPILE_FLAGS)
+def _compile_flags(arch: str) -> tuple[str, ...]:
+    return (f"-march={arch}", *COMPILE_FLAGS)
 
 
-def _cpu_features() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compile(compiler: str, source: Path, target: Path) -> None:
+def _compile(compiler: str, source: Path, library: Path, arch: str) -> None:
     version = _run([compiler, "--version"]).partition("\n")[0]
-    log.info("building %s with %s (%s) into %s", source.name, compiler, version, target.parent)
+    log.info("building %s for -march=%s with %s (%s) into %s", source.name, arch, compiler, version, library.parent)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        scratch = tempfile.mkdtemp(dir=target.parent, prefix=f".{target.stem}-")
+        needs = needs_of(compiler, arch, COMPILE_TIMEOUT_S)
+    except TargetError as exc:
+        raise NativeBuildError(str(exc)) from exc
+    try:
+        library.parent.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.mkdtemp(dir=library.parent, prefix=f".{library.stem}-")
     except OSError as exc:
-        raise NativeBuildError(f"the cache {target.parent} is not writable: {exc}") from exc
-    obj, partial = os.path.join(scratch, "kernel.o"), os.path.join(scratch, target.name)
+        raise NativeBuildError(f"the folder {library.parent} is not writable: {exc}") from exc
+    obj, partial = os.path.join(scratch, "kernel.o"), Path(scratch) / library.name
     try:
-        _run([compiler, *_compile_flags(), "-o", obj, str(source)])
-        _run([compiler, *LINK_FLAGS, "-o", partial, obj, *LIBS])
-        os.replace(partial, target)
+        _run([compiler, *_compile_flags(arch), "-o", obj, str(source)])
+        _run([compiler, *LINK_FLAGS, "-o", str(partial), obj, *LIBS])
+        write_needs(partial, needs)
+        os.replace(needs_path(partial), needs_path(library))  # before the library: never one without its needs
+        os.replace(partial, library)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

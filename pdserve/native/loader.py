@@ -42,6 +42,11 @@ class Kernel:
         return Path(__file__).with_name(self.source)
 
 
+def every_source() -> list[Path]:
+    """The C sources of this folder: what an image builds ahead (`pdserve kernels`)."""
+    return sorted(Path(__file__).parent.glob("*.c"))
+
+
 class Loaded(NamedTuple, Generic[T]):
     """A wrapped library, or None and why not."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import tomllib
 
 import pytest
@@ -197,3 +198,40 @@ def test_project_dependencies_match_the_cuda_13_torch_of_the_image(docker_steps)
     requirements = [*project["dependencies"], *project.get("optional-dependencies", {}).get("gpu", [])]
     names = {parse_requirement(r.split(";")[0]).name for r in requirements}
     assert not {n for n in names if n.endswith("-cu12")}, "use the -cu13 builds (e.g. ucxx-cu13) to match torch"
+
+
+def test_the_image_builds_the_c_kernels_once_for_an_explicit_target_where_workers_load_them():
+    instructions = dockerfile_instructions(DOCKERFILE)
+    env = " ".join(i.argument for i in instructions if i.keyword == "ENV")
+    arch = re.search(r"PDSERVE_NATIVE_ARCH=(\S+)", env).group(1)
+    prebuilt = re.search(r"PDSERVE_NATIVE_PREBUILT=(\S+)", env).group(1)
+    assert arch != "native"  # the image's build machine is not the one it runs on
+    runs = [(n, i.argument) for n, i in enumerate(instructions) if i.keyword == "RUN"]
+    [(built_at, build)] = [(n, run) for n, run in runs if "pdserve kernels" in run]
+    assert f"--arch {arch}" in build and f"--into {prebuilt}" in build
+    installed_at = next(n for n, run in runs if 'pip install "/src' in run)
+    user_at = next(n for n, i in enumerate(instructions) if i.keyword == "USER")
+    assert installed_at < built_at < user_at  # after the project's install, owned by root, read-only to workers
+
+
+def test_the_kernels_subcommand_builds_what_the_image_runs(tmp_path, monkeypatch):
+    """What the image's step does, here: every C source, loadable by a process whose target is the
+    same and which has no compiler."""
+    import platform
+
+    from pdserve.cli.main import main
+    from pdserve.native import build
+    from pdserve.native.loader import every_source
+
+    if platform.machine() != "x86_64":
+        pytest.skip("x86 targets")
+    into = tmp_path / "kernels"
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["kernels", "--arch", "x86-64", "--into", str(into)]) == 0
+    assert len(list(into.glob("*.so"))) == len(every_source()) >= 4
+    monkeypatch.setenv("PDSERVE_NATIVE_ARCH", "x86-64")
+    monkeypatch.setenv("PDSERVE_NATIVE_PREBUILT", str(into))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    for source in every_source():
+        build.load_library(source)
+    assert not (tmp_path / "cache").exists()
