@@ -245,15 +245,14 @@ def _check_job(job: DecodeJob) -> None:
     """What the engine does not check itself (it validates prompt, sampling and resumed tokens)."""
     check_id("request_id", job.request_id)
     check_timeout("kv_timeout_s", job.kv_timeout_s)
-    if job.output_token_ids and not job.local_prefill:
-        raise InvalidRequestError("output_token_ids (a resume) need local_prefill")
 
 
 def _add(engine: Engine, job: DecodeJob) -> Request:
-    """On the engine thread: a local prefill (a resume's tokens so far included) or a remote one."""
+    """On the engine thread: a local prefill or a remote one, a resume's tokens so far included
+    in either (prefilled here, or their KV sent by the prefill worker with the prompt's)."""
     if job.local_prefill:
         return engine.add_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
-    return engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority)
+    return engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
 
 
 def _abort(engine: Engine, request_id: str, unsafe: tuple[int, ...]) -> BlockHold | None:

@@ -95,6 +95,9 @@ class Request:
     state: RequestState = RequestState.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first admission
+    # A resume whose KV a prefill worker writes: how many of output_token_ids (generated
+    # elsewhere before) that KV covers besides the prompt's (see num_remote_tokens).
+    num_remote_outputs: int = 0
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     first_scheduled_time: float | None = None  # when its first chunk was scheduled (queue time)
@@ -114,6 +117,11 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def num_remote_tokens(self) -> int:
+        """The tokens whose KV a prefill worker writes, for a request decoded from remote KV."""
+        return len(self.prompt_token_ids) + self.num_remote_outputs
 
     @property
     def is_finished(self) -> bool:

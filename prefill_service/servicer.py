@@ -63,15 +63,15 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
     async def Prefill(self, request: wpb.PrefillRequest, context):
         self.draining.refuse_if_draining()
         r, t = request.request, request.target
-        if r.output_token_ids:
-            raise InvalidRequestError("a prefill takes no output_token_ids (a resume prefills on its decode worker)")
         target = self._target_from_pb(t)
         with stream_span(
                 self.tracer, "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),
+                            "pdserve.resumed_tokens": len(r.output_token_ids),
                             "pdserve.decode_endpoint": t.decode_endpoint}) as span:
             session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
-                                             priority_from_pb(r.priority), target, kv_timeout(r.kv_timeout_s))
+                                             priority_from_pb(r.priority), target, kv_timeout(r.kv_timeout_s),
+                                             tuple(r.output_token_ids))
             try:
                 async for event in session.events():
                     self._observe(span, event)

@@ -92,7 +92,7 @@ class DecodePeer(abc.ABC):
 @dataclass
 class PrefillJob:
     request_id: str
-    prompt_len: int
+    kv_tokens: int  # the prompt's, and a resume's tokens so far: the KV this job sends
     target: Target
     session: Session
     kv_timeout_s: float
@@ -103,6 +103,7 @@ class PrefillJob:
     kv_seconds: float = 0.0
     cached_tokens: int = 0
     queue_seconds: float = 0.0
+    resumed: int = 0  # tokens the request had generated before (a resume): the first token sampled here follows them
     failed: bool = False  # ended here: nothing more of it is sent
     request: Request | None = None  # the engine's (LiveRequest): an earlier one's steps never reach this job
     first_logprobs: TokenLogprobs | None = None  # the first token's, once sampled (if the request asked)
@@ -125,18 +126,20 @@ class PrefillWorker:
         engine.add_listener(self.on_step)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
-                   target: Target, kv_timeout_s: float) -> Session:
-        """InvalidRequestError, with nothing started, for a bad id, timeout or reservation (the
-        engine checks prompt and sampling itself)."""
+                   target: Target, kv_timeout_s: float, resumed: tuple[int, ...] = ()) -> Session:
+        """The prompt's KV (and a resume's: of the tokens generated so far, `resumed`, too) sent
+        into `target`, then the next token. InvalidRequestError, with nothing started, for a bad
+        id, timeout or reservation (the engine checks prompt, sampling and `resumed` itself)."""
         check_id("request_id", request_id)
         check_timeout("kv_timeout_s", kv_timeout_s)
-        self._check_target(target, len(prompt))
-        job = PrefillJob(request_id, len(prompt), target, Session(request_id), kv_timeout_s,
-                         sent_blocks=target.cached_blocks)
-        first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": 1, "stop": ()})
-        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority))
+        kv_tokens = len(prompt) + len(resumed)
+        self._check_target(target, kv_tokens)
+        job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,
+                         sent_blocks=target.cached_blocks, resumed=len(resumed))
+        first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": ()})
+        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed))
 
-    def _check_target(self, target: Target, prompt_len: int) -> None:
+    def _check_target(self, target: Target, kv_tokens: int) -> None:
         try:
             check_secret(target.secret)
         except ValueError as exc:
@@ -151,7 +154,7 @@ class PrefillWorker:
             raise InvalidRequestError(
                 f"KV layout mismatch: decode blocks are {target.block_size} tokens / {target.block_nbytes} bytes, "
                 f"here {self.block_size} / {self.block_nbytes} (same model and block size needed)")
-        _check_blocks(target, -(-prompt_len // self.block_size))
+        _check_blocks(target, -(-kv_tokens // self.block_size))
 
     def _end(self, job: PrefillJob, abort: bool) -> None:
         """The request ended here (LiveRequests' end hook): stop its sends and, if asked, abort
@@ -182,7 +185,7 @@ class PrefillWorker:
             job.queue_seconds = max(0.0, (request.first_scheduled_time or request.arrival_time) - request.arrival_time)
         job.session.push(Chunk(chunk.start, chunk.num_tokens, request.num_cached_tokens, step_s))
         final = chunk.samples
-        complete = -(-job.prompt_len // self.block_size) if final else chunk.end // self.block_size
+        complete = -(-job.kv_tokens // self.block_size) if final else chunk.end // self.block_size
         blocks = hold.blocks if hold is not None else chunk.block_table
         piece = None
         if complete > job.sent_blocks:
@@ -190,7 +193,7 @@ class PrefillWorker:
                           job.kv_timeout_s, job.target.secret, len(self.sender.ports))
             job.seq += 1
             job.sent_blocks = complete
-        first = request.output_token_ids[0] if final and request.output_token_ids else None
+        first = request.output_token_ids[job.resumed] if final and len(request.output_token_ids) > job.resumed else None
         self._chain(job, piece, hold, first)
 
     def _chain(self, job: PrefillJob, piece: Piece | None, hold: BlockHold | None, first_token: int | None) -> None:

@@ -111,7 +111,7 @@ class RequestFlow:
         if charged is not None:
             self.pool.charge(charged)
         if fault.kind != FaultKind.REFUSED and fault.culprit == Culprit.SELF:
-            state.avoid[role].add(address)
+            state.avoid[role][address] = self.pool.incarnation(address)
 
     # ---- phases ----
 
@@ -134,7 +134,7 @@ class RequestFlow:
             self.pool.credit(prefill.address)
         except WorkerFault as fault:
             if fault.culprit == Culprit.PEER:  # the decode worker's fault, seen through the prefill stream
-                state.avoid["prefill"].add(prefill.address)  # (not charged: it may only be cut off from it)
+                state.avoid["prefill"][prefill.address] = prefill.incarnation  # (not charged: it may only be cut off)
                 raise WorkerFault(FaultKind.GONE, decode.address, fault.message) from None
             if fault.address == prefill.address:
                 self._blame(state, fault, "prefill", prefill.address)

@@ -5,6 +5,7 @@ state one request keeps across its attempts, and the flow's settings."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdserve.config import DeadlineConfig
@@ -13,6 +14,7 @@ from router.clients import WorkerFault
 from router.local_prefill import LocalPrefillPolicy
 from router.protocol import RequestProtocol
 from router.recovery import RecoveryPolicy
+from router.workers import Worker
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,16 @@ class FlowState:
     cached_tokens: int = 0
     preemptions: int = 0
     by_mode: dict[str, int] = field(default_factory=dict)
-    avoid: dict[str, set[str]] = field(default_factory=lambda: {"prefill": set(), "decode": set()})
+    # role -> the workers this request failed on, each with its incarnation then (router/workers.py)
+    avoid: dict[str, dict[str, int]] = field(default_factory=lambda: {"prefill": {}, "decode": {}})
     kv_bytes: int = 0
     decode_cached_tokens: int = 0
     local_prefill: bool = False
+
+    def avoided(self, role: str, workers: Sequence[Worker]) -> set[str]:
+        """The workers of `role` to avoid: those this request failed on, unless they restarted since."""
+        now = {w.address: w.incarnation for w in workers}
+        return {a for a, incarnation in self.avoid[role].items() if now.get(a, incarnation) == incarnation}
 
     def done(self, reason: FinishReason, cached: int = 0) -> Done:
         return Done(reason, self.cached_tokens or cached, self.preemptions, dict(self.by_mode), self.kv_bytes,

@@ -9,7 +9,8 @@ one RequestFlow per request, and text out.
                                                  priority, ids, tokens off the loop
                                           ◀───  Generation
       stream(generation) ◀───────────────────── Output ... Output(finish=...)
-      abort(request_id)
+      abort(metadata, request_id) ───────────▶  the caller's request: ABORTED, ENDED, or PENDING
+                                                 (a tombstone: router/tombstones.py)
 
 Errors are core exceptions (pdserve/rpc/errors.py maps them to gRPC, router/http/errors.py to
 HTTP). A request whose door went away (its task cancelled) is cancelled in the flow, which frees
@@ -36,6 +37,7 @@ from router.frontend import Frontend
 from router.limits import InputLimits
 from router.telemetry import RequestTrace
 from router.tenants import ANONYMOUS, Tenant, Tenants, open_tenants
+from router.tombstones import AbortOutcome, RecentIds, TombstoneConfig
 
 Metadata = Sequence[tuple[str, str]]
 MAX_ACTIVE = 1024  # requests in flight before RESOURCE_EXHAUSTED (--max-active)
@@ -56,7 +58,8 @@ class Generation:
 
 class Gateway:
     def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, drain: Drain,
-                 max_active: int = MAX_ACTIVE, tenants: Tenants = open_tenants()):
+                 max_active: int = MAX_ACTIVE, tenants: Tenants = open_tenants(),
+                 tombstones: TombstoneConfig = TombstoneConfig()):
         self.frontend = frontend
         self.flow = flow
         self.traces = traces
@@ -64,6 +67,8 @@ class Gateway:
         self.max_active = max_active
         self.tenants = tenants
         self.active: dict[str, _Active] = {}
+        self.ended = RecentIds(tombstones)  # ids that ended lately: an Abort of one finds it ENDED
+        self.tombstones = RecentIds(tombstones)  # ids aborted before their Generate came
 
     @property
     def inputs(self) -> InputLimits:
@@ -86,6 +91,11 @@ class Gateway:
         """The request's outputs until it ends; closing this early (or cancelling the task
         reading it) cancels the request."""
         job, trace = generation.job, generation.trace
+        if self.tombstones.take(job.tenant, job.request_id):  # its Abort came first
+            self.ended.add(job.tenant, job.request_id)
+            trace.finish(FinishReason.ABORT, 0)
+            yield _last(job, Done(FinishReason.ABORT, 0, 0), 0)
+            return
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(_pump(self.flow, job, events))
         task.add_done_callback(lambda t: t.cancelled() and events.put_nowait(asyncio.CancelledError()))
@@ -101,17 +111,29 @@ class Gateway:
             task.cancel()
             if self.active.get(job.request_id) is mine:
                 del self.active[job.request_id]
+                self.ended.add(job.tenant, job.request_id)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, metadata: Metadata, request_id: str) -> AbortOutcome:
+        """The caller's request of that id aborted (ABORTED), found ended (ENDED), or not seen yet:
+        then its Generate, arriving within the tombstones' time, ends at once (PENDING)."""
+        tenant = self._tenant(metadata).name
         running = self.active.get(request_id)
-        if running is None or running.ending:
-            return False
-        running.pump.cancel()
-        return True
+        if running is not None and running.tenant == tenant:
+            if running.ending:
+                return AbortOutcome.ENDED
+            running.pump.cancel()
+            return AbortOutcome.ABORTED
+        if self.ended.has(tenant, request_id):
+            return AbortOutcome.ENDED
+        self.tombstones.add(tenant, request_id)
+        return AbortOutcome.PENDING
 
     def _caller(self, metadata: Metadata) -> Tenant:
         """Refuses while draining, and a missing or wrong bearer token."""
         self.drain.refuse_if_draining()
+        return self._tenant(metadata)
+
+    def _tenant(self, metadata: Metadata) -> Tenant:
         authorization = next((v for k, v in metadata or () if k == "authorization"), None)
         tenant = self.tenants.resolve(authorization if isinstance(authorization, str) else None)
         if tenant is None:

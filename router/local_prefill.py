@@ -25,10 +25,11 @@ from router.workers import Worker
 @dataclass(frozen=True)
 class LocalPrefillDecision:
     local: bool
-    reason: str  # "cached", "prefill_busy", or why not: "remote"
+    reason: str  # "cached", "prefill_busy", "resume" (no prefill worker usable), or why not: "remote", "resume_remote"
 
 
 REMOTE = LocalPrefillDecision(False, "remote")
+RESUME_REMOTE = LocalPrefillDecision(False, "resume_remote")  # a resume's prompt and tokens so far, by a prefill worker
 DECODE_BUSY = LocalPrefillDecision(False, "decode_busy")
 
 

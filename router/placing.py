@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pdserve.rpc.errors import Unavailable
 from router.clients import WorkerClients
 from router.flow_types import FlowConfig, FlowState, Job
-from router.local_prefill import LocalPrefillDecision
+from router.local_prefill import RESUME_REMOTE, LocalPrefillDecision
 from router.placement import NoWorker, choose_decode, choose_prefill
 from router.workers import Worker, WorkerPool
 
@@ -27,38 +27,44 @@ class Placer:
         """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
         workers = await self.pool.wait_usable("decode", self.wait_until(job))
         prompt = (*job.prompt, *state.generated)
-        probed = [w for w in workers if w.address not in state.avoid["decode"]] or workers
+        avoid = state.avoided("decode", workers)
+        probed = [w for w in workers if w.address not in avoid] or workers
         local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
         cached = await self.cached_prefixes("decode", prompt, probed, always=local_rule)
         try:
-            decode = choose_decode(workers, cached, state.avoid["decode"])
+            decode = choose_decode(workers, cached, state.avoided("decode", workers))
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
         return decode, cached.get(decode.address, 0)
 
     async def local_prefill(self, job: Job, state: FlowState, decode: Worker, cached: int) -> LocalPrefillDecision:
-        """Colocated, a resume, or the policy's call; a remote prefill first waits for a usable
-        prefill worker (no decode blocks are reserved while none could fill them)."""
+        """Colocated, or the policy's call over the prompt and the tokens out so far; a remote
+        prefill first waits for a usable prefill worker (no decode blocks are reserved while none
+        could fill them). A resume goes through the prefill pool, whose prefix cache still holds
+        its prompt, unless none is usable now: then its decode worker prefills it, at once."""
         if self.config.colocated:
             return LocalPrefillDecision(True, "colocated")
-        if state.generated:
-            return LocalPrefillDecision(True, "resume")
-        policy, prompt = self.config.local_prefill, job.prompt
+        policy, prompt = self.config.local_prefill, (*job.prompt, *state.generated)
         prefill = self.pool.of_role("prefill")
+        if state.generated and not prefill:
+            return LocalPrefillDecision(True, "resume")
         prefill_cached: Mapping[str, int] = {}
         if policy.wants_prefill_probe(len(prompt), cached, decode):
             prefill_cached = await self.cached_prefixes("prefill", prompt, policy.idle(prefill), always=True)
         decision = policy.decide(len(prompt), cached, decode, prefill, prefill_cached)
         if not decision.local:
             await self.pool.wait_usable("prefill", self.wait_until(job))
+            if state.generated:
+                return RESUME_REMOTE
         return decision
 
     async def prefill(self, job: Job, state: FlowState) -> Worker:
         workers = await self.pool.wait_usable("prefill", self.wait_until(job))
-        probed = [w for w in workers if w.address not in state.avoid["prefill"]]
-        cached = await self.cached_prefixes("prefill", job.prompt, probed)
+        avoid = state.avoided("prefill", workers)
+        probed = [w for w in workers if w.address not in avoid]
+        cached = await self.cached_prefixes("prefill", (*job.prompt, *state.generated), probed)
         try:
-            return choose_prefill(workers, cached, state.avoid["prefill"])
+            return choose_prefill(workers, cached, state.avoided("prefill", workers))
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
 

@@ -6,8 +6,8 @@
     ──► PLACING ──placed──► RESERVING ──reserved──► PREFILLING ──chunk──► KV_IN_FLIGHT ──first token──► DECODING
           ▲                                             │ first token ▲        (chunk: stays)              │ tokens: stays
           │                                             └─────────────┘                                    │ finished
-          │  retry (no token out yet) / resume (tokens out: the next decode worker                         ▼
-          └── re-prefills prompt + tokens so far) ◄── fault in any live phase ──► FAILED              FINISHED
+          │  retry (no token out yet) / resume (tokens out: prompt + tokens so far prefilled again,         ▼
+          └── by the prefill pool) ◄── fault in any live phase ──► FAILED                           FINISHED
                                                        complete (every token was out) ──► FINISHED
                                                        the client went away ──► CANCELLED
 
@@ -27,7 +27,7 @@ class Phase(enum.Enum):
     RESERVING = "reserving"  # Decode call open, waiting for its KV reservation
     PREFILLING = "prefilling"  # Prefill call open, no chunk computed yet
     KV_IN_FLIGHT = "kv_in_flight"  # chunks computed, KV pieces streaming, until the first token
-    LOCAL_PREFILL = "local_prefill"  # the decode worker prefills itself (colocated, or a resume)
+    LOCAL_PREFILL = "local_prefill"  # the decode worker prefills itself (colocated, cached, or a resume with no prefill worker)
     DECODING = "decoding"  # tokens from the decode worker
     FINISHED = "finished"
     FAILED = "failed"

@@ -9,6 +9,10 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 from router.asks import Ask, AskSizes, ChatPrompt, Output, Prompt, TextPrompt, TokenPrompt
 from router.gateway import Gateway
+from router.tombstones import AbortOutcome
+
+ABORT_OUTCOMES = {AbortOutcome.ABORTED: pb.ABORT_OUTCOME_ABORTED, AbortOutcome.PENDING: pb.ABORT_OUTCOME_PENDING,
+                  AbortOutcome.ENDED: pb.ABORT_OUTCOME_ENDED}
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -21,7 +25,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             yield response_to_pb(generation.request_id, output)
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
-        return pb.AbortResponse(found=self.gateway.abort(request.request_id))
+        outcome = self.gateway.abort(context.invocation_metadata(), request.request_id)
+        return pb.AbortResponse(found=outcome == AbortOutcome.ABORTED, outcome=ABORT_OUTCOMES[outcome])
 
 
 class WireAsk:

@@ -34,6 +34,9 @@ class Worker:
     assigned: int = 0  # requests this router has in flight on it (fresher than polled stats)
     source: str = "static"  # static | registry | dns:NAME
     silent_polls: int = 0  # consecutive polls without an answer
+    # Bumped when a poll answers after one did not: the worker restarted (or its stall ended).
+    # A request that failed on an earlier incarnation may be placed on this one.
+    incarnation: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     def usable(self, now: float) -> bool:
@@ -104,6 +107,10 @@ class WorkerPool:
 
     # ---- health ----
 
+    def incarnation(self, address: str) -> int:
+        worker = self.workers.get(address)
+        return worker.incarnation if worker is not None else 0
+
     def charge(self, address: str) -> None:
         """A request found this worker gone."""
         worker = self.workers.get(address)
@@ -154,6 +161,8 @@ class WorkerPool:
         except WorkerFault:
             self._silent(worker)
             return
+        if worker.silent_polls:
+            worker.incarnation += 1
         worker.take(snapshot)
         self._close_breaker(worker)
 

@@ -9,7 +9,7 @@ import grpc
 from pdserve.client.calls import Stream
 from pdserve.client.options import ClientOptions
 from pdserve.client.types import Completion, Message
-from pdserve.client.wire import (abort_request, error_of, generation_stub, health_request, health_stub, is_serving,
+from pdserve.client.wire import (abort_outcome, abort_request, error_of, generation_stub, health_request, health_stub, is_serving,
                                  request_of)
 
 
@@ -36,9 +36,17 @@ class Client:
 
     def abort(self, request_id: str) -> bool:
         """Whether a running request of that id was found (and is now aborted)."""
+        return self._abort(request_id).found
+
+    def abort_outcome(self, request_id: str) -> str:
+        """Aborts and says which case it was: "aborted", "pending" (the router had not seen the
+        request yet: it ends with abort when it arrives) or "ended"."""
+        return abort_outcome(self._abort(request_id))
+
+    def _abort(self, request_id: str):
         try:
             return self._stub.Abort(abort_request(request_id), timeout=self.options.timeout_s,
-                                    metadata=self.options.metadata()).found
+                                    metadata=self.options.metadata())
         except grpc.RpcError as exc:
             raise error_of(exc) from None
 

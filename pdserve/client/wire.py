@@ -85,6 +85,12 @@ def abort_request(request_id: str) -> pb.AbortRequest:
     return pb.AbortRequest(request_id=request_id)
 
 
+def abort_outcome(response: pb.AbortResponse) -> str:
+    """What an Abort found: "aborted" (it was running), "pending" (not seen yet: it ends on
+    arrival), "ended" (over already), or "unspecified" (a router that does not say)."""
+    return pb.AbortOutcome.Name(response.outcome).removeprefix("ABORT_OUTCOME_").lower()
+
+
 def health_request(service: str) -> health_pb2.HealthCheckRequest:
     return health_pb2.HealthCheckRequest(service=service)
 

@@ -92,11 +92,14 @@ class Engine:
 
     def add_remote_request(self, request_id: str, prompt_token_ids: Sequence[int],
                            sampling: SamplingParams = SamplingParams(),
-                           priority: Priority = Priority.NORMAL) -> Request:
-        """Queue a request whose prompt KV a prefill worker will write into blocks reserved here
-        (StepResult.reserved lists them); `mark_received` starts its decoding."""
+                           priority: Priority = Priority.NORMAL, output_token_ids: Sequence[int] = ()) -> Request:
+        """Queue a request whose KV a prefill worker will write into blocks reserved here
+        (StepResult.reserved lists them): of the prompt, and for a resume (`output_token_ids`,
+        produced elsewhere) of those tokens too; `mark_received` starts its decoding."""
         request = self.make_request(request_id, prompt_token_ids, sampling, priority)
-        self._queue(self.scheduler.add_remote, request)
+        validate_resumed(output_token_ids, sampling, self.limits)
+        request.output_token_ids.extend(output_token_ids)
+        self._queue(lambda r: self.scheduler.add_remote(r, r.num_tokens), request)
         return request
 
     def _queue(self, add: Callable[[Request], None], request: Request) -> None:

@@ -116,10 +116,10 @@ class KVManager:
         return self.prefix.match(TokenView(request, request.num_tokens - 1))
 
     def match_prompt(self, request: Request) -> MatchResult:
-        """Cached prefix of the prompt alone, short of its last token: what a decode worker
-        already holds of a request whose KV comes from a prefill worker (which computes the
-        last token's logits, so its block is always sent)."""
-        return self.prefix.match(TokenView(request, request.num_prompt_tokens - 1))
+        """Cached prefix of the tokens whose KV comes from a prefill worker (the prompt, and a
+        resume's tokens so far), short of the last: what a decode worker already holds of them
+        (the prefill worker computes the last one's logits, so its block is always sent)."""
+        return self.prefix.match(TokenView(request, request.num_remote_tokens - 1))
 
     def admission_cost(self, match: MatchResult, num_new_tokens: int) -> int:
         """How far `admit` would lower num_available: new blocks plus matched blocks that are
@@ -142,9 +142,9 @@ class KVManager:
         return table.allocated
 
     def reserve(self, request: Request, match: MatchResult, reserve: int = 0) -> Allocation:
-        """Blocks for the prompt: the matched prefix shared (its KV is here already), fresh
-        blocks for the rest (their KV arrives from elsewhere)."""
-        return self.admit(request, match, request.num_prompt_tokens - match.num_tokens, reserve)
+        """Blocks for the remote KV (match_prompt's tokens): the matched prefix shared (its KV is
+        here already), fresh blocks for the rest (their KV arrives from elsewhere)."""
+        return self.admit(request, match, request.num_remote_tokens - match.num_tokens, reserve)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> Allocation:
         """Blocks covering [0, num_computed_tokens + num_new_tokens); the whole table on success."""

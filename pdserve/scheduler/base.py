@@ -65,11 +65,15 @@ class Scheduler(abc.ABC):
         self._q.add(request, self._clock(), remote=False)
         self._stops[request.request_id] = StopRule.of(request, self.max_model_len)
 
-    def add_remote(self, request: Request) -> None:
-        """Queue a request whose prompt KV comes from a prefill worker (its first token may
-        already be in output_token_ids, or come with mark_received). Once admitted its blocks are
-        listed by take_reserved() and it waits, unpreemptible, for mark_received()."""
-        self._validate(request, request.num_tokens + (0 if request.output_token_ids else 1))
+    def add_remote(self, request: Request, kv_tokens: int | None = None) -> None:
+        """Queue a request whose KV comes from a prefill worker: for its first `kv_tokens` tokens
+        (default its prompt; a resume's: prompt and the tokens generated so far), and the token
+        after them with mark_received unless it is already in output_token_ids. Once admitted its
+        blocks are listed by take_reserved() and it waits, unpreemptible, for mark_received()."""
+        kv_tokens = request.num_prompt_tokens if kv_tokens is None else kv_tokens
+        assert request.num_prompt_tokens <= kv_tokens <= request.num_tokens, f"{request.request_id}: KV of {kv_tokens}"
+        self._validate(request, kv_tokens + 1)
+        request.num_remote_outputs = kv_tokens - request.num_prompt_tokens
         self._q.add(request, self._clock(), remote=True)
         self._stops[request.request_id] = StopRule.of(request, self.max_model_len)
 
@@ -90,8 +94,8 @@ class Scheduler(abc.ABC):
             raise NotReceivingError(request_id)
         if first_token is not None:
             request.output_token_ids.append(first_token)
-        assert request.output_token_ids, f"{request_id}: no first token"
-        request.num_computed_tokens = request.num_prompt_tokens
+        assert request.num_tokens == request.num_remote_tokens + 1, f"{request_id}: no first token"
+        request.num_computed_tokens = request.num_remote_tokens
         self._q.received(request)
         self.kv.cache_computed(request)
         reason = self._stops[request_id].reason(request)

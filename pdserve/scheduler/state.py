@@ -155,7 +155,7 @@ def _check_request(request: Request, kv: KVManager, receiving: bool) -> None:
         held = len(kv.block_table(rid))
         assert not kv.host_blocks(rid)
         if receiving:
-            assert computed == 0 and held == kv.blocks_for(request.num_prompt_tokens)
+            assert computed == 0 and held == kv.blocks_for(request.num_remote_tokens)
         else:
             assert kv.blocks_for(computed) <= held <= kv.blocks_for(request.num_tokens), f"{rid} table size"
     elif request.state == RequestState.SWAPPED:

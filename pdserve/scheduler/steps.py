@@ -126,7 +126,7 @@ class Steps:
             return len(self._kv.host_blocks(request.request_id))
         if request.request_id in self._q.remote:
             match = self._kv.match_prompt(request)
-            return self._kv.admission_cost(match, request.num_prompt_tokens - match.num_tokens)
+            return self._kv.admission_cost(match, request.num_remote_tokens - match.num_tokens)
         match = self._kv.match(request)
         n = self._chunking.size(request.num_tokens - match.num_tokens, plan.budget_left, 0)
         return self._kv.admission_cost(match, n)

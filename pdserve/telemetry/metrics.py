@@ -119,7 +119,9 @@ class Metrics:
         )
         self.prefill_placements = Counter(
             "pdserve_prefill_placements_total", "Where prompts were prefilled: reason remote (a prefill worker), "
-            "cached or prefill_busy (the decode worker itself, conditional disaggregation), colocated, resume.",
+            "cached or prefill_busy (the decode worker itself, conditional disaggregation), colocated, "
+            "resume_remote (a resume's prompt and tokens so far, by a prefill worker), resume (by the decode "
+            "worker: no prefill worker was usable).",
             ["reason"], registry=r,
         )
         self.lease_ends = Counter(

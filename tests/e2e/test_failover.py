@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import urllib.request
 
 import pytest
 
@@ -33,10 +34,19 @@ def _start(failover: str):
     ports = [sup.wait_ready(c, 240) for c in children]
     router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{ports[0]}",
                                   "--decode-workers", f"127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}",
-                                  "--decode-failover", failover, *secured])
+                                  "--decode-failover", failover, "--metrics-port", "0", *secured])
     target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
     wait_serving(target, 60)
-    return sup, target, children
+    return sup, target, [*children, router]
+
+
+def _prefill_placements(router) -> dict[str, float]:
+    """pdserve_prefill_placements_total by reason, on the router's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
+    return {s.labels["reason"]: s.value for family in text_string_to_metric_families(text)
+            if family.name == "pdserve_prefill_placements" for s in family.samples if s.name.endswith("_total")}
 
 
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
@@ -95,11 +105,14 @@ def _running(decode, count: int, timeout_s: float = 120.0):
 def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(reference):
     sup, target, children = _start("resume")
     try:
-        results, _ = _run_and_kill(target, children[1:])
+        results, held = _run_and_kill(target, children[1:3])
         for result, expected in zip(results, reference):
             assert not isinstance(result, PdserveError), result
             assert tuple(result.token_ids) == tuple(expected)
             assert result.finish_reason == "length"
+        placed = _prefill_placements(children[3])
+        assert placed.get("resume", 0) == 0  # the prefill worker served: no decode worker prefilled a resume
+        assert placed.get("remote", 0) + placed.get("resume_remote", 0) >= len(PROMPTS) + held  # each, again
     finally:
         sup.stop()
 
@@ -107,7 +120,7 @@ def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(refe
 def test_killed_decode_worker_fails_its_streams_unavailable_others_finish():
     sup, target, children = _start("fail")
     try:
-        results, held = _run_and_kill(target, children[1:])
+        results, held = _run_and_kill(target, children[1:3])
         failed = [r for r in results if isinstance(r, PdserveError)]
         finished = [r for r in results if not isinstance(r, PdserveError)]
         assert held >= 2 and len(failed) == held and len(finished) == len(PROMPTS) - held

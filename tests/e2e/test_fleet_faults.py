@@ -82,7 +82,8 @@ HELD_TOKENS = 1000  # a stream aborted after its first token is still far from i
 def test_generate_racing_abort_ends_every_stream(fleet):
     """Half the pairs abort at a random moment (before the router has the request, while it runs,
     or after it ended); the other half abort once their stream has its first token, so the
-    router holds the request and the abort must find it."""
+    router holds the request and the abort must find it. An abort that came first leaves a
+    tombstone: its stream ends with abort on arrival (router/tombstones.py)."""
     with Client(fleet.target, ClientOptions(timeout_s=120)) as client:
 
         def pair(i: int):
@@ -92,7 +93,7 @@ def test_generate_racing_abort_ends_every_stream(fleet):
             head = next(call).token_ids if held else ()
             if not held:
                 time.sleep(random.Random(i).uniform(0, 0.05))
-            found = client.abort(f"race-{i}")
+            found = client.abort_outcome(f"race-{i}")  # aborted, pending (came first) or ended
             result = outcome(call.collect)
             return held, found, head, result
 
@@ -100,10 +101,12 @@ def test_generate_racing_abort_ends_every_stream(fleet):
             results = list(pool.map(pair, range(48)))
     for held, found, head, result in results:
         assert not isinstance(result, PdserveError), result
-        assert found == (result.finish_reason == "abort"), (held, found, result.finish_reason)
+        assert (found != "ended") == (result.finish_reason == "abort"), (held, found, result.finish_reason)
         if held:  # aborted mid-stream: it ends with ABORT, short of its end
-            assert found and len(head) + len(result.token_ids) < HELD_TOKENS
-        elif not found:  # the abort came first (and found nothing) or last: the stream ran to its end
+            assert found == "aborted" and len(head) + len(result.token_ids) < HELD_TOKENS
+        elif found == "pending":  # the abort came first: the stream ended on arrival, nothing generated
+            assert len(result.token_ids) == 0
+        elif found == "ended":  # the abort came last: the stream ran to its end
             assert result.finish_reason == "length" and len(result.token_ids) == RACE_TOKENS
     assert not any(fleet.wait_idle().values())
 

@@ -22,7 +22,7 @@ EXPECTED_FIELDS = {
               "recompute_preemptions": 5, "swap_preemptions": 6, "kv_transfer_bytes": 7, "decode_cached_tokens": 8,
               "local_prefill": 9},
     "AbortRequest": {"request_id": 1},
-    "AbortResponse": {"found": 1},
+    "AbortResponse": {"found": 1, "outcome": 2},
 }
 
 OPTIONAL_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "logprobs")
@@ -55,6 +55,10 @@ def test_enum_values():
         "FINISH_REASON_LENGTH": 1,
         "FINISH_REASON_STOP": 2,
         "FINISH_REASON_ABORT": 3,
+    }
+    assert dict(pb.AbortOutcome.items()) == {
+        "ABORT_OUTCOME_UNSPECIFIED": 0, "ABORT_OUTCOME_ABORTED": 1, "ABORT_OUTCOME_PENDING": 2,
+        "ABORT_OUTCOME_ENDED": 3,
     }
 
 

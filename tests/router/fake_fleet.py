@@ -46,7 +46,7 @@ class FakeDecodeClient(DecodeClient):
             await w.step(session, "reserved")
             await session.received
             await w.step(session, "received")
-            start = 1
+            start = len(job.output_token_ids) + 1  # the prefill worker sent the token after them
         for index in range(start, job.sampling.max_tokens):
             await w.step(session, "token")
             yield Tokens((token_at(job.prompt, index),), logprobs_at(job.prompt, index, job.sampling.logprobs))
@@ -65,7 +65,7 @@ class FakePrefillClient(PrefillClient):
     def open(self, job: WorkerJob, target: Reservation) -> Call:
         w = self.worker
         try:
-            session = w.open_session(job.request_id, -(-len(job.prompt) // w.fleet.config.block_size))
+            session = w.open_session(job.request_id, -(-_kv_tokens(job) // w.fleet.config.block_size))
         except WorkerFault as fault:
             return FakeCall(w, None, fault)
         w.run(session, self._serve(job, target, session))
@@ -74,19 +74,25 @@ class FakePrefillClient(PrefillClient):
     async def _serve(self, job: WorkerJob, target: Reservation, session: FakeSession):
         w, cfg = self.worker, self.worker.fleet.config
         await w.step(session, "open")
-        for start in range(0, len(job.prompt), cfg.chunk_tokens):
+        kv_tokens, index = _kv_tokens(job), len(job.output_token_ids)  # a resume: the token after those out
+        for start in range(0, kv_tokens, cfg.chunk_tokens):
             await w.step(session, "chunk")
-            end = min(len(job.prompt), start + cfg.chunk_tokens)
+            end = min(kv_tokens, start + cfg.chunk_tokens)
             w.fleet.write(w, target, end // cfg.block_size)
             yield Chunk(start, end - start, 0, cfg.step_s)
-        w.fleet.complete(w, target, token_at(job.prompt, 0))
+        w.fleet.complete(w, target, token_at(job.prompt, index))
         await w.step(session, "written")
-        first = logprobs_at(job.prompt, 0, job.sampling.logprobs)
-        yield FirstToken(token_at(job.prompt, 0), 0, kv_blocks=len(target.block_ids),
+        first = logprobs_at(job.prompt, index, job.sampling.logprobs)
+        yield FirstToken(token_at(job.prompt, index), 0, kv_blocks=len(target.block_ids),
                          logprobs=first[0] if first else None)
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return self.worker.cached_prefix(token_ids)
+
+
+def _kv_tokens(job: WorkerJob) -> int:
+    """The tokens whose KV a prefill sends: the prompt's, and a resume's tokens so far."""
+    return len(job.prompt) + len(job.output_token_ids)
 
 
 class FakeFleet(WorkerClients):

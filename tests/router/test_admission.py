@@ -15,17 +15,7 @@ from router.frontend import Frontend
 from router.limits import InputLimits
 from router.gateway import Gateway
 from router.servicer import WireAsk
-
-
-class _Trace:
-    def metadata(self):
-        return ()
-
-    def bind(self, job):
-        self.job = job
-
-    def fail(self, error, code):
-        self.failed = code
+from tests.router.fake_trace import FakeTrace
 
 
 class _Counting:
@@ -49,7 +39,7 @@ class _Counting:
 @pytest.fixture(scope="module")
 def servicer():
     frontend = Frontend(_Counting(load_tokenizer(None)), Limits(49152, 8192), InputLimits(max_prompt_chars=100_000))
-    yield Gateway(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
+    yield Gateway(frontend, flow=None, traces=lambda md: FakeTrace(), drain=Drain())
     frontend.close()
 
 
@@ -93,7 +83,7 @@ def test_a_running_id_is_refused_but_an_ending_one_may_be_taken():
         ending = False
 
     frontend = Frontend(load_tokenizer(None), Limits(49152, 8192))
-    s = Gateway(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain())
+    s = Gateway(frontend, flow=None, traces=lambda md: FakeTrace(), drain=Drain())
     s.active["x"] = _Running()
     with pytest.raises(DuplicateRequestError):
         _admit(s, pb.GenerateRequest(text="hi", request_id="x"))

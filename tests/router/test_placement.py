@@ -37,3 +37,46 @@ def test_no_worker_is_an_error():
         choose_decode([], ())
     with pytest.raises(NoWorker):
         choose_prefill([], {})
+
+
+def test_a_worker_a_request_failed_on_is_avoided_until_it_restarts():
+    """FlowState.avoided: the fault's incarnation of the worker is avoided; once a poll answers
+    after silent ones (a restart, router/workers.py), the worker is a candidate again."""
+    from router.flow_types import FlowState
+    from router.protocol import RequestProtocol
+
+    a, b = Worker("a", "decode", ready=True), Worker("b", "decode", ready=True)
+    state = FlowState(RequestProtocol("r"))
+    state.avoid["decode"]["a"] = a.incarnation
+    assert state.avoided("decode", [a, b]) == {"a"}
+    a.incarnation += 1
+    assert state.avoided("decode", [a, b]) == set()
+
+
+def test_a_poll_that_answers_after_silent_ones_is_a_new_incarnation():
+    import asyncio
+
+    from router.clients import FaultKind, WorkerFault, WorkerSnapshot
+    from router.workers import PoolConfig, WorkerPool
+
+    class Clients:
+        answering = True
+
+        async def stats(self, address, role, timeout_s):
+            if not self.answering:
+                raise WorkerFault(FaultKind.GONE, address, "down")
+            return WorkerSnapshot(8, 8, 0, 0, False)
+
+    async def main():
+        clients = Clients()
+        pool = WorkerPool(clients, [], ["d0"], PoolConfig())
+        await pool.refresh()
+        await pool.refresh()
+        assert pool.incarnation("d0") == 0  # answering all along
+        clients.answering = False
+        await pool.refresh()
+        clients.answering = True
+        await pool.refresh()
+        return pool.incarnation("d0")
+
+    assert asyncio.run(main()) == 1

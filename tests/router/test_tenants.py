@@ -17,6 +17,7 @@ from router.frontend import Frontend
 from router.gateway import Gateway, _Active
 from router.servicer import WireAsk
 from router.tenants import OverPriority, Tenant, TenantsFileError, open_tenants, read_tenants
+from tests.router.fake_trace import FakeTrace
 
 FILE = """
 # token          settings
@@ -64,17 +65,6 @@ def test_without_a_file_everyone_is_anonymous_and_capped():
         tenants.resolve("Bearer anything").priority_for(Priority.VIP)
 
 
-class _Trace:
-    def metadata(self):
-        return ()
-
-    def bind(self, job):
-        self.job = job
-
-    def fail(self, error, code):
-        self.failed = code
-
-
 def _admit(servicer, priority, token=None):
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     request = pb.GenerateRequest(text="Hello", priority=priority)
@@ -83,7 +73,7 @@ def _admit(servicer, priority, token=None):
 
 def test_the_router_admits_by_tenant(tenants):
     frontend = Frontend(load_tokenizer(None), Limits(49152, 8192))
-    s = Gateway(frontend, flow=None, traces=lambda md: _Trace(), drain=Drain(), tenants=tenants)
+    s = Gateway(frontend, flow=None, traces=lambda md: FakeTrace(), drain=Drain(), tenants=tenants)
     try:
         job = _admit(s, pb.PRIORITY_VIP, "tok-acme")
         assert (job.tenant, job.priority) == ("acme", Priority.VIP)

@@ -103,21 +103,23 @@ class Pair:
     def target(self, reserved: Reserved) -> Target:
         return Target(reserved.transfer_id, self.receiver.address(), reserved.block_ids, BLOCK,
                       self.decode_engine.engine.kv.block_nbytes, "decode:0", reserved.secret,
-                      self.decode_engine.engine.kv.num_blocks)
+                      self.decode_engine.engine.kv.num_blocks, reserved.cached_blocks)
 
     def job(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY,
-            kv_timeout_s: float = 10.0) -> DecodeJob:
-        return DecodeJob(request_id, prompt, sampling, Priority.NORMAL, kv_timeout_s, False)
+            kv_timeout_s: float = 10.0, resumed: tuple[int, ...] = ()) -> DecodeJob:
+        return DecodeJob(request_id, prompt, sampling, Priority.NORMAL, kv_timeout_s, False, resumed)
 
-    async def serve(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY) -> Outcome:
-        """Decode reserves, prefill fills the reservation, decode streams to the end."""
-        d_session = await self.decode.open(self.job(request_id, prompt, sampling))
+    async def serve(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY,
+                    resumed: tuple[int, ...] = ()) -> Outcome:
+        """Decode reserves, prefill fills the reservation, decode streams to the end; `resumed`:
+        the tokens a request had out before (a resume through the prefill worker)."""
+        d_session = await self.decode.open(self.job(request_id, prompt, sampling, resumed=resumed))
         events = d_session.events()
         try:
             reserved = await anext(events)
             assert isinstance(reserved, Reserved)
             p_session = await self.prefill.open(request_id, prompt, sampling, Priority.NORMAL, self.target(reserved),
-                                                10.0)
+                                                10.0, resumed)
             try:
                 done = [e async for e in p_session.events() if isinstance(e, FirstToken)]
             finally:
