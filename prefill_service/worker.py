@@ -132,6 +132,9 @@ class PrefillWorker:
         id, timeout or reservation (the engine checks prompt, sampling and `resumed` itself)."""
         check_id("request_id", request_id)
         check_timeout("kv_timeout_s", kv_timeout_s)
+        if len(resumed) >= sampling.max_tokens:  # (the engine sees max_tokens len(resumed) + 1 below)
+            raise InvalidRequestError(f"the request already has {len(resumed)} output tokens, "
+                                      f"max_tokens is {sampling.max_tokens}")
         kv_tokens = len(prompt) + len(resumed)
         self._check_target(target, kv_tokens)
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,
