@@ -38,6 +38,7 @@ from pdserve.requests import Priority, Request, SamplingParams, TokenLogprobs
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender, TransferError
+from pdserve.validation import validate_resumed
 from pdserve.transfer.wire import check_secret
 from pdserve.worker.events import Chunk, FirstToken
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
@@ -132,9 +133,7 @@ class PrefillWorker:
         id, timeout or reservation (the engine checks prompt, sampling and `resumed` itself)."""
         check_id("request_id", request_id)
         check_timeout("kv_timeout_s", kv_timeout_s)
-        if len(resumed) >= sampling.max_tokens:  # (the engine sees max_tokens len(resumed) + 1 below)
-            raise InvalidRequestError(f"the request already has {len(resumed)} output tokens, "
-                                      f"max_tokens is {sampling.max_tokens}")
+        validate_resumed(resumed, sampling, self.engine.engine.limits)  # the engine sees max_tokens len(resumed) + 1
         kv_tokens = len(prompt) + len(resumed)
         self._check_target(target, kv_tokens)
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,

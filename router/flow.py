@@ -134,7 +134,7 @@ class RequestFlow:
             self.pool.credit(prefill.address)
         except WorkerFault as fault:
             if fault.culprit == Culprit.PEER:  # the decode worker's fault, seen through the prefill stream
-                state.avoid["prefill"][prefill.address] = prefill.incarnation  # (not charged: it may only be cut off)
+                state.avoid["prefill"][prefill.address] = self.pool.incarnation(prefill.address)  # (not charged)
                 raise WorkerFault(FaultKind.GONE, decode.address, fault.message) from None
             if fault.address == prefill.address:
                 self._blame(state, fault, "prefill", prefill.address)

@@ -32,7 +32,7 @@ class Placer:
         local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
         cached = await self.cached_prefixes("decode", prompt, probed, always=local_rule)
         try:
-            decode = choose_decode(workers, cached, state.avoided("decode", workers))
+            decode = choose_decode(workers, cached, avoid)
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
         return decode, cached.get(decode.address, 0)
@@ -64,7 +64,7 @@ class Placer:
         probed = [w for w in workers if w.address not in avoid]
         cached = await self.cached_prefixes("prefill", (*job.prompt, *state.generated), probed)
         try:
-            return choose_prefill(workers, cached, state.avoided("prefill", workers))
+            return choose_prefill(workers, cached, avoid)
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
 

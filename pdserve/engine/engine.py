@@ -84,9 +84,7 @@ class Engine:
         """Validate and queue a request (with `output_token_ids`: resume one whose tokens so far
         were produced elsewhere; they are re-prefilled). Raises InvalidRequestError,
         DuplicateRequestError, OverloadedError; nothing else in the engine changes then."""
-        request = self.make_request(request_id, prompt_token_ids, sampling, priority)
-        validate_resumed(output_token_ids, sampling, self.limits)
-        request.output_token_ids.extend(output_token_ids)
+        request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids)
         self._queue(self.scheduler.add, request)
         return request
 
@@ -96,9 +94,7 @@ class Engine:
         """Queue a request whose KV a prefill worker will write into blocks reserved here
         (StepResult.reserved lists them): of the prompt, and for a resume (`output_token_ids`,
         produced elsewhere) of those tokens too; `mark_received` starts its decoding."""
-        request = self.make_request(request_id, prompt_token_ids, sampling, priority)
-        validate_resumed(output_token_ids, sampling, self.limits)
-        request.output_token_ids.extend(output_token_ids)
+        request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids)
         self._queue(lambda r: self.scheduler.add_remote(r, r.num_tokens), request)
         return request
 
@@ -119,12 +115,15 @@ class Engine:
         self.scheduler.release_hold(hold)
 
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
-                     priority: Priority) -> Request:
+                     priority: Priority, output_token_ids: Sequence[int] = ()) -> Request:
+        """A validated request; with `output_token_ids`, a resume's tokens so far."""
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
         validate_request(prompt_token_ids, sampling, self.limits)
+        validate_resumed(output_token_ids, sampling, self.limits)
         return Request(request_id, list(prompt_token_ids), sampling, Priority(priority),
-                       arrival_time=self.clock(), eos_token_ids=self.eos_token_ids)
+                       arrival_time=self.clock(), eos_token_ids=self.eos_token_ids,
+                       output_token_ids=list(output_token_ids))
 
     @property
     def limits(self) -> Limits:
