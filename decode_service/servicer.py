@@ -40,7 +40,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         r = request.request
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                         priority_from_pb(r.priority), kv_timeout(r.kv_timeout_s), request.local_prefill,
-                        tuple(r.output_token_ids))
+                        tuple(r.output_token_ids), r.age_s)
         with stream_span(
                 self.tracer, "pdserve.decode", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": job.request_id, "pdserve.local_prefill": job.local_prefill,

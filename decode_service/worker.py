@@ -60,6 +60,7 @@ class DecodeJob:
     kv_timeout_s: float
     local_prefill: bool
     output_token_ids: tuple[int, ...] = ()
+    age_s: float = 0.0  # since the router accepted it: queued as if it had arrived that long ago
 
 
 @dataclass(eq=False)
@@ -250,9 +251,8 @@ def _check_job(job: DecodeJob) -> None:
 def _add(engine: Engine, job: DecodeJob) -> Request:
     """On the engine thread: a local prefill or a remote one, a resume's tokens so far included
     in either (prefilled here, or their KV sent by the prefill worker with the prompt's)."""
-    if job.local_prefill:
-        return engine.add_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
-    return engine.add_remote_request(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids)
+    add = engine.add_request if job.local_prefill else engine.add_remote_request
+    return add(job.request_id, job.prompt, job.sampling, job.priority, job.output_token_ids, job.age_s)
 
 
 def _abort(engine: Engine, request_id: str, unsafe: tuple[int, ...]) -> BlockHold | None:

@@ -90,6 +90,9 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     priority: Priority = Priority.NORMAL
     arrival_time: float = 0.0
+    # Seconds it had already waited before it came here: a hand-over (a resume or retry placed by
+    # the router after a fault elsewhere) enters the queue as if it had arrived that long ago.
+    age_s: float = 0.0
     eos_token_ids: tuple[int, ...] = ()
     output_token_ids: list[int] = field(default_factory=list)
     state: RequestState = RequestState.WAITING

@@ -11,6 +11,7 @@ from pdserve.errors import InvalidRequestError
 from pdserve.requests import SamplingParams
 
 MAX_LOGPROBS = 20  # the most top logprobs a request may ask for (OpenAI's limit)
+MAX_AGE_S = 86400.0  # the oldest a handed-over request may say it is
 
 
 class InvalidSamplingParams(InvalidRequestError):
@@ -51,6 +52,13 @@ def validate_resumed(output: Sequence[int], sampling: SamplingParams, limits: Li
     if len(output) >= sampling.max_tokens:
         raise InvalidRequestError(
             f"the request already has {len(output)} output tokens, max_tokens is {sampling.max_tokens}")
+
+
+def validate_age(age_s: float) -> float:
+    """How long a handed-over request had waited before (WorkerRequest.age_s): inside [0, MAX_AGE_S]."""
+    if not (math.isfinite(age_s) and 0 <= age_s <= MAX_AGE_S):
+        raise InvalidRequestError(f"age_s {age_s} s is outside [0, {MAX_AGE_S:.0f}]")
+    return age_s
 
 
 def validate_sampling(params: SamplingParams, vocab_size: int) -> None:

@@ -71,7 +71,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
                             "pdserve.decode_endpoint": t.decode_endpoint}) as span:
             session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                                              priority_from_pb(r.priority), target, kv_timeout(r.kv_timeout_s),
-                                             tuple(r.output_token_ids))
+                                             tuple(r.output_token_ids), r.age_s)
             try:
                 async for event in session.events():
                     self._observe(span, event)

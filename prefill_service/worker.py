@@ -127,10 +127,11 @@ class PrefillWorker:
         engine.add_listener(self.on_step)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
-                   target: Target, kv_timeout_s: float, resumed: tuple[int, ...] = ()) -> Session:
+                   target: Target, kv_timeout_s: float, resumed: tuple[int, ...] = (), age_s: float = 0.0) -> Session:
         """The prompt's KV (and a resume's: of the tokens generated so far, `resumed`, too) sent
-        into `target`, then the next token. InvalidRequestError, with nothing started, for a bad
-        id, timeout or reservation (the engine checks prompt, sampling and `resumed` itself)."""
+        into `target`, then the next token; queued as if it had arrived `age_s` ago.
+        InvalidRequestError, with nothing started, for a bad id, timeout or reservation (the
+        engine checks prompt, sampling, `resumed` and `age_s` itself)."""
         check_id("request_id", request_id)
         check_timeout("kv_timeout_s", kv_timeout_s)
         validate_resumed(resumed, sampling, self.engine.engine.limits)  # the engine sees max_tokens len(resumed) + 1
@@ -139,7 +140,7 @@ class PrefillWorker:
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,
                          sent_blocks=target.cached_blocks, resumed=len(resumed))
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": ()})
-        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed))
+        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed, age_s))
 
     def _check_target(self, target: Target, kv_tokens: int) -> None:
         try:

@@ -64,6 +64,7 @@ class WorkerJob:
     output_token_ids: tuple[int, ...] = ()
     metadata: tuple[tuple[str, str], ...] = ()
     timeout_s: float | None = None  # what is left of the client's deadline
+    age_s: float = 0.0  # since the router accepted the request: workers queue it as that old
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class RequestFlow:
         an earlier request of the client with the same id still ending there."""
         worker_id = f"{job.request_id}@{state.protocol.attempts}.{secrets.token_hex(4)}"
         return WorkerJob(worker_id, job.prompt, job.sampling, job.priority, self.config.kv_timeout_s,
-                         tuple(state.generated), job.metadata, job.timeout_s())
+                         tuple(state.generated), job.metadata, job.timeout_s(), job.age_s())
 
     def _blame(self, state: FlowState, fault: WorkerFault, role: str, address: str) -> None:
         """Charge the worker that caused the fault and avoid it for the rest of this request."""

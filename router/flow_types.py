@@ -26,6 +26,11 @@ class Job:
     metadata: tuple[tuple[str, str], ...] = ()
     deadline: float | None = None  # time.monotonic() at which the client stops waiting
     tenant: str = "anonymous"
+    accepted: float = field(default_factory=time.monotonic)  # when the router took it (time.monotonic())
+
+    def age_s(self) -> float:
+        """How long ago the router accepted it: a retry or resume keeps its place in workers' queues."""
+        return max(0.0, time.monotonic() - self.accepted)
 
     def timeout_s(self) -> float | None:
         """What is left of the client's deadline, for the calls made on its behalf."""

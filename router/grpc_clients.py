@@ -65,7 +65,8 @@ class GrpcCall(Call):
 def _worker_request(job: WorkerJob) -> wpb.WorkerRequest:
     return wpb.WorkerRequest(request_id=job.request_id, prompt_token_ids=list(job.prompt),
                              sampling=sampling_to_pb(job.sampling), priority=priority_to_pb(job.priority),
-                             kv_timeout_s=job.kv_timeout_s, output_token_ids=list(job.output_token_ids))
+                             kv_timeout_s=job.kv_timeout_s, output_token_ids=list(job.output_token_ids),
+                             age_s=job.age_s)
 
 
 def _decode_event(event: wpb.DecodeEvent):

@@ -21,7 +21,7 @@ from pdserve.engine.start_probes import measure_at_start, with_preemption
 from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner, Sampled
 from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
-from pdserve.validation import Limits, validate_request, validate_resumed
+from pdserve.validation import Limits, validate_age, validate_request, validate_resumed
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
 from pdserve.engine.engine_model import EngineModel, load_engine_model
@@ -80,21 +80,24 @@ class Engine:
         sampling: SamplingParams = SamplingParams(),
         priority: Priority = Priority.NORMAL,
         output_token_ids: Sequence[int] = (),
+        age_s: float = 0.0,
     ) -> Request:
         """Validate and queue a request (with `output_token_ids`: resume one whose tokens so far
-        were produced elsewhere; they are re-prefilled). Raises InvalidRequestError,
-        DuplicateRequestError, OverloadedError; nothing else in the engine changes then."""
-        request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids)
+        were produced elsewhere; they are re-prefilled; `age_s`: queue it as if it had arrived
+        that long ago). Raises InvalidRequestError, DuplicateRequestError, OverloadedError;
+        nothing else in the engine changes then."""
+        request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids, age_s)
         self._queue(self.scheduler.add, request)
         return request
 
     def add_remote_request(self, request_id: str, prompt_token_ids: Sequence[int],
                            sampling: SamplingParams = SamplingParams(),
-                           priority: Priority = Priority.NORMAL, output_token_ids: Sequence[int] = ()) -> Request:
+                           priority: Priority = Priority.NORMAL, output_token_ids: Sequence[int] = (),
+                           age_s: float = 0.0) -> Request:
         """Queue a request whose KV a prefill worker will write into blocks reserved here
         (StepResult.reserved lists them): of the prompt, and for a resume (`output_token_ids`,
         produced elsewhere) of those tokens too; `mark_received` starts its decoding."""
-        request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids)
+        request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids, age_s)
         self._queue(lambda r: self.scheduler.add_remote(r, r.num_tokens), request)
         return request
 
@@ -115,14 +118,14 @@ class Engine:
         self.scheduler.release_hold(hold)
 
     def make_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
-                     priority: Priority, output_token_ids: Sequence[int] = ()) -> Request:
-        """A validated request; with `output_token_ids`, a resume's tokens so far."""
+                     priority: Priority, output_token_ids: Sequence[int] = (), age_s: float = 0.0) -> Request:
+        """A validated request; with `output_token_ids`, a resume's tokens so far; `age_s` old."""
         if self.scheduler.get(request_id) is not None:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
         validate_request(prompt_token_ids, sampling, self.limits)
         validate_resumed(output_token_ids, sampling, self.limits)
         return Request(request_id, list(prompt_token_ids), sampling, Priority(priority),
-                       arrival_time=self.clock(), eos_token_ids=self.eos_token_ids,
+                       arrival_time=self.clock(), age_s=validate_age(age_s), eos_token_ids=self.eos_token_ids,
                        output_token_ids=list(output_token_ids))
 
     @property

@@ -1,11 +1,16 @@
 """Queue order policies: which class a request is served in, and how waiting lifts it.
 
-A request's rank is its effective class (lower is served first); within a rank, earlier
-arrival first (`arrival_seq`, which survives preemption, so a victim keeps its place).
-NOTE: along one lane sorted by arrival, rank never decreases (older requests waited longer),
-so the lanes merge into one ordered stream without sorting. And a request's rank never rises
-as it waits longer, nor above its lane: the preemptor relies on it to remember that no running
-request ranks below a class (see Preemptor.pick).
+A request's rank is its effective class (lower is served first); within a rank, the one that
+entered first (its arrival, back-dated by the age a hand-over brings; kept across preemption, so
+a victim keeps its place).
+NOTE: along one lane sorted by entry, rank never decreases (earlier entries waited longer), so
+the lanes merge into one ordered stream without sorting. A request's rank never rises as it
+waits longer, nor above its lane.
+
+Aging lifts a request while it waits, not while it runs: a running request's rank, the one
+victim choice reads, is the rank it had when it was admitted (Queues.running_rank). A chat that
+has run for a minute is not starving, and a VIP that arrives (or a resumed VIP stream) may
+preempt it; a BATCH request lifted while it waited keeps that lift while it runs.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ class QueueOrder(abc.ABC):
 
 
 class PriorityOrder(QueueOrder):
-    """Priority classes; with aging, each `aging_seconds` of waiting lifts a request one class
-    (BATCH -> NORMAL -> VIP rank), so a low class cannot starve."""
+    """Priority classes; with aging, each `aging_seconds` of waiting lifts a request one class,
+    up to NORMAL rank (BATCH -> NORMAL), so BATCH cannot starve behind NORMAL arrivals. VIP rank
+    is for VIPs alone: every VIP goes before every other request, and may preempt any of them
+    (victims.py), so no request lifted level with a VIP is preempted for it and taken again."""
 
     def __init__(self, aging_seconds: float | None):
         self._aging_s = aging_seconds
@@ -38,7 +45,9 @@ class PriorityOrder(QueueOrder):
     def rank(self, request: Request, waited_s: float) -> int:
         if self._aging_s is None:
             return int(request.priority)
-        return max(int(Priority.VIP), int(request.priority) - int(waited_s // self._aging_s))
+        if request.priority == Priority.VIP:
+            return int(Priority.VIP)
+        return max(int(Priority.NORMAL), int(request.priority) - int(waited_s // self._aging_s))
 
 
 class ArrivalOrder(QueueOrder):

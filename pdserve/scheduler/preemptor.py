@@ -11,14 +11,14 @@ from pdserve.scheduler.output import Preemption
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.preemption_mode import PreemptionModePolicy
 from pdserve.scheduler.state import Queues
-from pdserve.scheduler.victims import VictimPolicy
+from pdserve.scheduler.victims import Claim, VictimPolicy
 
 OUT_OF_BLOCKS = "out_of_blocks"
 HIGHER_PRIORITY_WAITING = "higher_priority_waiting"
 
 
-class _NobodyWorse(NamedTuple):
-    rank: int  # no running request (not protected, not VIP) ranks worse than this...
+class _Unclaimed(NamedTuple):
+    claim: Claim  # no running request (not protected) may be preempted by this claim...
     epoch: int  # ...while Queues.running_epoch is still this
 
 
@@ -28,7 +28,7 @@ class Preemptor:
         self._q = queues
         self._victims = victims
         self._modes = modes
-        self._nobody_worse: _NobodyWorse | None = None
+        self._unclaimed: _Unclaimed | None = None
 
     def allocate(self, plan: StepPlan, request: Request, num_new_tokens: int) -> Allocation:
         """Blocks for the request's next num_new_tokens, preempting victims while short. The
@@ -51,22 +51,22 @@ class Preemptor:
                 return result
             short = result
 
-    def pick(self, plan: StepPlan, worse_than: int | None = None) -> Request | None:
-        """The victim policy's choice. NOTE: once it finds nobody worse than a rank with nobody
-        running protected, that holds until a request joins `running`: ranks only fall as time
-        passes, and leaving `running` removes candidates. So the step that finds every running
-        request lifted by aging to the best waiting one's class does not rescan them all."""
-        if worse_than is not None and self.known_nobody_worse(worse_than):
+    def pick(self, plan: StepPlan, claim: Claim | None = None) -> Request | None:
+        """The victim policy's choice. NOTE: once it finds nobody a claim may preempt with nobody
+        running protected, that holds until a request joins `running`: a running request's rank
+        is fixed at its admission, and leaving `running` removes candidates. So the step that
+        finds every running request beyond the best waiting one's claim does not rescan them all."""
+        if claim is not None and self.known_unclaimed(claim):
             return None
-        victim = self._victims.pick(self._q.running, plan.touched, lambda r: self._q.rank(r, plan.now), worse_than)
-        if victim is None and worse_than is not None and not any(r.request_id in plan.touched for r in self._q.running):
-            self._nobody_worse = _NobodyWorse(worse_than, self._q.running_epoch)
+        victim = self._victims.pick(self._q.running, plan.touched, self._q.running_rank, claim)
+        if victim is None and claim is not None and not any(r.request_id in plan.touched for r in self._q.running):
+            self._unclaimed = _Unclaimed(claim, self._q.running_epoch)
         return victim
 
-    def known_nobody_worse(self, rank: int) -> bool:
-        """True when pick(worse_than=rank) is known to find nobody."""
-        known = self._nobody_worse
-        return known is not None and known.epoch == self._q.running_epoch and rank >= known.rank
+    def known_unclaimed(self, claim: Claim) -> bool:
+        """True when pick(claim=claim) is known to find nobody."""
+        known = self._unclaimed
+        return known is not None and known.epoch == self._q.running_epoch and known.claim.covers(claim)
 
     def preempt(self, plan: StepPlan, victim: Request, reason: str) -> None:
         mode = self._modes.choose(victim.num_computed_tokens, self._kv.host.num_free)
@@ -74,7 +74,7 @@ class Preemptor:
             mode = self._swap_out(plan, victim)
         if mode == PreemptionMode.RECOMPUTE:
             self._kv.free(victim)
-        self._q.preempt(victim, mode)
+        self._q.preempt(victim, mode, plan.now)
         plan.touched.add(victim.request_id)
         plan.preempted.append(Preemption(victim, mode, reason))
 

@@ -1,4 +1,10 @@
-"""A queue of requests kept in (rank, arrival) order, as lanes sorted by arrival."""
+"""A queue of requests kept in (rank, group, entered) order, as lanes sorted by when they entered.
+
+A request enters when it is added, or earlier by its `age_s`: a hand-over from another worker
+(a resume after a fault) keeps the place its age gives it, ahead of requests that came later.
+A preempted request enters again as old as the wait it had when it was admitted (aging counts
+waiting, not running). Each (class lane, group) is one sorted lane; the lanes merge.
+"""
 
 from __future__ import annotations
 
@@ -14,61 +20,70 @@ from pdserve.scheduler.ordering import QueueOrder
 
 class Group(enum.IntEnum):
     """Within one rank: running prefills continue first, then swapped requests resume, then
-    waiting requests are admitted."""
+    streams without KV here resume (recompute victims, hand-overs of streams begun elsewhere),
+    then new requests are admitted. A stream in progress goes before one not yet begun."""
 
     RUNNING = 0
     SWAPPED = 1
-    WAITING = 2
+    RESUMING = 2
+    WAITING = 3
 
 
 class Candidate(NamedTuple):
     rank: int
     group: Group
-    seq: int  # arrival_seq
+    entered: float  # now - entered is how long it has waited, as aging counts it
+    seq: int  # arrival_seq: ties of `entered` in arrival order
     request: Request
 
 
 class _Item(NamedTuple):
-    seq: int
     entered: float
+    seq: int
     request: Request
 
 
-def _seq(item: _Item) -> int:
-    return item.seq
+class _Where(NamedTuple):
+    lane: tuple[int, Group]
+    place: tuple[float, int]
+
+
+def _place(item: _Item) -> tuple[float, int]:
+    return item.entered, item.seq
 
 
 class RequestQueue:
     def __init__(self, order: QueueOrder, group: Group):
+        """`group`: what a push without one is (the queue's usual kind of request)."""
         self._order = order
         self._group = group
-        self._lanes: dict[int, list[_Item]] = {}
-        self._len = 0
+        self._lanes: dict[tuple[int, Group], list[_Item]] = {}
+        self._where: dict[str, _Where] = {}
 
     def __len__(self) -> int:
-        return self._len
+        return len(self._where)
 
     def __iter__(self) -> Iterator[Request]:
         return (item.request for lane in self._lanes.values() for item in lane)
 
-    def push(self, request: Request, entered: float) -> None:
-        lane = self._lanes.setdefault(self._order.lane(request), [])
-        bisect.insort(lane, _Item(request.arrival_seq, entered, request), key=_seq)
-        self._len += 1
+    def push(self, request: Request, entered: float, group: Group | None = None) -> None:
+        key = (self._order.lane(request), self._group if group is None else group)
+        where = self._where[request.request_id] = _Where(key, (entered, request.arrival_seq))
+        bisect.insort(self._lanes.setdefault(key, []), _Item(*where.place, request), key=_place)
 
     def remove(self, request: Request) -> None:
-        lane = self._lanes[self._order.lane(request)]
-        i = bisect.bisect_left(lane, request.arrival_seq, key=_seq)
+        where = self._where.pop(request.request_id)
+        lane = self._lanes[where.lane]
+        i = bisect.bisect_left(lane, where.place, key=_place)
         assert i < len(lane) and lane[i].request is request, f"{request.request_id} is not queued here"
         del lane[i]
-        self._len -= 1
 
     def candidates(self, now: float) -> Iterator[Candidate]:
-        """Every queued request in (rank, arrival) order. Iterates a snapshot: removing
+        """Every queued request in (rank, group, entered) order. Iterates a snapshot: removing
         requests while consuming it is safe."""
-        return heapq.merge(*(self._lane(tuple(lane), now) for lane in self._lanes.values() if lane))
+        return heapq.merge(*(self._lane(key[1], tuple(lane), now) for key, lane in self._lanes.items() if lane))
 
-    def _lane(self, items: tuple[_Item, ...], now: float) -> Iterator[Candidate]:
-        rank, group = self._order.rank, self._group
+    def _lane(self, group: Group, items: tuple[_Item, ...], now: float) -> Iterator[Candidate]:
+        rank = self._order.rank
         for item in items:
-            yield Candidate(rank(item.request, now - item.entered), group, item.seq, item.request)
+            yield Candidate(rank(item.request, now - item.entered), group, item.entered, item.seq, item.request)

@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from typing import NamedTuple
 
 from pdserve.kv.manager import KVManager
 from pdserve.requests import PreemptionMode, Priority, Request, RequestState
 from pdserve.scheduler.ordering import QueueOrder
-from pdserve.scheduler.queue import Group, RequestQueue
+from pdserve.scheduler.queue import Candidate, Group, RequestQueue
+
+
+class _Admission(NamedTuple):
+    rank: int  # its rank when admitted: victim choice reads it while it runs
+    waited_s: float  # how long it had waited by then (aging goes on from here if it is preempted)
 
 
 class Queues:
@@ -35,12 +41,23 @@ class Queues:
         self.vips: dict[str, Request] = {}  # VIP requests holding device blocks (running, receiving)
         self.vip_epoch = 0  # counts changes to `vips`, so a tally over them can be kept until it moves
         self.running_epoch = 0  # counts requests joining `running` (leaving it never bumps it)
-        self._entered: dict[str, float] = {}
+        self._entered: dict[str, float] = {}  # queued: now - entered is how long it has waited, as aging counts
+        self._admitted: dict[str, _Admission] = {}  # running and receiving requests
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
 
-    def rank(self, request: Request, now: float) -> int:
-        return self.order.rank(request, now - self._entered[request.request_id])
+    def running_rank(self, request: Request) -> int:
+        """A running (or receiving) request's rank for victim choice: the one it was admitted at.
+        Aging counts waiting only, so a request's claim against preemption does not grow while it runs."""
+        return self._admitted[request.request_id].rank
+
+    def running_prefill(self, request: Request, now: float) -> Candidate:
+        """A running prefill's place in the stream of prefill work: ranked as if it still waited,
+        so it goes before every queued request that entered after it (it holds blocks they may
+        need: stopping it behind them could leave both stuck)."""
+        rid = request.request_id
+        entered = self._entered[rid]
+        return Candidate(self.order.rank(request, now - entered), Group.RUNNING, entered, request.arrival_seq, request)
 
     def has_slot(self) -> bool:
         return len(self.running) + len(self.receiving) < self.max_running
@@ -49,25 +66,27 @@ class Queues:
         return self.order.lane(request), request.admit_seq
 
     def add(self, request: Request, now: float, remote: bool) -> None:
-        """New here (maybe handed over from another worker): no KV, never admitted."""
+        """New here (maybe handed over from another worker, `request.age_s` old): no KV, never
+        admitted. It enters the queue as if it had arrived `age_s` ago; a stream begun elsewhere
+        (output tokens already) resumes before new requests of its rank."""
         request.arrival_seq, request.admit_seq = next(self._arrivals), -1
         request.state, request.num_computed_tokens = RequestState.WAITING, 0
         self.requests[request.request_id] = request
-        self._entered[request.request_id] = now
+        entered = self._entered[request.request_id] = now - request.age_s
         if remote:
             self.remote.add(request.request_id)
-        self.waiting.push(request, now)
+        self.waiting.push(request, entered, Group.RESUMING if request.output_token_ids else Group.WAITING)
 
-    def admit(self, request: Request) -> None:
+    def admit(self, request: Request, now: float) -> None:
         """WAITING or SWAPPED -> RUNNING."""
         (self.swapped if request.state == RequestState.SWAPPED else self.waiting).remove(request)
-        self._start(request)
+        self._start(request, now)
         self._run(request)
 
-    def reserve(self, request: Request) -> None:
+    def reserve(self, request: Request, now: float) -> None:
         """WAITING (remote) -> RUNNING, receiving its KV."""
         self.waiting.remove(request)
-        self._start(request)
+        self._start(request, now)
         self.receiving[request.request_id] = request
 
     def received(self, request: Request) -> None:
@@ -87,26 +106,29 @@ class Queues:
         else:
             self.prefilling.pop(request.request_id, None)
 
-    def _start(self, request: Request) -> None:
+    def _start(self, request: Request, now: float) -> None:
         request.state = RequestState.RUNNING
         request.admit_seq = next(self._admissions)
+        waited = now - self._entered[request.request_id]
+        self._admitted[request.request_id] = _Admission(self.order.rank(request, waited), waited)
         if request.priority == Priority.VIP:
             self.vips[request.request_id] = request
             self.vip_epoch += 1
 
-    def preempt(self, request: Request, mode: PreemptionMode) -> None:
-        """RUNNING -> WAITING (recompute: KV dropped) or SWAPPED. Keeps its arrival place."""
+    def preempt(self, request: Request, mode: PreemptionMode, now: float) -> None:
+        """RUNNING -> WAITING (recompute: KV dropped; it resumes before new requests of its rank)
+        or SWAPPED. It waits on from the wait it had when admitted: its rank then, aging from there."""
         self.running.remove(request)
         self._leave(request)
         request.num_preemptions += 1
-        entered = self._entered[request.request_id]
+        entered = self._entered[request.request_id] = now - self._admitted.pop(request.request_id).waited_s
         if mode == PreemptionMode.SWAP:
             request.state = RequestState.SWAPPED
             self.swapped.push(request, entered)
         else:
             request.state = RequestState.WAITING
             request.num_computed_tokens = 0
-            self.waiting.push(request, entered)
+            self.waiting.push(request, entered, Group.RESUMING)
 
     def remove(self, request: Request) -> None:
         """Any live state -> FINISHED."""
@@ -121,6 +143,7 @@ class Queues:
         request.state = RequestState.FINISHED
         del self.requests[request.request_id]
         del self._entered[request.request_id]
+        self._admitted.pop(request.request_id, None)
         self.remote.discard(request.request_id)
         self._leave(request)
 
@@ -137,6 +160,9 @@ class Queues:
         assert len(swapped) == len(self.swapped), "a request is queued twice"
         sets = (running, receiving, waiting, swapped)
         assert sum(map(len, sets)) == len(set().union(*sets)) == len(self.requests), "a request is in two places"
+        assert set(self._entered) == set(self.requests), "queue entry times drifted"
+        holding = {r.request_id for r in (*self.running, *self.receiving.values())}
+        assert set(self._admitted) == holding, "admissions drifted"
         assert len(self.running) + len(self.receiving) <= self.max_running
         keys = [self._running_key(r) for r in self.running]
         assert keys == sorted(keys), "running is out of order"

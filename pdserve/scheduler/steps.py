@@ -3,8 +3,11 @@
 Each step appends to the StepPlan. Prefill work is one stream in (rank, group, arrival) order:
 
     running prefills ─┐
-    swapped          ─┼─ merge ─> continue a chunk | swap in | reserve (remote) | admit + chunk
-    waiting          ─┘           stop at the first that cannot proceed (no budget, no blocks)
+    swapped          ─┤
+    resuming         ─┼─ merge ─> continue a chunk | swap in | reserve (remote) | admit + chunk
+    waiting          ─┘           no queued request passes one that cannot start (no budget, no
+                                  blocks); running prefills behind it still continue, since they
+                                  hold blocks it may be waiting for
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pdserve.scheduler.preemptor import HIGHER_PRIORITY_WAITING, Preemptor
 from pdserve.scheduler.queue import Candidate, Group
 from pdserve.scheduler.results import Reservation
 from pdserve.scheduler.state import Queues
+from pdserve.scheduler.victims import Claim
 
 ALL_GROUPS = (Group.RUNNING, Group.SWAPPED, Group.WAITING)
 _RUNNING = RequestState.RUNNING
@@ -88,7 +92,9 @@ class Steps:
             if cand.group != Group.RUNNING and not self._q.has_slot():
                 break
             if not self._handle(plan, cand):
-                return
+                if cand.group == Group.RUNNING:
+                    return  # no blocks for it even by preemption: none for anything after it
+                break  # nothing queued passes a queued request that cannot start; running prefills go on
         for cand in running:
             if cand.request.request_id not in plan.touched and cand.request.state == RequestState.RUNNING \
                     and not self._continue(plan, cand.request):
@@ -101,14 +107,17 @@ class Steps:
             return
         queued = self._queued(plan, (Group.SWAPPED, Group.WAITING))
         head = next(heapq.merge(self._running_prefills(plan), queued), None)
-        if head is None or head.rank >= self._q.order.lane(self._q.running[-1]) \
-                or self._preemptor.known_nobody_worse(head.rank):
+        if head is None:
+            return
+        claim = Claim(head.rank, head.request.priority)
+        if not claim.over(self._q.order.lane(self._q.running[-1]), self._q.running[-1].priority) \
+                or self._preemptor.known_unclaimed(claim):
             return
         need = self._blocks_to_start(head, plan)
         if self._fits(plan, head, need) or not self._guard.allows(head.request):
             return
         while not self._fits(plan, head, need):
-            victim = self._preemptor.pick(plan, worse_than=head.rank)
+            victim = self._preemptor.pick(plan, claim)
             if victim is None:
                 return
             self._preemptor.preempt(plan, victim, HIGHER_PRIORITY_WAITING)
@@ -135,8 +144,7 @@ class Steps:
         """Running requests with more than one token to compute, in (rank, arrival) order;
         found once per step (requests preempted later in the step are skipped when met)."""
         if plan.prefilling is None:
-            plan.prefilling = sorted(Candidate(self._q.rank(r, plan.now), Group.RUNNING, r.arrival_seq, r)
-                                     for r in self._q.prefilling.values())
+            plan.prefilling = sorted(self._q.running_prefill(r, plan.now) for r in self._q.prefilling.values())
         return plan.prefilling
 
     def _admissions(self, plan: StepPlan, groups: Collection[Group]) -> Iterator[Candidate]:
@@ -180,7 +188,7 @@ class Steps:
         if not isinstance(result, SwapPlan):
             return False
         plan.swap_in.extend(result.pairs)
-        self._q.admit(request)
+        self._q.admit(request, plan.now)
         plan.resumed.append(request)
         plan.touched.add(request.request_id)
         n = self._chunk_size(plan, request, request.num_computed_tokens)
@@ -195,7 +203,7 @@ class Steps:
         if isinstance(result, OutOfBlocks):
             return False
         request.num_cached_tokens = match.num_tokens
-        self._q.reserve(request)
+        self._q.reserve(request, plan.now)
         plan.reserved.append(Reservation(request, result.blocks, len(match.blocks)))
         plan.touched.add(request.request_id)
         return True
@@ -211,7 +219,7 @@ class Steps:
         if request.num_preemptions:
             plan.resumed.append(request)
         request.num_computed_tokens = match.num_tokens
-        self._q.admit(request)
+        self._q.admit(request, plan.now)
         plan.add_chunk(request, n, result.blocks)
         return True
 

@@ -192,7 +192,8 @@ def test_a_prefix_probe_longer_than_any_prompt_is_refused(fleet):
 @pytest.mark.parametrize("fields", [
     {"prompt_token_ids": []}, {"prompt_token_ids": [10, 1 << 30]}, {"kv_timeout_s": 1e6}, {"kv_timeout_s": -1.0},
     {"kv_timeout_s": math.inf}, {"request_id": "x" * 5000}, {"request_id": "bad\nid"}, {"request_id": ""},
-    {"priority": 99}, {"output_token_ids": [5] * MAX_TOKENS},
+    {"priority": 99}, {"output_token_ids": [5] * MAX_TOKENS}, {"age_s": -1.0}, {"age_s": math.nan},
+    {"age_s": 1e9},
 ])
 def test_worker_requests_are_checked_before_any_work(fleet, fields):
     token = fleet["token"]

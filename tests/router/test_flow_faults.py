@@ -186,3 +186,33 @@ def test_a_stalled_decode_probe_counts_as_nothing_cached_and_the_request_goes_on
             assert not any((await settle(h.fleet)).values())
 
     asyncio.run(main())
+
+
+def test_every_attempt_carries_the_requests_age_so_a_resume_keeps_its_place(monkeypatch):
+    """A resume reaches its new decode and prefill workers as old as the request: the age the
+    router has counted since it accepted it, not since the attempt began."""
+    from dataclasses import replace
+
+    from tests.router.fake_fleet import FakeDecodeClient, FakePrefillClient
+
+    ages: list[tuple[str, int, float]] = []
+    for cls, role in ((FakeDecodeClient, "decode"), (FakePrefillClient, "prefill")):
+        def recording(self, worker_job, *args, _open=cls.open, _role=role):
+            ages.append((_role, len(worker_job.output_token_ids), worker_job.age_s))
+            return _open(self, worker_job, *args)
+        monkeypatch.setattr(cls, "open", recording)
+
+    async def main():
+        async with harness() as h:
+            _on_workers(h, "d0")
+            h.fleet.triggers.append(Trigger("d0", "token", Mode.KILL))
+            old = replace(job(), accepted=job().accepted - 50.0)  # accepted 50 s ago
+            tokens, _, milestones = await collect(h.flow, old)
+            assert tokens == expected() and "resume" in milestones
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())
+    resumed = [(role, age) for role, generated, age in ages if generated]
+    assert {role for role, _ in resumed} == {"decode", "prefill"}
+    assert all(age >= 50.0 for _, _, age in ages)
+    assert min(age for _, age in resumed) >= max(age for _, generated, age in ages if not generated)

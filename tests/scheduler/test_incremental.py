@@ -22,6 +22,7 @@ from pdserve.scheduler import Scheduler, SchedulerOutput
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.queue import Candidate, Group
 from pdserve.scheduler.steps import Steps
+from pdserve.scheduler.victims import Claim
 from pdserve.scheduler.stopping import StopRule, stop_reason
 from tests.scheduler.fakes import build, request, step
 from tests.scheduler.test_properties import Driver, scenario
@@ -43,9 +44,9 @@ class Rescan:
         steps._running_prefills = self.running_prefills
         steps._guard.allows = self.allows
         preemptor = steps._preemptor
-        preemptor.known_nobody_worse = lambda rank: False
-        preemptor.pick = lambda plan, worse_than=None: preemptor._victims.pick(
-            s._q.running, plan.touched, lambda r: s._q.rank(r, plan.now), worse_than)
+        preemptor.known_unclaimed = lambda claim: False
+        preemptor.pick = lambda plan, claim=None: preemptor._victims.pick(
+            s._q.running, plan.touched, s._q.running_rank, claim)
 
     def decodes(self, plan) -> None:
         for request in tuple(self.s._q.running):
@@ -66,8 +67,7 @@ class Rescan:
     def running_prefills(self, plan) -> list[Candidate]:
         if plan.prefilling is None:
             q = self.s._q
-            plan.prefilling = sorted(Candidate(q.rank(r, plan.now), Group.RUNNING, r.arrival_seq, r)
-                                     for r in q.running if _uncomputed(r) > 1)
+            plan.prefilling = sorted(q.running_prefill(r, plan.now) for r in q.running if _uncomputed(r) > 1)
         return plan.prefilling
 
     def allows(self, request: Request) -> bool:
@@ -142,17 +142,18 @@ def test_incremental_step_decides_as_a_full_rescan(sc: dict) -> None:
 def test_nobody_to_preempt_is_remembered_until_a_request_joins_running() -> None:
     s, ex, clock = build(max_running=4, aging_seconds=1.0)
     for rid in ("a", "b"):
-        s.add(request(rid, max_tokens=50))
+        s.add(request(rid, max_tokens=50, priority=Priority.BATCH))
+    clock.advance(1.5)  # a and b aged to NORMAL rank while they waited, and keep that rank running
     step(s, ex)
-    clock.advance(1.5)  # a and b have aged to the best class: nobody ranks worse than 0
     preemptor = s._steps._preemptor
-    assert preemptor.pick(StepPlan(64, clock()), worse_than=0) is None
-    assert preemptor.known_nobody_worse(0) and preemptor.known_nobody_worse(1)
-    assert not preemptor.known_nobody_worse(-1)
-    s.add(request("fresh", max_tokens=50))
+    normal = Claim(1, Priority.NORMAL)
+    assert preemptor.pick(StepPlan(64, clock()), normal) is None
+    assert preemptor.known_unclaimed(normal) and preemptor.known_unclaimed(Claim(1, Priority.BATCH))
+    assert not preemptor.known_unclaimed(Claim(0, Priority.VIP))  # a VIP may preempt them
+    s.add(request("fresh", max_tokens=50, priority=Priority.BATCH))
     step(s, ex)  # admitted: a candidate the remembered answer did not see
-    assert not preemptor.known_nobody_worse(0)
-    assert preemptor.pick(StepPlan(64, clock()), worse_than=0).request_id == "fresh"
+    assert not preemptor.known_unclaimed(normal)
+    assert preemptor.pick(StepPlan(64, clock()), normal).request_id == "fresh"
 
 
 @settings(max_examples=300, deadline=None)

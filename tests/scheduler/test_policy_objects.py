@@ -9,7 +9,7 @@ from pdserve.scheduler.ordering import ArrivalOrder, PriorityOrder
 from pdserve.scheduler.preemption_mode import AlwaysRecompute, CostBasedMode
 from pdserve.scheduler.queue import Group, RequestQueue
 from pdserve.scheduler.stopping import stop_reason
-from pdserve.scheduler.victims import LowestClassLatest
+from pdserve.scheduler.victims import Claim, LowestClassLatest
 
 
 def req(rid: str, priority: Priority = Priority.NORMAL, seq: int = 0, admit: int = 0) -> Request:
@@ -18,10 +18,11 @@ def req(rid: str, priority: Priority = Priority.NORMAL, seq: int = 0, admit: int
     return r
 
 
-def test_aging_lifts_one_class_per_period_down_to_vip() -> None:
+def test_aging_lifts_one_class_per_period_up_to_normal() -> None:
     order = PriorityOrder(aging_seconds=10.0)
-    batch = req("b", Priority.BATCH)
-    assert [order.rank(batch, t) for t in (0, 9.9, 10, 25, 1000)] == [2, 2, 1, 0, 0]
+    batch, normal = req("b", Priority.BATCH), req("n")
+    assert [order.rank(batch, t) for t in (0, 9.9, 10, 25, 1000)] == [2, 2, 1, 1, 1]
+    assert order.rank(normal, 1000) == 1 and order.rank(req("v", Priority.VIP), 0) == 0  # VIP rank is VIPs' alone
     assert PriorityOrder(None).rank(batch, 1e9) == 2
     assert ArrivalOrder().rank(batch, 0) == 0 == ArrivalOrder().lane(req("v", Priority.VIP))
 
@@ -36,8 +37,24 @@ def test_queue_orders_by_rank_then_arrival_across_lanes() -> None:
     q.push(new_batch, entered=7.0)
     now = 12.0  # old_batch waited 12 s: one class up, level with normal but earlier
     assert [c.request.request_id for c in q.candidates(now)] == ["vip", "old_batch", "normal", "new_batch"]
+    assert [c.request.request_id for c in q.candidates(1000.0)] == ["vip", "old_batch", "normal", "new_batch"]
     q.remove(vip)
     assert len(q) == 3 and [c.rank for c in q.candidates(now)] == [1, 1, 2]
+
+
+def test_a_request_entered_earlier_goes_ahead_in_its_lane_whatever_its_arrival() -> None:
+    # a hand-over arrives last (highest seq) but entered as old as its age says
+    q = RequestQueue(PriorityOrder(aging_seconds=10.0), Group.WAITING)
+    first, second = req("first", Priority.BATCH, seq=0), req("second", Priority.BATCH, seq=1)
+    handed_over = req("handed_over", Priority.BATCH, seq=2)
+    q.push(first, entered=5.0)
+    q.push(second, entered=6.0)
+    q.push(handed_over, entered=-8.0)
+    now = 7.0  # handed_over waited 15 s: one class up
+    assert [(c.request.request_id, c.rank) for c in q.candidates(now)] == [("handed_over", 1), ("first", 2),
+                                                                           ("second", 2)]
+    q.remove(handed_over)
+    assert [c.request.request_id for c in q.candidates(now)] == ["first", "second"]
 
 
 def test_queue_snapshot_allows_removal_while_iterating() -> None:
@@ -60,8 +77,20 @@ def test_victim_is_lowest_class_then_latest_admitted_never_vip_or_protected() ->
     assert pick(running, set(), rank).request_id == "b_new"
     assert pick(running, {"b_new"}, rank).request_id == "b_old"
     assert pick(running, {"b_new", "b_old"}, rank).request_id == "n_new"
-    assert pick(running, set(), rank, worse_than=2) is None
+    assert pick(running, set(), rank, Claim(2, Priority.BATCH)) is None  # nobody ranks worse than 2
+    assert pick(running, set(), rank, Claim(1, Priority.NORMAL)).request_id == "b_new"
+    assert pick(running, {"b_new", "b_old"}, rank, Claim(1, Priority.NORMAL)) is None  # never its own class
+    assert pick(running, {"b_new", "b_old"}, rank, Claim(0, Priority.VIP)).request_id == "n_new"
     assert pick(running[:1], set(), rank) is None
+
+
+def test_a_claim_reaches_lower_classes_admitted_at_a_worse_rank() -> None:
+    vip, normal, aged_batch = Claim(0, Priority.VIP), Claim(1, Priority.NORMAL), Claim(1, Priority.BATCH)
+    assert vip.over(1, Priority.NORMAL) and vip.over(1, Priority.BATCH) and not vip.over(2, Priority.VIP)
+    assert normal.over(2, Priority.BATCH) and not normal.over(1, Priority.BATCH)  # a BATCH admitted lifted
+    assert not normal.over(1, Priority.NORMAL) and not aged_batch.over(2, Priority.BATCH)  # never its own class
+    assert vip.covers(normal) and normal.covers(aged_batch) and not aged_batch.covers(normal)
+    assert not normal.covers(vip)
 
 
 def test_recompute_or_swap_by_thresholds_cost_and_host_room() -> None:

@@ -62,15 +62,15 @@ def test_same_class_waiting_does_not_preempt() -> None:
 
 
 def test_a_request_scheduled_earlier_in_the_step_is_not_preempted_later() -> None:
-    # b (BATCH, aged one class up) and n (NORMAL) share rank 1; n was admitted later, so n is
-    # the policy's victim. But n decodes first in the step (NORMAL lane); when b then needs a
-    # block, n is already in the step: b yields instead.
+    # b (BATCH, aged one class up while it waited) and n (NORMAL) share rank 1; n was admitted
+    # later, so n is the policy's victim. But n decodes first in the step (NORMAL lane); when b
+    # then needs a block, n is already in the step: b yields instead.
     s, ex, clock = build(num_blocks=6, token_budget=64, max_chunk_tokens=64, preemption=NEVER_SWAP,
                          aging_seconds=1.0)
     b = request("b", 4, max_tokens=30, priority=Priority.BATCH)
     s.add(b)
-    step(s, ex)
     clock.advance(1.5)
+    step(s, ex)
     n = request("n", 9, max_tokens=30)
     s.add(n)
     out = grow_until_preemption(s, ex)
