@@ -1,8 +1,8 @@
 """Queue order policies: which class a request is served in, and how waiting lifts it.
 
 A request's rank is its effective class (lower is served first); within a rank, the one that
-entered first (its arrival, back-dated by the age a hand-over brings; kept across preemption, so
-a victim keeps its place).
+entered first (see queue.py: its arrival, back-dated by the age a hand-over brings; a preempted
+request enters again as old as the wait it had when admitted, and resumes before new requests).
 NOTE: along one lane sorted by entry, rank never decreases (earlier entries waited longer), so
 the lanes merge into one ordered stream without sorting. A request's rank never rises as it
 waits longer, nor above its lane.
@@ -23,7 +23,7 @@ from pdserve.requests import Priority, Request
 class QueueOrder(abc.ABC):
     @abc.abstractmethod
     def lane(self, request: Request) -> int:
-        """Fixed for a request's life: requests of one lane are kept in arrival order."""
+        """Fixed for a request's life: requests of one lane are kept in the order they entered."""
 
     @abc.abstractmethod
     def rank(self, request: Request, waited_s: float) -> int:
@@ -45,9 +45,8 @@ class PriorityOrder(QueueOrder):
     def rank(self, request: Request, waited_s: float) -> int:
         if self._aging_s is None:
             return int(request.priority)
-        if request.priority == Priority.VIP:
-            return int(Priority.VIP)
-        return max(int(Priority.NORMAL), int(request.priority) - int(waited_s // self._aging_s))
+        highest = min(int(request.priority), int(Priority.NORMAL))  # aging never reaches VIP rank
+        return max(highest, int(request.priority) - int(waited_s // self._aging_s))
 
 
 class ArrivalOrder(QueueOrder):

@@ -43,11 +43,6 @@ class _Item(NamedTuple):
     request: Request
 
 
-class _Where(NamedTuple):
-    lane: tuple[int, Group]
-    place: tuple[float, int]
-
-
 def _place(item: _Item) -> tuple[float, int]:
     return item.entered, item.seq
 
@@ -58,7 +53,7 @@ class RequestQueue:
         self._order = order
         self._group = group
         self._lanes: dict[tuple[int, Group], list[_Item]] = {}
-        self._where: dict[str, _Where] = {}
+        self._where: dict[str, tuple[tuple[int, Group], _Item]] = {}  # request id -> (lane key, item)
 
     def __len__(self) -> int:
         return len(self._where)
@@ -68,13 +63,14 @@ class RequestQueue:
 
     def push(self, request: Request, entered: float, group: Group | None = None) -> None:
         key = (self._order.lane(request), self._group if group is None else group)
-        where = self._where[request.request_id] = _Where(key, (entered, request.arrival_seq))
-        bisect.insort(self._lanes.setdefault(key, []), _Item(*where.place, request), key=_place)
+        item = _Item(entered, request.arrival_seq, request)
+        self._where[request.request_id] = key, item
+        bisect.insort(self._lanes.setdefault(key, []), item, key=_place)
 
     def remove(self, request: Request) -> None:
-        where = self._where.pop(request.request_id)
-        lane = self._lanes[where.lane]
-        i = bisect.bisect_left(lane, where.place, key=_place)
+        key, item = self._where.pop(request.request_id)
+        lane = self._lanes[key]
+        i = bisect.bisect_left(lane, _place(item), key=_place)
         assert i < len(lane) and lane[i].request is request, f"{request.request_id} is not queued here"
         del lane[i]
 

@@ -1,6 +1,6 @@
 """The steps a schedule() composes: priority preemption, decodes, prefill chunks and admission.
 
-Each step appends to the StepPlan. Prefill work is one stream in (rank, group, arrival) order:
+Each step appends to the StepPlan. Prefill work is one stream in (rank, group, entered) order:
 
     running prefills ─┐
     swapped          ─┤
@@ -141,7 +141,7 @@ class Steps:
         return self._kv.admission_cost(match, n)
 
     def _running_prefills(self, plan: StepPlan) -> list[Candidate]:
-        """Running requests with more than one token to compute, in (rank, arrival) order;
+        """Running requests with more than one token to compute, in (rank, entered) order;
         found once per step (requests preempted later in the step are skipped when met)."""
         if plan.prefilling is None:
             plan.prefilling = sorted(self._q.running_prefill(r, plan.now) for r in self._q.prefilling.values())
@@ -151,6 +151,8 @@ class Steps:
         return self._queued(plan, groups) if self._q.has_slot() else iter(())
 
     def _queued(self, plan: StepPlan, groups: Collection[Group]) -> Iterator[Candidate]:
+        """SWAPPED in `groups` takes the swapped queue, WAITING the waiting one (its RESUMING
+        streams included)."""
         queues = [(Group.SWAPPED, self._q.swapped), (Group.WAITING, self._q.waiting)]
         return heapq.merge(*(q.candidates(plan.now) for g, q in queues if g in groups and len(q)))
 

@@ -206,7 +206,8 @@ def test_every_attempt_carries_the_requests_age_so_a_resume_keeps_its_place(monk
         async with harness() as h:
             _on_workers(h, "d0")
             h.fleet.triggers.append(Trigger("d0", "token", Mode.KILL))
-            old = replace(job(), accepted=job().accepted - 50.0)  # accepted 50 s ago
+            fresh = job()
+            old = replace(fresh, accepted=fresh.accepted - 50.0)  # accepted 50 s ago
             tokens, _, milestones = await collect(h.flow, old)
             assert tokens == expected() and "resume" in milestones
             assert not any((await settle(h.fleet)).values())

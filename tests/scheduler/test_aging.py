@@ -100,6 +100,17 @@ def test_a_preempted_stream_resumes_before_new_requests_of_its_class() -> None:
     assert order.index(victim) < order.index("new")
 
 
+def test_a_stream_begun_elsewhere_goes_before_a_new_request_that_entered_earlier() -> None:
+    s, ex, clock = build(num_blocks=16, token_budget=64, max_chunk_tokens=64, max_running=1)
+    s.add(request("new", 8, max_tokens=2))
+    clock.advance(0.5)
+    resumed = request("resumed", 8, max_tokens=6)
+    resumed.output_token_ids += [5, 6]  # no age: it entered after "new"
+    s.add(resumed)
+    out, _ = step(s, ex)
+    assert [c.request.request_id for c in out.chunks] == ["resumed"]
+
+
 def test_a_handed_over_vip_is_reserved_before_vips_that_arrived_after_it() -> None:
     s, ex, clock = build(num_blocks=16, token_budget=64, max_chunk_tokens=64, max_running=1)
     s.add_remote(request("later", 8, max_tokens=2, priority=Priority.VIP))
