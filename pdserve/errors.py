@@ -14,7 +14,12 @@ class DuplicateRequestError(ValueError):
 
 
 class OverloadedError(RuntimeError):
-    """Queues are full (maps to RESOURCE_EXHAUSTED)."""
+    """Queues are full (maps to RESOURCE_EXHAUSTED). `retry_after_s`, when known: when trying
+    again may find room (gRPC: trailing metadata `grpc-retry-pushback-ms`; HTTP: `Retry-After`)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class EngineFailed(RuntimeError):

@@ -98,6 +98,9 @@ class WorkerSnapshot:
     waiting: int
     draining: bool
     active_blocks: int = 0
+    queued_prefill_tokens: int = 0  # prompt tokens it still computes (queued or prefilling)
+    prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)
+    step_s: float = 0.0  # its recent steps' seconds (0: none yet)
 
 
 class Call(abc.ABC):

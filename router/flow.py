@@ -13,13 +13,19 @@ background from the start, so a decode worker that dies while the prefill runs i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 
+from pdserve.admission import Admission, Verdict
+from pdserve.errors import OverloadedError
 from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
 from router.clients import Call, Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
+from router.admitting import Admitter
 from router.flow_types import FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
+from router.observed import Observed
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
 from router.recovery import Action, Decision, charged_to
@@ -34,7 +40,9 @@ class RequestFlow:
         self.pool = pool
         self.clients = clients
         self.config = config
-        self.placer = Placer(pool, clients, config)
+        self.observed = Observed()
+        self.placer = Placer(pool, clients, config, self.observed)
+        self.admitter = Admitter(self.placer.predictor, config.admission, config.local_prefill)
 
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
         state = FlowState(RequestProtocol(job.request_id))
@@ -74,19 +82,33 @@ class RequestFlow:
     # ---- one attempt ----
 
     async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
-        decode, cached = await self.placer.decode(job, state)
-        decision = await self.placer.local_prefill(job, state, decode, cached)
-        local = decision.local
+        deferred_at: float | None = None
+        while True:
+            decode, cached = await self.placer.decode(job, state)
+            decision = await self.placer.local_prefill(job, state, decode, cached)
+            waited = 0.0 if deferred_at is None else time.monotonic() - deferred_at
+            plan = await self.admitter.judge(job, state, decode, cached, decision, waited)
+            if plan.admission.verdict is not Verdict.DEFER:
+                break
+            if deferred_at is None:
+                deferred_at = time.monotonic()
+                yield Milestone("admission.deferred", _admission_attributes(plan.admission))
+            await _defer(job, plan.admission.retry_after_s)
+        yield Milestone("admission", _admission_attributes(plan.admission))
+        if plan.admission.verdict is Verdict.REFUSE:
+            raise _refusal(job, plan.admission, self.admitter.policy.objectives.of(job.priority).ttft_s)
+        local = plan.local.local
         state.local_prefill, state.decode_cached_tokens = local, cached if local else 0
         state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
         self.pool.placed(decode)
+        opened = time.monotonic()
         call = Pumped(self.clients.decode(decode.address).open(self._worker_job(job, state), local), decode.address)
         yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local,
-                                      "pdserve.local_prefill.reason": decision.reason,
+                                      "pdserve.local_prefill.reason": plan.local.reason,
                                       "pdserve.decode_cached_tokens": cached})
         try:
             if not local:
-                async for event in self._remote_prefill(job, state, call, decode):
+                async for event in self._remote_prefill(job, state, call, decode, plan.prefill, opened):
                     yield event
             async for event in self._relay(state, call):
                 yield event
@@ -95,7 +117,7 @@ class RequestFlow:
             self._blame(state, fault, "decode", decode.address)
             raise
         finally:
-            decode.assigned -= 1
+            self.pool.left(decode)
             call.close()
 
     def _worker_job(self, job: Job, state: FlowState) -> WorkerJob:
@@ -115,18 +137,20 @@ class RequestFlow:
 
     # ---- phases ----
 
-    async def _remote_prefill(self, job: Job, state: FlowState, decode_call: Pumped,
-                              decode: Worker) -> AsyncIterator[FlowEvent]:
+    async def _remote_prefill(self, job: Job, state: FlowState, decode_call: Pumped, decode: Worker,
+                              planned: Worker | None, opened: float) -> AsyncIterator[FlowEvent]:
         reservation = await decode_call.next()
         if not isinstance(reservation, Reservation):
             raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "
                                                                 f"(sent {type(reservation).__name__} first)")
-        prefill = await self.placer.prefill(job, state)
+        self.observed.reserved(decode.address, time.monotonic() - opened)
+        prefill = await self.placer.prefill(job, state, decode, planned)
         state.decode_cached_tokens = reservation.cached_blocks * reservation.block_size
         state.protocol.advance(Signal.RESERVED, prefill.address)
         yield Milestone("placement.prefill", {"pdserve.prefill_worker": prefill.address,
                                               "pdserve.kv_blocks_reserved": len(reservation.block_ids)})
-        self.pool.placed(prefill)
+        tokens = len(job.prompt) + len(state.generated)
+        self.pool.placed(prefill, tokens)
         call = self.clients.prefill(prefill.address).open(self._worker_job(job, state), reservation)
         try:
             async for event in self._prefill_events(state, call, decode_call, prefill.address):
@@ -140,11 +164,12 @@ class RequestFlow:
                 self._blame(state, fault, "prefill", prefill.address)
             raise
         finally:
-            prefill.assigned -= 1
+            self.pool.left(prefill, tokens)
             call.close()
 
     async def _prefill_events(self, state: FlowState, call: Call, decode_call: Pumped,
                               address: str) -> AsyncIterator[FlowEvent]:
+        chunks = 0
         while True:
             try:
                 event = await decode_call.unless_failed(call.next())
@@ -152,6 +177,7 @@ class RequestFlow:
                 raise WorkerFault(FaultKind.FAILED, address, "the prefill worker ended the stream without "
                                                              "a first token") from None
             if isinstance(event, Chunk):
+                chunks += 1
                 state.protocol.advance(Signal.CHUNK)
                 yield Milestone("prefill.chunk", {"tokens": event.num_tokens, "start": event.start,
                                                   "cached_tokens": event.cached_tokens,
@@ -160,6 +186,7 @@ class RequestFlow:
                 state.protocol.advance(Signal.FIRST_TOKEN)
                 state.cached_tokens = event.cached_tokens
                 state.kv_bytes += event.kv_bytes
+                self.observed.sent(address, event.kv_seconds, chunks)
                 yield Milestone("kv_transfer", {"bytes": event.kv_bytes, "blocks": event.kv_blocks,
                                                 "descriptors": event.kv_descriptors, "seconds": event.kv_seconds,
                                                 "queue_seconds": event.queue_seconds})
@@ -187,3 +214,37 @@ class RequestFlow:
                 state.preemptions += event.preemptions
                 yield state.done(event.reason, event.cached_tokens)
                 return
+
+
+DEFER_POLL_S = 1.0  # a deferred request is judged again at least this often
+
+
+def _admission_attributes(admission: Admission) -> dict:
+    attrs = {"pdserve.admission": admission.verdict.value, "pdserve.admission.reason": admission.reason}
+    if admission.prediction is not None:
+        attrs.update(admission.prediction.attributes())
+    if admission.verdict in (Verdict.REFUSE, Verdict.DEFER):
+        attrs["pdserve.admission.retry_after_s"] = admission.retry_after_s
+    return attrs
+
+
+async def _defer(job: Job, retry_after_s: float) -> None:
+    """Wait before judging a deferred request again; past its deadline it ends (DEADLINE_EXCEEDED)."""
+    pause = min(DEFER_POLL_S, retry_after_s)
+    if job.deadline is not None and time.monotonic() + pause >= job.deadline:
+        raise TimeoutError(f"request {job.request_id} was deferred (its class's objective cannot be met now) "
+                           f"until its deadline")
+    await asyncio.sleep(pause)
+
+
+def _refusal(job: Job, admission: Admission, ttft_objective_s: float | None) -> OverloadedError:
+    p = admission.prediction
+    if admission.reason == "tbt":
+        why = "every decode worker's time between tokens is over the objective of its class"
+    else:
+        assert p is not None
+        why = (f"its first token is predicted in {p.total_s:.2f} s (reserve {p.reserve_s:.2f}, queue {p.queue_s:.2f}, "
+               f"prefill {p.prefill_s:.2f}, transfer {p.transfer_s:.2f}), over the {ttft_objective_s} s "
+               f"objective of its class")
+    return OverloadedError(f"{job.priority.name.lower()} request {job.request_id} refused: {why}; retry after "
+                           f"{admission.retry_after_s:.1f} s", admission.retry_after_s)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdserve.admission import AdmissionPolicy
 from pdserve.config import DeadlineConfig
 from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
 from router.clients import WorkerFault
@@ -101,3 +102,4 @@ class FlowConfig:
     probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill and decode workers
     recovery: RecoveryPolicy = RecoveryPolicy()
     local_prefill: LocalPrefillPolicy = LocalPrefillPolicy()
+    admission: AdmissionPolicy = AdmissionPolicy()  # objectives per class; none: every request admitted

@@ -23,6 +23,7 @@ from router.flow_types import FlowConfig
 from router.frontend import Frontend
 from router.grpc_clients import GrpcWorkerClients
 from router.limits import limits_from_args
+from router.admission_flags import admission_from_args
 from router.local_prefill import local_prefill_from_args
 from router.tenants import open_tenants, read_tenants
 from router.recovery import RecoveryPolicy
@@ -98,7 +99,8 @@ async def start_router(args: argparse.Namespace) -> RouterService:
                               eos_token_ids=tuple(config.eos_token_ids))
     flow = RequestFlow(pool, clients, FlowConfig(colocated=args.colocated, kv_timeout_s=args.kv_timeout,
                                                  wait_for_worker_s=args.wait_for_worker_s, recovery=recovery,
-                                                 local_prefill=local_prefill_from_args(args)))
+                                                 local_prefill=local_prefill_from_args(args),
+                                                 admission=admission_from_args(args)))
     obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
     gateway = Gateway(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),

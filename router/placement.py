@@ -38,7 +38,12 @@ def choose_decode(workers: list[Worker], cached: Mapping[str, int] | None = None
     return max(near, key=lambda w: (cached.get(w.address, 0), -w.assigned, w.free_blocks, -w.running))
 
 
-def choose_prefill(workers: list[Worker], cached: Mapping[str, int], avoid: Collection[str] = ()) -> Worker:
-    """Longest cached prefix first, then the least loaded."""
-    return max(_candidates(workers, avoid, "prefill"),
-               key=lambda w: (cached.get(w.address, 0), -w.assigned, -(w.running + w.waiting)))
+def choose_prefill(workers: list[Worker], cached: Mapping[str, int], avoid: Collection[str] = (),
+                   predicted_s: Mapping[str, float] | None = None) -> Worker:
+    """The earliest predicted first token (`predicted_s`, router/predicting.py: the queue ahead and
+    the part of the prompt not cached there, at the worker's speed); then the longest cached
+    prefix, then the least loaded."""
+    predicted_s = predicted_s or {}
+    return min(_candidates(workers, avoid, "prefill"),
+               key=lambda w: (predicted_s.get(w.address, 0.0), -cached.get(w.address, 0), w.assigned,
+                              w.running + w.waiting))

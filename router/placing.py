@@ -13,15 +13,18 @@ from pdserve.rpc.errors import Unavailable
 from router.clients import WorkerClients
 from router.flow_types import FlowConfig, FlowState, Job
 from router.local_prefill import RESUME_REMOTE, LocalPrefillDecision
-from router.placement import NoWorker, choose_decode, choose_prefill
+from router.observed import Observed
+from router.placement import NoWorker, choose_decode
+from router.predicting import Predictor
 from router.workers import Worker, WorkerPool
 
 
 class Placer:
-    def __init__(self, pool: WorkerPool, clients: WorkerClients, config: FlowConfig):
+    def __init__(self, pool: WorkerPool, clients: WorkerClients, config: FlowConfig, observed: Observed):
         self.pool = pool
         self.clients = clients
         self.config = config
+        self.predictor = Predictor(pool, observed, self.cached_prefixes)
 
     async def decode(self, job: Job, state: FlowState) -> tuple[Worker, int]:
         """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
@@ -58,13 +61,14 @@ class Placer:
                 return RESUME_REMOTE
         return decision
 
-    async def prefill(self, job: Job, state: FlowState) -> Worker:
+    async def prefill(self, job: Job, state: FlowState, decode: Worker, planned: Worker | None) -> Worker:
+        """`planned` (chosen at admission) while it is still usable; else the earliest predicted
+        first token among the usable prefill workers now (router/predicting.py)."""
         workers = await self.pool.wait_usable("prefill", self.wait_until(job))
-        avoid = state.avoided("prefill", workers)
-        probed = [w for w in workers if w.address not in avoid]
-        cached = await self.cached_prefixes("prefill", (*job.prompt, *state.generated), probed)
+        if planned is not None and any(w is planned for w in workers) and planned.address not in state.avoided("prefill", workers):
+            return planned
         try:
-            return choose_prefill(workers, cached, avoid)
+            return (await self.predictor.remote(job, state, decode))[0]
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
 

@@ -1,6 +1,8 @@
 """One request's root span and metrics, fed by the flow's events (policy-free bookkeeping).
 
     pdserve.generate (SERVER, root; child of the client's traceparent when given)
+      ├─ attributes pdserve.admission*, pdserve.ttft.predicted*   the verdict and its prediction
+      │                           (measured over predicted at the end; event admission.deferred)
       ├─ pdserve.placement        decode worker chosen (and the prefill worker)
       ├─ events prefill.chunk     tokens, cached tokens, step seconds
       ├─ pdserve.kv_transfer      bytes, blocks, descriptors, seconds
@@ -35,6 +37,7 @@ class RequestTrace:
         self.tracer = tracer
         self.queue_s = 0.0
         self.kv_s = 0.0
+        self.predicted_s: float | None = None  # time to first token predicted at admission
         self.done = False
 
     def bind(self, job: Job) -> None:
@@ -75,6 +78,9 @@ class RequestTrace:
 
     def _milestone(self, event: Milestone) -> None:
         attrs = {k: v for k, v in event.attributes.items() if v is not None}
+        if event.name.startswith("admission"):
+            self._admission(event.name, attrs)
+            return
         if event.name == "placement":
             self.span.set_attributes({"pdserve.local_prefill": bool(attrs.get("pdserve.local_prefill")),
                                       "pdserve.local_prefill.reason": attrs.get("pdserve.local_prefill.reason", "")})
@@ -88,6 +94,17 @@ class RequestTrace:
                                    attributes={f"pdserve.kv.{k}": v for k, v in attrs.items()}).end()
         else:
             self.span.add_event(event.name, attrs)
+
+    def _admission(self, name: str, attrs: dict) -> None:
+        """The verdict (counted) and the predicted time to first token (kept, to export with the
+        measured one): attributes of the root span; a deferral is an event."""
+        assert self.job is not None
+        self.metrics.count_admission(self.job.priority, attrs["pdserve.admission"], attrs["pdserve.admission.reason"])
+        if name != "admission":
+            self.span.add_event(name, attrs)
+            return
+        self.span.set_attributes(attrs)
+        self.predicted_s = attrs.get("pdserve.ttft.predicted_s")
 
     def finish(self, reason: FinishReason, completion_tokens: int) -> None:
         if self.done:
@@ -104,6 +121,8 @@ class RequestTrace:
                  "pdserve.finish_reason": reason.value}
         if t.ttft is not None:
             attrs["gen_ai.latency.time_to_first_token"] = t.ttft
+            if self.predicted_s:
+                attrs["pdserve.ttft.measured_over_predicted"] = t.ttft / self.predicted_s
         summary = t.summary().tbt
         if summary is not None:
             attrs.update({"pdserve.tbt.p50": summary.p50, "pdserve.tbt.p99": summary.p99,
@@ -115,6 +134,8 @@ class RequestTrace:
         assert self.job is not None
         m = self.metrics
         m.observe_timeline(self.timeline)
+        if self.predicted_s is not None and self.timeline.ttft is not None:
+            m.observe_ttft_prediction(self.predicted_s, self.timeline.ttft, self.job.priority)
         m.observe_queue_time(self.queue_s, self.job.priority)
         m.count_request(self.job.priority, reason)
         m.count_tenant_request(self.job.tenant, reason)

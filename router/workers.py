@@ -32,6 +32,10 @@ class Worker:
     running: int = 0
     waiting: int = 0
     assigned: int = 0  # requests this router has in flight on it (fresher than polled stats)
+    queued_prefill_tokens: int = 0  # prompt tokens it still computes, by its last poll
+    assigned_tokens: int = 0  # prompt tokens this router sent it to compute, not yet computed
+    prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)
+    step_s: float = 0.0  # its recent steps' seconds (0: none yet)
     source: str = "static"  # static | registry | dns:NAME
     silent_polls: int = 0  # consecutive polls without an answer
     # Bumped when a poll answers after one did not: the worker restarted (or its stall ended).
@@ -46,6 +50,8 @@ class Worker:
         self.ready, self.draining, self.silent_polls = True, snapshot.draining, 0
         self.free_blocks, self.total_blocks = snapshot.free_blocks, snapshot.total_blocks
         self.running, self.waiting, self.active_blocks = snapshot.running, snapshot.waiting, snapshot.active_blocks
+        self.queued_prefill_tokens = snapshot.queued_prefill_tokens
+        self.prefill_tokens_per_s, self.step_s = snapshot.prefill_tokens_per_s, snapshot.step_s
 
 
 @dataclass(frozen=True)
@@ -124,9 +130,17 @@ class WorkerPool:
         if worker is not None:
             self._close_breaker(worker)
 
-    def placed(self, worker: Worker) -> None:
+    def placed(self, worker: Worker, tokens: int = 0) -> None:
+        """A request goes to `worker`, `tokens` of its prompt to compute there."""
         worker.assigned += 1
+        worker.assigned_tokens += tokens
         worker.breaker.on_trial()
+
+    @staticmethod
+    def left(worker: Worker, tokens: int = 0) -> None:
+        """A request `placed` there is over (`tokens`: as placed)."""
+        worker.assigned -= 1
+        worker.assigned_tokens -= tokens
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._poll_forever())

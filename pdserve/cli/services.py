@@ -22,6 +22,7 @@ from router.flow_types import FlowConfig
 from router.discovery import MAX_REGISTERED_WORKERS
 from router.gateway import MAX_ACTIVE
 from router.limits import add_limit_flags
+from router.admission_flags import add_admission_flags
 from router.local_prefill import add_local_prefill_flags
 
 DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
@@ -80,6 +81,7 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                         "default: its folder or file name)")
     add_limit_flags(p)
     add_local_prefill_flags(p)
+    add_admission_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:

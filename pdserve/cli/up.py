@@ -25,6 +25,7 @@ from pdserve.config import DeadlineConfig
 from pdserve.procs.health import wait_serving
 from pdserve.procs.supervisor import Supervisor
 from pdserve.rpc.security import write_cluster_token
+from router.admission_flags import add_admission_flags, admission_argv
 from router.local_prefill import add_local_prefill_flags, local_prefill_argv
 
 TICK_S = 0.2
@@ -64,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "rewritten atomically whenever a child starts or restarts")
     add_engine_flags(p)
     add_local_prefill_flags(p)
+    add_admission_flags(p)
     p.set_defaults(run=run)
 
 
@@ -146,7 +148,7 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
         argv += ["--http-port", str(args.http_port)]
     if args.served_model_name:
         argv += ["--served-model-name", args.served_model_name]
-    argv += local_prefill_argv(args)
+    argv += local_prefill_argv(args) + admission_argv(args)
     return argv + ["--anonymous-max-priority", args.anonymous_max_priority or ("vip" if args.demo else "normal")]
 
 

@@ -45,9 +45,11 @@ class Completion:
 
 class PdserveError(Exception):
     """The server refused or failed the call: `code` is the gRPC status name
-    (INVALID_ARGUMENT, UNAVAILABLE, ...), `details` the server's message."""
+    (INVALID_ARGUMENT, UNAVAILABLE, ...), `details` the server's message, `retry_after_s` when the
+    server said when to try again (a RESOURCE_EXHAUSTED refusal by admission), else None."""
 
-    def __init__(self, code: str, details: str):
+    def __init__(self, code: str, details: str, retry_after_s: float | None = None):
         super().__init__(f"{code}: {details}")
         self.code = code
         self.details = details
+        self.retry_after_s = retry_after_s

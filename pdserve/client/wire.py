@@ -67,10 +67,24 @@ def chunk_of(response: pb.GenerateResponse) -> Chunk:
                  _FINISH.get(response.finish_reason, "unknown"), usage)
 
 
+RETRY_PUSHBACK = "grpc-retry-pushback-ms"  # the server's hint of when to try again (gRFC A6)
+
+
 def error_of(exc: grpc.RpcError) -> PdserveError:
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
-    return PdserveError(code.name if code is not None else "UNKNOWN", details or "")
+    return PdserveError(code.name if code is not None else "UNKNOWN", details or "", _retry_after_s(exc))
+
+
+def _retry_after_s(exc: grpc.RpcError) -> float | None:
+    trailers = exc.trailing_metadata() if callable(getattr(exc, "trailing_metadata", None)) else None
+    for key, value in trailers or ():
+        if key == RETRY_PUSHBACK:
+            try:
+                return int(value) / 1000.0
+            except (TypeError, ValueError):
+                return None
+    return None
 
 
 def generation_stub(channel: grpc.Channel | grpc.aio.Channel) -> generation_pb2_grpc.GenerationStub:

@@ -31,6 +31,7 @@ from pdserve.engine.engine import Engine
 from pdserve.errors import EngineFailed
 from pdserve.engine.faults import FaultInjector, NoFaults, RequestFault
 from pdserve.engine.outputs import StepResult
+from pdserve.engine.step_meter import StepMeter, StepRates
 from pdserve.kv import BlockHold
 from pdserve.scheduler.results import Reservation
 
@@ -58,6 +59,7 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stats = engine.scheduler.stats()
+        self._meter = StepMeter(engine.scheduler.cfg.preemption.prefill_tokens_per_s)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -134,6 +136,20 @@ class AsyncEngine:
         a step: placement and health must not stall behind a long prefill)."""
         return self._stats
 
+    @property
+    def rates(self) -> StepRates:
+        """How fast the last seconds' steps went (pdserve/engine/step_meter.py); never waits."""
+        return self._meter.rates
+
+    async def queued_prefill_tokens(self) -> int:
+        """Prompt tokens still to compute here (Scheduler.queued_prefill_tokens), read under the
+        engine's lock: it waits for a scheduling decision at most, never for a forward pass. 0
+        once the engine thread is over (nothing more is computed here)."""
+        try:
+            return await self.query(lambda e: e.scheduler.queued_prefill_tokens())
+        except EngineFailed:
+            return 0
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
@@ -156,6 +172,7 @@ class AsyncEngine:
             self._wake.clear()
             return
         result = self._step()
+        self._meter.record(result.chunks, result.seconds)
         self._stats = self.engine.scheduler.stats()
         if not result.is_idle or result.holds:
             self._publish(result)

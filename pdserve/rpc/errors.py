@@ -21,6 +21,7 @@ from pdserve.tokenizer.base import ChatTemplateError
 
 log = logging.getLogger(__name__)
 FAULT_METADATA = "pdserve-fault"  # trailing metadata naming the peer that caused a failure
+RETRY_METADATA = "grpc-retry-pushback-ms"  # when to try again (gRFC A6's server pushback), milliseconds
 
 
 class Unavailable(RuntimeError):
@@ -68,12 +69,18 @@ class Failure(NamedTuple):
     code: grpc.StatusCode
     details: str
     peer: str | None  # a PeerFault's culprit, sent as trailing metadata
+    retry_after_s: float | None = None  # an OverloadedError's hint, sent as RETRY_METADATA
 
     def end(self, context: grpc.aio.ServicerContext) -> None:
         """Sets the call's status; the handler then returns (no AbortError, whose traceback
         would hold the handler's frame and the request in it)."""
+        trailers = []
         if self.peer is not None:
-            context.set_trailing_metadata(((FAULT_METADATA, self.peer),))
+            trailers.append((FAULT_METADATA, self.peer))
+        if self.retry_after_s is not None:
+            trailers.append((RETRY_METADATA, str(max(0, round(self.retry_after_s * 1000)))))
+        if trailers:
+            context.set_trailing_metadata(tuple(trailers))
         context.set_code(self.code)
         context.set_details(self.details)
 
@@ -83,7 +90,8 @@ def failure_of(exc: Exception) -> Failure:
     if code == grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-    return Failure(code, details or type(exc).__name__, exc.peer if isinstance(exc, PeerFault) else None)
+    return Failure(code, details or type(exc).__name__, exc.peer if isinstance(exc, PeerFault) else None,
+                   exc.retry_after_s if isinstance(exc, OverloadedError) else None)
 
 
 class Undecodable:

@@ -216,6 +216,13 @@ class Scheduler(abc.ABC):
         return SchedulerStats(len(q.running), len(q.waiting), len(q.swapped), self.kv.stats(), len(q.receiving),
                               reserved)
 
+    def queued_prefill_tokens(self) -> int:
+        """Tokens this worker still computes before the requests it holds are decoding: what is
+        uncomputed of those waiting (a recompute victim's whole context) and of running prefills.
+        Not those whose KV a prefill worker sends, nor swapped ones (copied back, not computed).
+        A sum over the queue: for Stats, never called in a step."""
+        return self._q.queued_prefill_tokens()
+
     def check_integrity(self) -> None:
         """Assert block accounting (free + cached + active == total, refcounts match the block
         tables and holds) and that every request sits in exactly one consistent place."""

@@ -153,6 +153,11 @@ class Queues:
         if self.vips.pop(request.request_id, None) is not None:
             self.vip_epoch += 1
 
+    def queued_prefill_tokens(self) -> int:
+        """Uncomputed tokens of waiting requests whose KV is computed here, and of running prefills."""
+        queued = (r for r in self.waiting if r.request_id not in self.remote)
+        return sum(_uncomputed(r) for r in (*queued, *self.prefilling.values()))
+
     def check_integrity(self, kv: KVManager) -> None:
         running, receiving = set(map(id, self.running)), set(map(id, self.receiving.values()))
         waiting, swapped = set(map(id, self.waiting)), set(map(id, self.swapped))

@@ -29,6 +29,7 @@ TOKEN_LATENCY_BUCKETS = (
 TRANSFER_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # seconds per KV transfer
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)  # measured / predicted
 KV_BLOCK_STATES = ("free", "active", "cached", "swapped", "held", "reserved", "quarantined")
 # held, reserved and quarantined are active blocks under a lease: a KV send reads them, a prefill
 # worker writes them, a withdrawn receive may still write them
@@ -90,6 +91,16 @@ class Metrics:
             "pdserve_kv_transfer_seconds", "Duration of one request's KV transfer.",
             buckets=TRANSFER_BUCKETS, registry=r,
         )
+        self.ttft_predicted = Histogram(
+            "pdserve_ttft_predicted_seconds", "Time to first token the router predicted at admission "
+            "(pdserve/admission/ttft.py), for requests that then had a first token.",
+            ["priority"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.ttft_prediction_ratio = Histogram(
+            "pdserve_ttft_measured_over_predicted", "Measured over predicted time to first token, per request "
+            "(1: exact; the model's error is visible here).",
+            ["priority"], buckets=RATIO_BUCKETS, registry=r,
+        )
 
     def _counters(self) -> None:
         r = self.registry
@@ -123,6 +134,11 @@ class Metrics:
             "resume_remote (a resume's prompt and tokens so far, by a prefill worker), resume (by the decode "
             "worker: no prefill worker was usable).",
             ["reason"], registry=r,
+        )
+        self.admissions = Counter(
+            "pdserve_admissions_total", "Admission verdicts (admit, local, defer, refuse) by priority and reason "
+            "(no_objective, within, local_within, ttft, tbt, deferred_too_long).",
+            ["priority", "verdict", "reason"], registry=r,
         )
         self.lease_ends = Counter(
             "pdserve_lease_ends_total", "Leases ended, by kind and how (ended, settled, expired).",
@@ -180,6 +196,14 @@ class Metrics:
 
     def count_prefill_placement(self, reason: Label) -> None:
         self.prefill_placements.labels(reason=label(reason)).inc()
+
+    def observe_ttft_prediction(self, predicted_s: float, measured_s: float, priority: Label) -> None:
+        self.ttft_predicted.labels(priority=label(priority)).observe(predicted_s)
+        if predicted_s > 0:
+            self.ttft_prediction_ratio.labels(priority=label(priority)).observe(measured_s / predicted_s)
+
+    def count_admission(self, priority: Label, verdict: Label, reason: Label) -> None:
+        self.admissions.labels(priority=label(priority), verdict=label(verdict), reason=label(reason)).inc()
 
     def count_preemption(self, mode: Label, n: int = 1) -> None:
         self.preemptions.labels(mode=label(mode)).inc(n)

@@ -46,6 +46,8 @@ class CommonWorkerRpcs:
         return wpb.WorkerAbortResponse(found=self.worker.live.abort(request.request_id))
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
-        stats = stats_to_pb(self.role, self.worker.engine.stats, self.draining.draining)
+        engine = self.worker.engine
+        stats = stats_to_pb(self.role, engine.stats, self.draining.draining, engine.rates,
+                            await engine.queued_prefill_tokens())
         stats.kv_rank_bytes.extend(self.worker.kv_rank_bytes())
         return stats

@@ -92,18 +92,33 @@ class HttpApi:
 
     async def _stream(self, request: web.Request, generation: Generation, reply: Reply,
                       include_usage: bool) -> web.StreamResponse:
-        async with sse_response(request, allow_all_methods=True) as events:  # POST, as OpenAI streams
+        """The headers go out with the first output: a request refused or failed before it (an
+        admission's 429 with Retry-After) is answered with its status, as a whole response is."""
+        outputs = self.gateway.stream(generation)
+        try:
             try:
-                first = True
-                async for output in self.gateway.stream(generation):
-                    await events.send(json.dumps(reply.chunk(output, first)))
-                    first = False
-                if include_usage:
-                    await events.send(json.dumps(reply.usage_chunk()))
-            except Exception as exc:  # the headers are out: the error is the stream's last event
-                await events.send(json.dumps(error_of(exc)[1]))
-            await events.send("[DONE]")
-        return events
+                first_output = await anext(outputs)
+            except StopAsyncIteration:
+                first_output = None
+            except Exception as exc:
+                return error_response(exc)
+            async with sse_response(request, allow_all_methods=True) as events:  # POST, as OpenAI streams
+                try:
+                    first = True
+                    if first_output is not None:
+                        await events.send(json.dumps(reply.chunk(first_output, first)))
+                        first = False
+                    async for output in outputs:
+                        await events.send(json.dumps(reply.chunk(output, first)))
+                        first = False
+                    if include_usage:
+                        await events.send(json.dumps(reply.usage_chunk()))
+                except Exception as exc:  # the headers are out: the error is the stream's last event
+                    await events.send(json.dumps(error_of(exc)[1]))
+                await events.send("[DONE]")
+            return events
+        finally:
+            await outputs.aclose()
 
     def _checked(self, openai: OpenAIRequest) -> OpenAIRequest:
         if openai.model != self.settings.model:

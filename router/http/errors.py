@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
 from aiohttp import web
 
+from pdserve.errors import OverloadedError
 from pdserve.rpc.errors import failure_of
 
 HTTP_STATUS = {
@@ -45,4 +48,10 @@ def error_of(exc: Exception) -> tuple[int, dict]:
 
 def error_response(exc: Exception) -> web.Response:
     status, body = error_of(exc)
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, headers=retry_headers(exc))
+
+
+def retry_headers(exc: Exception) -> dict[str, str]:
+    """`Retry-After` (whole seconds, rounded up) for a refusal that knows when room may come."""
+    retry_after = exc.retry_after_s if isinstance(exc, OverloadedError) else None
+    return {} if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}

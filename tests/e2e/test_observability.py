@@ -122,6 +122,9 @@ def test_one_trace_across_three_services_under_the_client_span(traced):
                 "gen_ai.response.model", "gen_ai.latency.time_in_queue", "pdserve.priority", "pdserve.cached_tokens",
                 "pdserve.preemptions", "pdserve.finish_reason", "pdserve.tbt.p50", "pdserve.tbt.p99", "pdserve.tbt.max"):
         assert key in a, key
+    assert a["pdserve.admission"] == "admit" and a["pdserve.admission.reason"] == "no_objective"
+    assert a["pdserve.ttft.predicted_s"] > 0 and a["pdserve.ttft.measured_over_predicted"] > 0
+    assert a["pdserve.ttft.predicted.prefill_worker"]
     assert by_name["pdserve.prefill"].parent_span_id == root.span_id
     assert by_name["pdserve.decode"].parent_span_id == root.span_id
     transfer = by_name["pdserve.kv_transfer"].attributes
@@ -158,11 +161,14 @@ def _metrics(port: int) -> dict:
 
 def test_metrics_count_requests_and_blocks_return_to_zero(traced):
     children = traced["children"]
-    before = _metrics(children["router"].metrics_port).get("pdserve_time_to_first_token_seconds_count[]", 0)
+    ratio = "pdserve_ttft_measured_over_predicted_count[('priority', 'normal')]"
+    before = _metrics(children["router"].metrics_port)
     for i in range(3):
         traced["client"].generate(f"Question {i}: what is", max_tokens=4, **GREEDY)
     router = _metrics(children["router"].metrics_port)
-    assert router["pdserve_time_to_first_token_seconds_count[]"] - before == 3
+    assert router["pdserve_time_to_first_token_seconds_count[]"] - before.get(
+        "pdserve_time_to_first_token_seconds_count[]", 0) == 3
+    assert router[ratio] - before.get(ratio, 0) == 3  # the prediction's error, exported per request
     assert router["pdserve_e2e_request_latency_seconds_count[]"] >= 3
     for name in ("prefill", "decode"):
         port = children[name].metrics_port

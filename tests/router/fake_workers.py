@@ -112,6 +112,8 @@ class FakeWorker:
         self.epoch = 0
         self._ids = itertools.count()
         self.cached: dict[tuple[int, ...], int] = {}  # a test's prefix-cache contents: prefix -> tokens held
+        # what its Stats report of its speed and queue (set by a test; 0: not known)
+        self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s = 0, 0.0, 0.0
 
     def cached_prefix(self, token_ids: tuple[int, ...]) -> int | None:
         """What MatchPrefix answers: the longest cached prefix set by a test; None while down."""
@@ -190,7 +192,8 @@ class FakeWorker:
         asyncio.ensure_future(serve())
 
     def snapshot(self) -> WorkerSnapshot:
-        return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), 0, False, self.active_blocks)
+        return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), 0, False, self.active_blocks,
+                              self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s)
 
 
 class FakeCall(Call):

@@ -7,6 +7,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from pdserve.admission import AdmissionPolicy
 from pdserve.requests import Priority, SamplingParams
 from tests.router.fake_fleet import FakeFleet
 from tests.router.fake_workers import FleetConfig, token_at
@@ -39,16 +40,17 @@ async def harness(prefill=PREFILL, decode=DECODE, **flow_kw):
     await pool.refresh()
     pool.start()
     config = FlowConfig(kv_timeout_s=1.0, wait_for_worker_s=flow_kw.pop("wait_for_worker_s", 2.0),
-                        recovery=RecoveryPolicy(**flow_kw))
+                        admission=flow_kw.pop("admission", AdmissionPolicy()), recovery=RecoveryPolicy(**flow_kw))
     try:
         yield Harness(fleet, pool, RequestFlow(pool, fleet, config))
     finally:
         await pool.stop()
 
 
-def job(request_id: str = "r", max_tokens: int = MAX_TOKENS, prompt=PROMPT, timeout_s: float | None = 10.0) -> Job:
+def job(request_id: str = "r", max_tokens: int = MAX_TOKENS, prompt=PROMPT, timeout_s: float | None = 10.0,
+        priority: Priority = Priority.NORMAL) -> Job:
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    return Job(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), Priority.NORMAL,
+    return Job(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), priority,
                deadline=deadline)
 
 

@@ -26,6 +26,12 @@ def test_prefill_prefers_the_longest_cached_prefix_then_load():
     assert choose_prefill([a, b], {"a": 512, "b": 0}).address == "a"
 
 
+def test_prefill_prefers_the_earliest_predicted_first_token_over_a_prefix():
+    a, b = _w("a", "prefill"), _w("b", "prefill", running=3)
+    assert choose_prefill([a, b], {"a": 512}, predicted_s={"a": 5.0, "b": 0.2}).address == "b"
+    assert choose_prefill([a, b], {"a": 512}, predicted_s={"a": 0.2, "b": 0.2}).address == "a"
+
+
 def test_avoided_workers_are_chosen_only_when_nothing_else_is_usable():
     a, b = _w("a", "prefill"), _w("b", "prefill", running=9)
     assert choose_prefill([a, b], {}, avoid={"a"}).address == "b"

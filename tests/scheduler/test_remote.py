@@ -168,3 +168,15 @@ def test_a_remote_prompt_shares_the_cached_prefix_and_only_the_rest_is_written()
     run_until_idle(s, ex)
     assert turn.finish_reason == FinishReason.LENGTH and len(turn.output_token_ids) == 3
     assert s.stats().kv.active == 0
+
+
+def test_queued_prefill_tokens_count_what_this_worker_computes_not_what_it_receives() -> None:
+    s, ex, _ = build(num_blocks=64, token_budget=8, max_chunk_tokens=8)
+    s.add(request("a", 20, max_tokens=2))
+    s.add(request("b", 12, max_tokens=2))
+    s.add_remote(request("remote", 30, max_tokens=2))
+    assert s.queued_prefill_tokens() == 32
+    step(s, ex)  # 8 of a's tokens computed; the remote one reserved, not computed here
+    assert s.queued_prefill_tokens() == 24
+    run_until_idle(s, ex)
+    assert s.queued_prefill_tokens() == 0

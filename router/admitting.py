@@ -1,0 +1,64 @@
+"""Admission at a request's first placement: the predicted time to first token of the path
+placement chose and of the decode worker prefilling it instead (router/predicting.py), judged
+against its class's objectives (pdserve/admission/policy.py).
+
+    Plan.local      where the prompt is computed: placement's decision, or the decode worker when
+                    only that path is within the objective (reason "objective")
+    Plan.prefill    the prefill worker a remote prefill goes to (the earliest predicted first token)
+    Plan.admission  the verdict and the prediction it rests on (exported with the measured TTFT)
+
+A retry or a resume after a fault is never refused or deferred: its prediction is still made, for
+the prefill worker's choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdserve.admission import Admission, AdmissionPolicy, TtftPrediction, Verdict
+from router.flow_types import FlowState, Job
+from router.local_prefill import LocalPrefillDecision, LocalPrefillPolicy
+from router.placement import NoWorker
+from router.predicting import Predictor
+from router.workers import Worker
+
+BY_OBJECTIVE = LocalPrefillDecision(True, "objective")  # only the decode worker's own prefill is within it
+
+
+@dataclass(frozen=True)
+class Plan:
+    local: LocalPrefillDecision
+    prefill: Worker | None  # None: the decode worker prefills, or no prefill worker is usable now
+    admission: Admission
+
+
+class Admitter:
+    def __init__(self, predictor: Predictor, policy: AdmissionPolicy, local_policy: LocalPrefillPolicy):
+        self.predictor = predictor
+        self.policy = policy
+        self.local_policy = local_policy
+
+    async def judge(self, job: Job, state: FlowState, decode: Worker, cached: int, decision: LocalPrefillDecision,
+                    deferred_s: float = 0.0) -> Plan:
+        """`decode` and `cached`: placement's decode worker and what it holds of the prompt;
+        `decision`: whether it prefills itself; `deferred_s`: how long the request has been deferred."""
+        local = self.predictor.local(job, state, decode, cached)
+        prefill: Worker | None = None
+        chosen: TtftPrediction | None = local
+        if not decision.local:
+            try:
+                prefill, chosen = await self.predictor.remote(job, state, decode)
+            except NoWorker:
+                chosen = None
+        if state.protocol.attempts > 0 or state.generated:
+            return Plan(decision, prefill, Admission(Verdict.ADMIT, "retry", chosen))
+        alternative = local if not decision.local and self._may_prefill_locally(job, state, cached) else None
+        admission = self.policy.decide(job.priority, chosen, alternative, decode.step_s, deferred_s)
+        if admission.verdict is Verdict.LOCAL:
+            return Plan(BY_OBJECTIVE, None, admission)
+        return Plan(decision, prefill, admission)
+
+    def _may_prefill_locally(self, job: Job, state: FlowState, cached: int) -> bool:
+        """Within what a decode worker may compute of a prompt (router/local_prefill.py)."""
+        uncached = len(job.prompt) + len(state.generated) - cached
+        return 0 < self.local_policy.max_uncached_tokens and uncached <= self.local_policy.max_uncached_tokens

@@ -1,0 +1,39 @@
+"""What this router measured of its workers itself, for predicting time to first token
+(pdserve/admission/ttft.py): per decode worker how long its reservations took, per prefill worker
+how long the last KV piece of a request took to cross. Moving averages: each new figure weighs
+`weight`, so they follow the last several requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Observed:
+    weight: float = 0.3
+    _reserve_s: dict[str, float] = field(default_factory=dict)
+    _tail_s: dict[str, float] = field(default_factory=dict)
+
+    def reserved(self, decode: str, seconds: float) -> None:
+        """A reservation on `decode` came `seconds` after its Decode call opened."""
+        self._blend(self._reserve_s, decode, seconds)
+
+    def sent(self, prefill: str, kv_seconds: float, pieces: int) -> None:
+        """A request's KV left `prefill` in `pieces` pieces that took `kv_seconds` in all."""
+        if pieces > 0:
+            self._blend(self._tail_s, prefill, kv_seconds / pieces)
+
+    def reserve_s(self, decode: str) -> float:
+        return self._reserve_s.get(decode, 0.0)
+
+    def tail_s(self, prefill: str) -> float:
+        return self._tail_s.get(prefill, 0.0)
+
+    def forget(self, address: str) -> None:
+        self._reserve_s.pop(address, None)
+        self._tail_s.pop(address, None)
+
+    def _blend(self, table: dict[str, float], address: str, seconds: float) -> None:
+        old = table.get(address)
+        seconds = max(0.0, seconds)
+        table[address] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
