@@ -164,7 +164,7 @@ class RequestFlow:
                 self._blame(state, fault, "prefill", prefill.address)
             raise
         finally:
-            self.pool.left(prefill, tokens)
+            self.pool.left(prefill)
             call.close()
 
     async def _prefill_events(self, state: FlowState, call: Call, decode_call: Pumped,

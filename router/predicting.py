@@ -3,9 +3,9 @@ figures (queued prompt tokens, measured prefill speed, step time) and what this 
 (router/observed.py); the arithmetic is pdserve/admission/ttft.py, the choice of prefill worker
 router/placement.py, the verdict pdserve/admission/policy.py.
 
-A prefill worker's queue is the larger of what it reported at its last poll and what this router
-has sent it since and not seen prefilled (`Worker.assigned_tokens`): a burst arriving between two
-polls still sees the prompts ahead of it.
+A prefill worker's queue is what it reported at its last poll and what this router has sent it
+since (`Worker.sent_tokens`): a burst arriving between two polls still sees the prompts ahead of
+it, and a prompt half computed at the poll counts only its other half.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Predictor:
                 for w in workers}
 
     def side(self, worker: Worker, cached: int) -> PrefillSide:
-        return PrefillSide(worker.address, max(worker.queued_prefill_tokens, worker.assigned_tokens),
+        return PrefillSide(worker.address, worker.queued_prefill_tokens + worker.sent_tokens,
                            worker.prefill_tokens_per_s, cached, self.observed.tail_s(worker.address))
 
     def fallback_tokens_per_s(self) -> float:

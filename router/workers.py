@@ -33,7 +33,7 @@ class Worker:
     waiting: int = 0
     assigned: int = 0  # requests this router has in flight on it (fresher than polled stats)
     queued_prefill_tokens: int = 0  # prompt tokens it still computes, by its last poll
-    assigned_tokens: int = 0  # prompt tokens this router sent it to compute, not yet computed
+    sent_tokens: int = 0  # prompt tokens this router sent it to compute since its last poll
     prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)
     step_s: float = 0.0  # its recent steps' seconds (0: none yet)
     source: str = "static"  # static | registry | dns:NAME
@@ -50,7 +50,7 @@ class Worker:
         self.ready, self.draining, self.silent_polls = True, snapshot.draining, 0
         self.free_blocks, self.total_blocks = snapshot.free_blocks, snapshot.total_blocks
         self.running, self.waiting, self.active_blocks = snapshot.running, snapshot.waiting, snapshot.active_blocks
-        self.queued_prefill_tokens = snapshot.queued_prefill_tokens
+        self.queued_prefill_tokens, self.sent_tokens = snapshot.queued_prefill_tokens, 0
         self.prefill_tokens_per_s, self.step_s = snapshot.prefill_tokens_per_s, snapshot.step_s
 
 
@@ -133,14 +133,13 @@ class WorkerPool:
     def placed(self, worker: Worker, tokens: int = 0) -> None:
         """A request goes to `worker`, `tokens` of its prompt to compute there."""
         worker.assigned += 1
-        worker.assigned_tokens += tokens
+        worker.sent_tokens += tokens
         worker.breaker.on_trial()
 
     @staticmethod
-    def left(worker: Worker, tokens: int = 0) -> None:
-        """A request `placed` there is over (`tokens`: as placed)."""
+    def left(worker: Worker) -> None:
+        """A request `placed` there is over."""
         worker.assigned -= 1
-        worker.assigned_tokens -= tokens
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._poll_forever())

@@ -68,6 +68,10 @@ class SpanSink:
         with self._cond:
             return list(self._spans)
 
+    def clear(self) -> None:
+        with self._cond:
+            self._spans.clear()
+
     def wait_for(self, count: int, timeout: float = 10.0) -> list[ReceivedSpan]:
         deadline = time.monotonic() + timeout
         with self._cond:
