@@ -69,7 +69,7 @@ class RequestFlow:
     def _recover(self, job: Job, state: FlowState, fault: WorkerFault) -> Decision:
         state.faults.append(fault)
         decision = self.config.recovery.decide(fault, state.faults, state.generated, job.sampling,
-                                               state.protocol.attempts, job.deadline)
+                                               state.protocol.attempts - state.protocol.moves, job.deadline)
         signal = {Action.RETRY: Signal.RETRY, Action.RESUME: Signal.RESUME, Action.COMPLETE: Signal.COMPLETE,
                   Action.FAIL: Signal.FAIL}[decision.action]
         log.warning("request %s in %s: %s -> %s", job.request_id, state.protocol.phase.value, fault,
@@ -116,6 +116,12 @@ class RequestFlow:
         except WorkerFault as fault:
             self._blame(state, fault, "decode", decode.address)
             raise
+        except _Moved as moved:
+            state.move_to = moved.target
+            log.info("request %s moves from %s to %s: %s", job.request_id, decode.address, moved.target, moved)
+            state.protocol.advance(Signal.MOVE, f"{decode.address} -> {moved.target}")
+            yield Milestone("moved", {"pdserve.from": decode.address, "pdserve.to": moved.target,
+                                      "pdserve.waited_s": moved.waited_s})
         finally:
             self.pool.left(decode)
             call.close()
@@ -139,11 +145,11 @@ class RequestFlow:
 
     async def _remote_prefill(self, job: Job, state: FlowState, decode_call: Pumped, decode: Worker,
                               planned: Worker | None, opened: float) -> AsyncIterator[FlowEvent]:
-        reservation = await decode_call.next()
+        reservation = await self._reservation(job, state, decode_call, decode, opened)
         if not isinstance(reservation, Reservation):
             raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "
                                                                 f"(sent {type(reservation).__name__} first)")
-        self.observed.reserved(decode.address, time.monotonic() - opened)
+        self.observed.reserved(decode.address, time.monotonic() - opened, reservation.block_size)
         prefill = await self.placer.prefill(job, state, decode, planned)
         state.decode_cached_tokens = reservation.cached_blocks * reservation.block_size
         state.protocol.advance(Signal.RESERVED, prefill.address)
@@ -166,6 +172,22 @@ class RequestFlow:
         finally:
             self.pool.left(prefill)
             call.close()
+
+    async def _reservation(self, job: Job, state: FlowState, call: Pumped, decode: Worker, opened: float) -> object:
+        """The decode worker's first event. While it keeps the request queued for blocks (longer
+        than move_after_s), a decode worker with room now takes the request instead: raises _Moved
+        (the caller closes this call, which takes it out of that queue)."""
+        config = self.config
+        while True:
+            try:
+                return await asyncio.wait_for(call.next(), config.move_check_s)
+            except TimeoutError:
+                waited = time.monotonic() - opened
+                if waited < config.move_after_s or state.protocol.moves >= config.max_moves:
+                    continue
+                target = self.placer.roomier_decode(job, state, decode, self.observed.block_size(decode.address))
+                if target is not None:
+                    raise _Moved(target.address, waited) from None
 
     async def _prefill_events(self, state: FlowState, call: Call, decode_call: Pumped,
                               address: str) -> AsyncIterator[FlowEvent]:
@@ -217,6 +239,14 @@ class RequestFlow:
 
 
 DEFER_POLL_S = 1.0  # a deferred request is judged again at least this often
+
+
+class _Moved(Exception):
+    """The request leaves its decode worker's queue for `target`, which has room now."""
+
+    def __init__(self, target: str, waited_s: float):
+        super().__init__(f"moved to {target} after {waited_s:.1f} s queued")
+        self.target, self.waited_s = target, waited_s
 
 
 def _admission_attributes(admission: Admission) -> dict:

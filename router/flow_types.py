@@ -83,6 +83,7 @@ class FlowState:
     kv_bytes: int = 0
     decode_cached_tokens: int = 0
     local_prefill: bool = False
+    move_to: str | None = None  # the decode worker a move chose for the next placement
 
     def avoided(self, role: str, workers: Sequence[Worker]) -> set[str]:
         """The workers of `role` to avoid: those this request failed on, unless they restarted since."""
@@ -103,3 +104,8 @@ class FlowConfig:
     recovery: RecoveryPolicy = RecoveryPolicy()
     local_prefill: LocalPrefillPolicy = LocalPrefillPolicy()
     admission: AdmissionPolicy = AdmissionPolicy()  # objectives per class; none: every request admitted
+    # A request queued this long for its reservation moves to a decode worker that has room now
+    # (nothing waiting there, free blocks for it), at most max_moves times; checked every move_check_s.
+    move_after_s: float = 2.0
+    move_check_s: float = 0.5
+    max_moves: int = 2

@@ -30,9 +30,13 @@ class Placer:
         """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
         workers = await self.pool.wait_usable("decode", self.wait_until(job))
         prompt = (*job.prompt, *state.generated)
+        local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
+        moved_to, state.move_to = next((w for w in workers if w.address == state.move_to), None), None
+        if moved_to is not None:  # the worker a move chose, while it is usable
+            cached = await self.cached_prefixes("decode", prompt, [moved_to], always=local_rule)
+            return moved_to, cached.get(moved_to.address, 0)
         avoid = state.avoided("decode", workers)
         probed = [w for w in workers if w.address not in avoid] or workers
-        local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
         cached = await self.cached_prefixes("decode", prompt, probed, always=local_rule)
         try:
             decode = choose_decode(workers, cached, avoid)
@@ -71,6 +75,17 @@ class Placer:
             return (await self.predictor.remote(job, state, decode))[0]
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
+
+    def roomier_decode(self, job: Job, state: FlowState, current: Worker, block_size: int) -> Worker | None:
+        """A usable decode worker other than `current` that could reserve the request's blocks at
+        once by its last poll (none waiting there, enough free blocks), the freest first; None if
+        no such worker."""
+        workers = self.pool.of_role("decode")
+        avoid = state.avoided("decode", workers)
+        need = -(-(len(job.prompt) + len(state.generated)) // block_size)
+        roomy = [w for w in workers if w is not current and w.address not in avoid and w.waiting == 0
+                 and w.free_blocks >= need]
+        return max(roomy, key=lambda w: (w.free_blocks, -w.assigned), default=None)
 
     def wait_until(self, job: Job) -> float:
         until = time.monotonic() + self.config.wait_for_worker_s

@@ -8,6 +8,7 @@
           │                                             └─────────────┘                                    │ finished
           │  retry (no token out yet) / resume (tokens out: prompt + tokens so far prefilled again,         ▼
           └── by the prefill pool) ◄── fault in any live phase ──► FAILED                           FINISHED
+          └── move (RESERVING: queued for blocks while another decode worker has room; not a fault)
                                                        complete (every token was out) ──► FINISHED
                                                        the client went away ──► CANCELLED
 
@@ -47,6 +48,7 @@ class Signal(enum.Enum):
     TOKENS = "tokens"
     FINISHED = "finished"
     RETRY = "retry"  # a fault before any token reached the client: start over elsewhere
+    MOVE = "move"  # still queued for blocks on its decode worker while another could reserve them now
     RESUME = "resume"  # a fault after tokens reached the client: continue elsewhere
     COMPLETE = "complete"  # a fault after the last token: nothing is missing
     FAIL = "fail"
@@ -59,6 +61,7 @@ TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.PLACING, Signal.PLACED): Phase.RESERVING,
     (Phase.PLACING, Signal.PLACED_LOCAL): Phase.LOCAL_PREFILL,
     (Phase.RESERVING, Signal.RESERVED): Phase.PREFILLING,
+    (Phase.RESERVING, Signal.MOVE): Phase.PLACING,
     (Phase.PREFILLING, Signal.CHUNK): Phase.KV_IN_FLIGHT,
     (Phase.PREFILLING, Signal.FIRST_TOKEN): Phase.DECODING,
     (Phase.KV_IN_FLIGHT, Signal.CHUNK): Phase.KV_IN_FLIGHT,
@@ -107,6 +110,11 @@ class RequestProtocol:
     def attempts(self) -> int:
         """Placements so far (each attempt starts with one)."""
         return sum(1 for s in self.history if s.signal in (Signal.PLACED, Signal.PLACED_LOCAL))
+
+    @property
+    def moves(self) -> int:
+        """Attempts that ended by a move, not a fault."""
+        return sum(1 for s in self.history if s.signal == Signal.MOVE)
 
     @property
     def done(self) -> bool:

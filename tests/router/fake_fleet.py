@@ -41,6 +41,8 @@ class FakeDecodeClient(DecodeClient):
         else:
             transfer_id = f"{job.request_id}#{next(w._ids)}"
             w.transfers[transfer_id] = session
+            while not w.reserving.is_set():  # queued for blocks while a test holds it (ends if closed)
+                await w.step(session)
             yield Reservation(transfer_id, "fake", w.address.encode(), tuple(range(session.blocks)),
                               w.fleet.config.block_size, 1, w.address, b"fake", session.blocks)
             await w.step(session, "reserved")

@@ -114,6 +114,9 @@ class FakeWorker:
         self.cached: dict[tuple[int, ...], int] = {}  # a test's prefix-cache contents: prefix -> tokens held
         # what its Stats report of its speed and queue (set by a test; 0: not known)
         self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s = 0, 0.0, 0.0
+        self.waiting = 0  # requests its Stats say are queued there (set by a test)
+        self.reserving = asyncio.Event()  # cleared by a test: a decode worker's reservations wait (queued)
+        self.reserving.set()
 
     def cached_prefix(self, token_ids: tuple[int, ...]) -> int | None:
         """What MatchPrefix answers: the longest cached prefix set by a test; None while down."""
@@ -192,7 +195,8 @@ class FakeWorker:
         asyncio.ensure_future(serve())
 
     def snapshot(self) -> WorkerSnapshot:
-        return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), 0, False, self.active_blocks,
+        return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), self.waiting, False,
+                              self.active_blocks,
                               self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s)
 
 
