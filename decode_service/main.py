@@ -11,7 +11,7 @@ from pdserve.transfer import make_transport
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.runtime import RuntimeConfig, WorkerRuntime
 from pdserve.worker.service import WorkerService
-from pdserve.worker.startup import Role, lay_groundwork, serve
+from pdserve.worker.startup import Groundwork, Role, lay_groundwork, serve
 
 DECODE = Role("decode", "DecodeWorker", worker_pb2_grpc.add_DecodeWorkerServicer_to_server, hold_blocks=False)
 
@@ -23,12 +23,19 @@ async def _receiver(runtime: WorkerRuntime) -> RanksReceiver:
                                kv.shape.num_kv_heads)
 
 
-async def start_decode(args: argparse.Namespace, runtime_config: RuntimeConfig) -> WorkerService:
-    ground = lay_groundwork(args, runtime_config, DECODE)
+async def decode_parts(args: argparse.Namespace, ground: Groundwork) -> tuple[DecodeServicer, RanksReceiver | None]:
+    """The decode role over a worker's groundwork: its KV receiver (none with --transport none),
+    worker and servicer."""
     runtime = ground.runtime
     receiver = await _receiver(runtime) if args.transport == "ucx" else None
     worker = DecodeWorker(runtime.async_engine, receiver, ground.leases, args.quarantine_timeout_s)
     servicer = DecodeServicer(worker, ground.observability.tracing.tracer(), ground.drainer, args.transport,
                               receiver.address() if receiver else b"", runtime.block_size, runtime.block_nbytes,
                               runtime.engine.kv.num_blocks, receiver.ends if receiver else ())
+    return servicer, receiver
+
+
+async def start_decode(args: argparse.Namespace, runtime_config: RuntimeConfig) -> WorkerService:
+    ground = lay_groundwork(args, runtime_config, DECODE)
+    servicer, receiver = await decode_parts(args, ground)
     return await serve(args, ground, DECODE, servicer, receiver)

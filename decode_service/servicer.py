@@ -36,7 +36,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         self.num_blocks = num_blocks
 
     async def Decode(self, request: wpb.DecodeRequest, context):
-        self.draining.refuse_if_draining()
+        self.refuse_unless_serving()
         r = request.request
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                         priority_from_pb(r.priority), kv_timeout(r.kv_timeout_s), request.local_prefill,

@@ -88,6 +88,9 @@ class DecodeWorker:
         self.quarantine_timeout_s = quarantine_timeout_s
         self.intakes: dict[str, Intake] = {}  # transfer id -> its intake
         self._transfer_ids = itertools.count()  # a transfer id is never reused, even after a failure
+        # A decode worker gives back the holds its steps produce; beside a prefill worker on one
+        # engine (an elastic worker) that one does, since some are its sends'.
+        self.releases_holds = True
         engine.add_listener(self.on_step)
 
     async def open(self, job: DecodeJob) -> Session:
@@ -203,8 +206,9 @@ class DecodeWorker:
             self._notify(request, Preempted("", "", "resumed"))
         for out in result.outputs:
             self._on_output(out)
-        for hold in result.holds.values():  # nothing of a decode worker's is sent on
-            self.engine.release_nowait(hold)
+        if self.releases_holds:
+            for hold in result.holds.values():  # nothing of a decode worker's is sent on
+                self.engine.release_nowait(hold)
 
     def _on_reserved(self, request: Request, block_ids: tuple[int, ...], cached_blocks: int) -> None:
         live = self.live.owner(request)

@@ -102,6 +102,9 @@ class Request:
     # elsewhere before) that KV covers besides the prompt's (see num_remote_tokens).
     num_remote_outputs: int = 0
     num_preemptions: int = 0
+    # Its KV is sent to another worker (a prefill worker's request): the engine holds its blocks
+    # after every step that computes it and at its finish, until the send gives them back.
+    sends_kv: bool = False
     finish_reason: FinishReason | None = None
     first_scheduled_time: float | None = None  # when its first chunk was scheduled (queue time)
     # Set by the scheduler: order of first arrival (queue place survives preemption) and of the

@@ -61,7 +61,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
         self.metrics = metrics
 
     async def Prefill(self, request: wpb.PrefillRequest, context):
-        self.draining.refuse_if_draining()
+        self.refuse_unless_serving()
         r, t = request.request, request.target
         target = self._target_from_pb(t)
         with stream_span(

@@ -140,7 +140,8 @@ class PrefillWorker:
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,
                          sent_blocks=target.cached_blocks, resumed=len(resumed))
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": ()})
-        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed, age_s))
+        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed, age_s,
+                                                                   sends_kv=True))
 
     def _check_target(self, target: Target, kv_tokens: int) -> None:
         try:

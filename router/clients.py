@@ -101,6 +101,8 @@ class WorkerSnapshot:
     queued_prefill_tokens: int = 0  # prompt tokens it still computes (queued or prefilling)
     prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)
     step_s: float = 0.0  # its recent steps' seconds (0: none yet)
+    role: str = ""  # the role it serves ("": as it was listed)
+    next_role: str = ""  # an elastic worker leaving `role` for this one ("": none)
 
 
 class Call(abc.ABC):

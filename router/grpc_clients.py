@@ -159,7 +159,8 @@ class GrpcWorkerClients(WorkerClients):
         return WorkerSnapshot(free_blocks=s.blocks_free + s.blocks_cached, total_blocks=s.blocks_total,
                               running=s.requests_running, waiting=s.requests_waiting, draining=s.draining,
                               active_blocks=s.blocks_active, queued_prefill_tokens=s.queued_prefill_tokens,
-                              prefill_tokens_per_s=s.prefill_tokens_per_s, step_s=s.step_seconds)
+                              prefill_tokens_per_s=s.prefill_tokens_per_s, step_s=s.step_seconds, role=s.role,
+                              next_role=s.next_role)
 
     async def forget(self, address: str) -> None:
         await self.channels.drop(address)

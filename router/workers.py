@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Worker:
     address: str
-    role: str  # "prefill" | "decode"
+    role: str  # "prefill" | "decode": as listed, then as its Stats say (an elastic worker changes it)
     ready: bool = False  # the last health poll answered
     draining: bool = False
     free_blocks: int = 0
@@ -36,6 +36,7 @@ class Worker:
     sent_tokens: int = 0  # prompt tokens this router sent it to compute since its last poll
     prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)
     step_s: float = 0.0  # its recent steps' seconds (0: none yet)
+    next_role: str = ""  # an elastic worker changing role: usable for neither until it has
     source: str = "static"  # static | registry | dns:NAME
     silent_polls: int = 0  # consecutive polls without an answer
     # Bumped when a poll answers after one did not: the worker restarted (or its stall ended).
@@ -44,9 +45,13 @@ class Worker:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     def usable(self, now: float) -> bool:
-        return self.ready and not self.draining and self.breaker.allows(now)
+        return self.ready and not self.draining and not self.next_role and self.breaker.allows(now)
 
     def take(self, snapshot: WorkerSnapshot) -> None:
+        if snapshot.role and snapshot.role != self.role:
+            log.warning("worker %s now serves the %s role (was %s)", self.address, snapshot.role, self.role)
+            self.role = snapshot.role
+        self.next_role = snapshot.next_role
         self.ready, self.draining, self.silent_polls = True, snapshot.draining, 0
         self.free_blocks, self.total_blocks = snapshot.free_blocks, snapshot.total_blocks
         self.running, self.waiting, self.active_blocks = snapshot.running, snapshot.waiting, snapshot.active_blocks

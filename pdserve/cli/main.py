@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "chaos": "pdserve.cli.chaos",
     "info": "pdserve.cli.info",
     "kernels": "pdserve.cli.kernels",
+    "set-role": "pdserve.cli.set_role",
 }
 
 

@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     else:
         add_engine_flags(p)
         p.add_argument("--transport", default="ucx", choices=["ucx", "none"])
+        p.add_argument("--elastic", action="store_true",
+                       help=f"serve both roles' services over one model and KV pool, as {name} to begin with; "
+                            "WorkerControl.SetRole (`pdserve set-role`) changes the role once its work is done")
         p.add_argument("--advertise-host", default=None, help="host other services dial (default: --host)")
         p.add_argument("--register-with", default="",
                        help="router internal host:port,... (its --internal-port) to register with (heartbeat)")
@@ -97,6 +100,10 @@ async def _start(args: argparse.Namespace):
         return await start_router(args)
     from pdserve.cli.options import runtime_config
 
+    if getattr(args, "elastic", False):
+        from pdserve.cli.elastic import start_elastic
+
+        return await start_elastic(args, runtime_config(args), args.role)
     if args.role == "prefill":
         from prefill_service.main import start_prefill as start
     else:

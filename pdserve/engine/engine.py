@@ -41,7 +41,8 @@ class Engine:
     def __init__(self, config: EngineConfig, loaded: EngineModel | LoadedModel | None = None,
                  clock: Callable[[], float] = time.monotonic, hold_blocks: bool = False):
         """`loaded`: the model to run (a LoadedModel runs as it is, on one rank), else the one
-        `config` names, loaded here. `hold_blocks` (prefill workers): finished requests' blocks are handed out as holds in
+        `config` names, loaded here. `hold_blocks` (prefill workers): every request's KV is sent on
+        (the default of `add_request`'s `sends_kv`): its blocks are handed out as holds in
         StepResult.holds, to be given back with `release` once their KV was sent."""
         self.config = config
         self.clock = clock
@@ -81,12 +82,15 @@ class Engine:
         priority: Priority = Priority.NORMAL,
         output_token_ids: Sequence[int] = (),
         age_s: float = 0.0,
+        sends_kv: bool | None = None,
     ) -> Request:
         """Validate and queue a request (with `output_token_ids`: resume one whose tokens so far
         were produced elsewhere; they are re-prefilled; `age_s`: queue it as if it had arrived
-        that long ago). Raises InvalidRequestError, DuplicateRequestError, OverloadedError;
+        that long ago; `sends_kv`: its KV is sent on, so its blocks are held (None: as the engine's
+        hold_blocks)). Raises InvalidRequestError, DuplicateRequestError, OverloadedError;
         nothing else in the engine changes then."""
         request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids, age_s)
+        request.sends_kv = self.hold_blocks if sends_kv is None else sends_kv
         self._queue(self.scheduler.add, request)
         return request
 
@@ -156,14 +160,14 @@ class Engine:
                           time.perf_counter() - started, reserved, holds)
 
     def _holds(self, output: SchedulerOutput) -> dict:
-        """Finished requests' holds, and with hold_blocks a hold on every request still
-        running that this step computed: its new KV can be sent while later steps run."""
+        """Finished requests' holds, and a hold on every request whose KV is sent on
+        (Request.sends_kv) still running that this step computed: its new KV can be sent while
+        later steps run."""
         holds = self.scheduler.take_holds()
-        if self.hold_blocks:
-            for chunk in output.chunks:
-                rid = chunk.request.request_id
-                if rid not in holds and (hold := self.scheduler.hold(rid)) is not None:
-                    holds[rid] = hold
+        for chunk in output.chunks:
+            rid = chunk.request.request_id
+            if chunk.request.sends_kv and rid not in holds and (hold := self.scheduler.hold(rid)) is not None:
+                holds[rid] = hold
         return holds
 
     def _stamp_first_scheduled(self, output: SchedulerOutput) -> None:

@@ -23,6 +23,10 @@ class Registration:
         self.period_s = period_s
         self._task: asyncio.Task | None = None
 
+    def set_role(self, role: str) -> None:
+        """An elastic worker changed role: heartbeats say so from now on."""
+        self.request.role = role
+
     def start(self) -> None:
         if self.routers:
             self._task = asyncio.ensure_future(self._run())

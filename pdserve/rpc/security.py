@@ -26,7 +26,8 @@ from pathlib import Path
 
 import grpc
 
-INTERNAL_SERVICES = ("/pdserve.v1.PrefillWorker/", "/pdserve.v1.DecodeWorker/", "/pdserve.v1.Registry/")
+INTERNAL_SERVICES = ("/pdserve.v1.PrefillWorker/", "/pdserve.v1.DecodeWorker/", "/pdserve.v1.Registry/",
+                     "/pdserve.v1.WorkerControl/")
 PUBLIC_SERVICES = ("/pdserve.v1.Generation/", "/grpc.reflection.")
 OPEN_METHODS = ("/pdserve.v1.PrefillWorker/Stats", "/pdserve.v1.DecodeWorker/Stats")
 MIN_TOKEN_CHARS = 16

@@ -17,7 +17,7 @@ from pdserve.config import SchedulerConfig
 from pdserve.kv.manager import BlockHold, KVManager
 from pdserve.requests import FinishReason, Request, RequestState
 from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, PromptTooLongError, QueueFullError
-from pdserve.scheduler.finished_kv import FinishedKV, HoldAll
+from pdserve.scheduler.finished_kv import FinishedKV, HoldAll, HoldFinished
 from pdserve.scheduler.output import SchedulerOutput
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.results import Reservation, SchedulerStats
@@ -26,6 +26,9 @@ from pdserve.scheduler.steps import Steps
 from pdserve.scheduler.stopping import StopRule
 
 _RUNNING = RequestState.RUNNING
+
+
+_SENT = HoldFinished()  # a request whose KV is sent on: its blocks outlive it until the send ends
 
 
 class Scheduler(abc.ABC):
@@ -145,7 +148,8 @@ class Scheduler(abc.ABC):
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.finish_reason = reason
         receiving = request.request_id in self._q.receiving
-        hold = (self._quarantine if receiving else self._finished_kv).settle(self.kv, request)
+        settle = self._quarantine if receiving else _SENT if request.sends_kv else self._finished_kv
+        hold = settle.settle(self.kv, request)
         if hold is not None:
             self._holds[request.request_id] = hold
         self._q.remove(request)

@@ -13,6 +13,7 @@ from pdserve.rpc.stats import stats_to_pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.prefix_probe import cached_prefix
+from pdserve.worker.role import RoleState
 
 
 class ServedWorker(Protocol):
@@ -34,6 +35,14 @@ class CommonWorkerRpcs:
         self.draining = draining
         self.transport = transport
         self.address = ""  # host:port the fleet reaches this worker at: set at start-up, before it serves
+        self.roles: RoleState | None = None  # an elastic worker's role, shared by both roles' servicers
+
+    def refuse_unless_serving(self) -> None:
+        """New work of this servicer's role: refused while draining, and on an elastic worker
+        unless it serves this role now (UNAVAILABLE: the router places it elsewhere)."""
+        self.draining.refuse_if_draining()
+        if self.roles is not None:
+            self.roles.refuse_unless(self.role)
 
     def in_flight(self) -> int:
         """Requests this worker still serves (a drain waits for none)."""
@@ -47,7 +56,10 @@ class CommonWorkerRpcs:
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
         engine = self.worker.engine
-        stats = stats_to_pb(self.role, engine.stats, self.draining.draining, engine.rates,
+        role = self.roles.role if self.roles is not None else self.role
+        stats = stats_to_pb(role, engine.stats, self.draining.draining, engine.rates,
                             await engine.queued_prefill_tokens())
+        if self.roles is not None and self.roles.next_role is not None:
+            stats.next_role = self.roles.next_role
         stats.kv_rank_bytes.extend(self.worker.kv_rank_bytes())
         return stats

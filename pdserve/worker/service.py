@@ -1,4 +1,4 @@
-"""A started worker process (prefill or decode): what both kinds hold, and how they drain,
+"""A started worker process (prefill, decode, or elastic: both, one at a time): what both kinds hold, and how they drain,
 give up after their engine failed, and stop."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class TransferEnd(Protocol):
 class WorkerService:
     runtime: WorkerRuntime
     server: RunningServer
-    transfer: TransferEnd | None  # the KV sender (prefill) or receiver (decode; None without UCX)
+    transfers: tuple[TransferEnd, ...]  # the KV sender (prefill), receiver (decode; none without UCX), or both
     channels: ChannelPool
     observability: Observability
     feed: MetricsFeed
@@ -67,8 +67,8 @@ class WorkerService:
         self.registration.stop()
         self.feed.stop()
         await self.server.stop(grace_s)
-        if self.transfer is not None:
-            await self.transfer.close()
+        for transfer in self.transfers:
+            await transfer.close()
         await self.channels.close()
         self.runtime.stop()
         self.observability.stop()

@@ -66,14 +66,25 @@ async def serve(args: argparse.Namespace, ground: Groundwork, role: Role, servic
                 transfer: TransferEnd | None) -> WorkerService:
     """Start the server with `servicer` and put the worker in rotation; `transfer`: its KV end
     (None: a decode worker without UCX), closed when the worker stops."""
-    name = worker_pb2.DESCRIPTOR.services_by_name[role.service].full_name
-    server = await start_server([ServiceBinding(role.add_to_server, servicer, name)], args.host, args.port,
-                                ground.security.server_credentials(), ground.security.server_interceptors(),
-                                args.health_port)
-    servicer.address = f"{args.advertise_host or args.host}:{server.port}"
-    registration = Registration(ground.channels, split_addresses(args.register_with), servicer.address, role.name)
+    return await serve_roles(args, ground, role.name, [(role, servicer)], (transfer,) if transfer else (),
+                             servicer.in_flight)
+
+
+async def serve_roles(args: argparse.Namespace, ground: Groundwork, registered_as: str,
+                      roles: list[tuple[Role, CommonWorkerRpcs]], transfers: tuple[TransferEnd, ...],
+                      in_flight: Callable[[], int], extra: tuple[ServiceBinding, ...] = ()) -> WorkerService:
+    """`serve` for one or more roles' servicers on one server (an elastic worker: both, and its
+    WorkerControl in `extra`); it registers as `registered_as`, and `transfers` close at its stop."""
+    bindings = [ServiceBinding(role.add_to_server, servicer, worker_pb2.DESCRIPTOR.services_by_name[role.service].full_name)
+                for role, servicer in roles]
+    server = await start_server([*bindings, *extra], args.host, args.port, ground.security.server_credentials(),
+                                ground.security.server_interceptors(), args.health_port)
+    address = f"{args.advertise_host or args.host}:{server.port}"
+    for _, servicer in roles:
+        servicer.address = address
+    registration = Registration(ground.channels, split_addresses(args.register_with), address, registered_as)
     ground.feed.start()
     registration.start()
     await server.set_serving(True)
-    return WorkerService(ground.runtime, server, transfer, ground.channels, ground.observability, ground.feed,
-                         ground.drainer, registration, servicer.in_flight)
+    return WorkerService(ground.runtime, server, transfers, ground.channels, ground.observability, ground.feed,
+                         ground.drainer, registration, in_flight)

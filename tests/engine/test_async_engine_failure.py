@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from pdserve.config import SchedulerConfig
+
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.errors import EngineFailed
 from pdserve.engine.faults import FileTrigger, RequestFault
@@ -24,7 +26,7 @@ class BrokenEngine:
 
     def __init__(self, error: BaseException):
         self.error = error
-        self.scheduler = SimpleNamespace(stats=lambda: "stats")
+        self.scheduler = SimpleNamespace(stats=lambda: "stats", cfg=SchedulerConfig())
         self.armed = threading.Event()
         self.stepping = threading.Event()
         self.go = threading.Event()
