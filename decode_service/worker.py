@@ -40,6 +40,7 @@ from pdserve.kv import BlockHold
 from pdserve.parallel.kv_ranks import RanksReceiver
 from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
+from pdserve.rpc.errors import Withdrawn
 from pdserve.transfer import KVReceiver
 from pdserve.worker.commands import submit
 from pdserve.worker.events import Finished, Preempted, Reserved, Tokens
@@ -72,6 +73,12 @@ class _Live:
     session: Session
     request: Request | None = None
     intake: Intake | None = None
+    received: bool = False  # its KV is in (a remote request past CompleteKV)
+
+    @property
+    def unstarted(self) -> bool:
+        """A remote request no KV piece has reached yet: redoing it elsewhere costs nothing here."""
+        return not self.job.local_prefill and not self.received and (self.intake is None or not self.intake.pieces)
 
 
 class DecodeWorker:
@@ -148,8 +155,18 @@ class DecodeWorker:
             raise InvalidRequestError(f"transfer {transfer_id!r} was withdrawn (the request ended here)")
         if (error := intake.first_failure()) is not None:
             raise error
-        self._retire(self.live[intake.request_id], intake)
+        live = self.live[intake.request_id]
+        self._retire(live, intake)
+        live.received = True
         await submit(self.engine, lambda e: e.mark_received(intake.request_id, first_token))
+
+    def withdraw_unstarted(self) -> int:
+        """Give back every remote request no KV has reached yet (waiting for its reservation, or
+        reserved with no piece announced): each stream ends with Withdrawn, so the router places
+        it on another decode worker without charging this one. How many."""
+        unstarted = [live for live in self.live.records() if live.unstarted]
+        error = Withdrawn("this worker is leaving the decode role: the request goes to another decode worker")
+        return sum(self.live.fail(live, error) for live in unstarted)
 
     def kv_rank_bytes(self) -> list[int]:
         """KV bytes each rank of this worker received, rank 0 first."""

@@ -103,6 +103,7 @@ class WorkerSnapshot:
     step_s: float = 0.0  # its recent steps' seconds (0: none yet)
     role: str = ""  # the role it serves ("": as it was listed)
     next_role: str = ""  # an elastic worker leaving `role` for this one ("": none)
+    elastic: bool = False  # its role can change (WorkerClients.set_role)
 
 
 class Call(abc.ABC):
@@ -159,6 +160,11 @@ class WorkerClients(abc.ABC):
     @abc.abstractmethod
     async def stats(self, address: str, role: str, timeout_s: float) -> WorkerSnapshot:
         """Raises WorkerFault when the worker does not answer in time."""
+
+    @abc.abstractmethod
+    async def set_role(self, address: str, role: str, timeout_s: float) -> tuple[str, str]:
+        """Ask an elastic worker to serve `role` (WorkerControl.SetRole): (its role now, the one
+        it changes to, "" if none). Raises WorkerFault."""
 
     @abc.abstractmethod
     async def forget(self, address: str) -> None:

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pdserve.admission import Admission, Verdict
 from pdserve.errors import OverloadedError
 from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
-from router.clients import Call, Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
+from router.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
 from router.admitting import Admitter
 from router.flow_types import FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
 from router.observed import Observed
@@ -155,11 +155,27 @@ class RequestFlow:
         state.protocol.advance(Signal.RESERVED, prefill.address)
         yield Milestone("placement.prefill", {"pdserve.prefill_worker": prefill.address,
                                               "pdserve.kv_blocks_reserved": len(reservation.block_ids)})
-        tokens = len(job.prompt) + len(state.generated)
-        self.pool.placed(prefill, tokens)
-        call = self.clients.prefill(prefill.address).open(self._worker_job(job, state), reservation)
+        while True:
+            try:
+                async for event in self._prefill_on(job, state, decode_call, decode, prefill, reservation):
+                    yield event
+                return
+            except _MovedPrefill as moved:  # queued there while another gives the first token much sooner
+                state.protocol.advance(Signal.MOVE, f"{prefill.address} -> {moved.target.address}")
+                log.info("request %s moves from %s to %s: %s", job.request_id, prefill.address,
+                         moved.target.address, moved)
+                yield Milestone("moved", {"pdserve.from": prefill.address, "pdserve.to": moved.target.address,
+                                          "pdserve.waited_s": moved.waited_s, "pdserve.role": "prefill"})
+                prefill = moved.target
+
+    async def _prefill_on(self, job: Job, state: FlowState, decode_call: Pumped, decode: Worker, prefill: Worker,
+                          reservation: Reservation) -> AsyncIterator[FlowEvent]:
+        """The prefill on `prefill` into the decode worker's `reservation`, to the first token."""
+        self.pool.placed(prefill, len(job.prompt) + len(state.generated))
+        call = Pumped(self.clients.prefill(prefill.address).open(self._worker_job(job, state), reservation),
+                      prefill.address)
         try:
-            async for event in self._prefill_events(state, call, decode_call, prefill.address):
+            async for event in self._prefill_events(job, state, call, decode_call, decode, prefill):
                 yield event
             self.pool.credit(prefill.address)
         except WorkerFault as fault:
@@ -189,12 +205,15 @@ class RequestFlow:
                 if target is not None:
                     raise _Moved(target.address, waited) from None
 
-    async def _prefill_events(self, state: FlowState, call: Call, decode_call: Pumped,
-                              address: str) -> AsyncIterator[FlowEvent]:
-        chunks = 0
+    async def _prefill_events(self, job: Job, state: FlowState, call: Pumped, decode_call: Pumped, decode: Worker,
+                              prefill: Worker) -> AsyncIterator[FlowEvent]:
+        chunks, opened, address = 0, time.monotonic(), prefill.address
         while True:
             try:
-                event = await decode_call.unless_failed(call.next())
+                if chunks:
+                    event = await decode_call.unless_failed(call.next())
+                else:
+                    event = await self._first_prefill_event(job, state, call, decode_call, decode, prefill, opened)
             except StopAsyncIteration:
                 raise WorkerFault(FaultKind.FAILED, address, "the prefill worker ended the stream without "
                                                              "a first token") from None
@@ -215,6 +234,24 @@ class RequestFlow:
                 state.generated.append(event.token_id)
                 yield NewTokens((event.token_id,), () if event.logprobs is None else (event.logprobs,))
                 return
+
+    async def _first_prefill_event(self, job: Job, state: FlowState, call: Pumped, decode_call: Pumped,
+                                   decode: Worker, prefill: Worker, opened: float) -> object:
+        """The prefill worker's first event. While it has computed nothing of the request (queued
+        there longer than move_after_s), a prefill worker predicted to give the first token much
+        sooner takes it: raises _MovedPrefill (the caller closes this call, which takes the request
+        out of that queue, and opens one there into the same reservation)."""
+        config = self.config
+        while True:
+            try:
+                return await asyncio.wait_for(decode_call.unless_failed(call.next()), config.move_check_s)
+            except TimeoutError:
+                waited = time.monotonic() - opened
+                if waited < config.move_after_s or state.protocol.moves >= config.max_moves:
+                    continue
+                target = self.placer.sooner_prefill(job, state, prefill)
+                if target is not None:
+                    raise _MovedPrefill(target, waited) from None
 
     async def _relay(self, state: FlowState, call: Pumped) -> AsyncIterator[FlowEvent]:
         while True:
@@ -239,6 +276,14 @@ class RequestFlow:
 
 
 DEFER_POLL_S = 1.0  # a deferred request is judged again at least this often
+
+
+class _MovedPrefill(Exception):
+    """The request leaves a prefill worker's queue for `target`, predicted much sooner."""
+
+    def __init__(self, target: Worker, waited_s: float):
+        super().__init__(f"moved to {target.address} after {waited_s:.1f} s queued")
+        self.target, self.waited_s = target, waited_s
 
 
 class _Moved(Exception):

@@ -38,9 +38,11 @@ def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
     """A failed call as a WorkerFault. A worker naming its peer as the cause (a prefill worker
     whose decode worker went away) makes the fault the peer's, and GONE whatever its status."""
     message = f"{address}: {exc.code().name}: {exc.details() or ''}".rstrip(": ")
-    peer = any(k == FAULT_METADATA and v == "decode" for k, v in (exc.trailing_metadata() or ()))
-    if peer:
+    named = {v for k, v in (exc.trailing_metadata() or ()) if k == FAULT_METADATA}
+    if "decode" in named:
         return WorkerFault(FaultKind.GONE, address, message, Culprit.PEER)
+    if "nobody" in named:  # the worker gave the request back (it leaves its role): elsewhere, uncharged
+        return WorkerFault(FaultKind.GONE, address, message, Culprit.NOBODY)
     kind = _KIND_OF.get(exc.code(), FaultKind.FAILED)
     return WorkerFault(kind, address, message, Culprit.NOBODY if kind == FaultKind.TIMEOUT else Culprit.SELF)
 
@@ -160,7 +162,15 @@ class GrpcWorkerClients(WorkerClients):
                               running=s.requests_running, waiting=s.requests_waiting, draining=s.draining,
                               active_blocks=s.blocks_active, queued_prefill_tokens=s.queued_prefill_tokens,
                               prefill_tokens_per_s=s.prefill_tokens_per_s, step_s=s.step_seconds, role=s.role,
-                              next_role=s.next_role)
+                              next_role=s.next_role, elastic=s.elastic)
+
+    async def set_role(self, address: str, role: str, timeout_s: float) -> tuple[str, str]:
+        stub = worker_pb2_grpc.WorkerControlStub(self.channels.get(address))
+        try:
+            response = await stub.SetRole(wpb.SetRoleRequest(role=role), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise fault_of(exc, address) from None
+        return response.role, response.next_role
 
     async def forget(self, address: str) -> None:
         await self.channels.drop(address)

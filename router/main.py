@@ -23,7 +23,9 @@ from router.flow_types import FlowConfig
 from router.frontend import Frontend
 from router.grpc_clients import GrpcWorkerClients
 from router.limits import limits_from_args
+from pdserve.elastic import PlannerPolicy
 from router.admission_flags import admission_from_args
+from router.planning import Planner
 from router.local_prefill import local_prefill_from_args
 from router.tenants import open_tenants, read_tenants
 from router.recovery import RecoveryPolicy
@@ -45,6 +47,7 @@ class RouterService:
     discoveries: list[DnsDiscovery] = field(default_factory=list)
     internal: RunningServer | None = None  # Registry and health, on --internal-port
     http: HttpServer | None = None  # the OpenAI-compatible API, on --http-port
+    planner: Planner | None = None  # role changes of elastic workers (--planner)
 
     @property
     def port(self) -> int:
@@ -70,6 +73,8 @@ class RouterService:
     async def stop(self) -> None:
         for discovery in self.discoveries:
             discovery.stop()
+        if self.planner is not None:
+            await self.planner.stop()
         await self.pool.stop()
         if self.http is not None:
             await self.http.stop()
@@ -115,7 +120,20 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     http = await _start_http(gateway, config, args, security, lambda: ready() and not drainer.draining)
     discoveries = _dns(pool, args)
     pool.start()
-    return RouterService(server, pool, channels, obs, gateway, drainer, discoveries, internal, http)
+    planner = _planner(pool, clients, obs, flow.config, args)
+    return RouterService(server, pool, channels, obs, gateway, drainer, discoveries, internal, http, planner)
+
+
+def _planner(pool: WorkerPool, clients: GrpcWorkerClients, obs, config: FlowConfig,
+             args: argparse.Namespace) -> Planner | None:
+    """With --planner: the loop that changes elastic workers' roles, its TBT limit the NORMAL
+    class's objective (if any)."""
+    if not args.planner:
+        return None
+    policy = PlannerPolicy(tbt_objective_s=config.admission.objectives.of(Priority.NORMAL).tbt_s)
+    planner = Planner(pool, clients, policy, obs.metrics, obs.tracing.tracer(), args.planner_period_s)
+    planner.start()
+    return planner
 
 
 async def _start_http(gateway: Gateway, config, args: argparse.Namespace, security: Security,

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 
+from pdserve.admission import predict_ttft
 from pdserve.rpc.errors import Unavailable
 from router.clients import WorkerClients
 from router.flow_types import FlowConfig, FlowState, Job
@@ -16,6 +17,8 @@ from router.local_prefill import RESUME_REMOTE, LocalPrefillDecision
 from router.observed import Observed
 from router.placement import NoWorker, choose_decode
 from router.predicting import Predictor
+
+MOVE_GAIN_S = 1.0  # the least a move of a queued prefill must be predicted to save
 from router.workers import Worker, WorkerPool
 
 
@@ -86,6 +89,22 @@ class Placer:
         roomy = [w for w in workers if w is not current and w.address not in avoid and w.waiting == 0
                  and w.free_blocks >= need]
         return max(roomy, key=lambda w: (w.free_blocks, -w.assigned), default=None)
+
+    def sooner_prefill(self, job: Job, state: FlowState, current: Worker) -> Worker | None:
+        """A usable prefill worker predicted to give the first token in under half of what is
+        queued on `current` (the request included), and at least MOVE_GAIN_S sooner; None if none."""
+        predictor = self.predictor
+        length = len(job.prompt) + len(state.generated)
+        fallback = predictor.fallback_tokens_per_s()
+        remaining = predict_ttft(length, predictor.side(current, 0), 0.0, fallback).queue_s
+        workers = self.pool.of_role("prefill")
+        avoid = state.avoided("prefill", workers)
+        options = [(predict_ttft(length, predictor.side(w, 0), 0.0, fallback).total_s, w)
+                   for w in workers if w is not current and w.address not in avoid]
+        if not options:
+            return None
+        seconds, best = min(options, key=lambda o: o[0])
+        return best if seconds < remaining / 2 and remaining - seconds >= MOVE_GAIN_S else None
 
     def wait_until(self, job: Job) -> float:
         until = time.monotonic() + self.config.wait_for_worker_s

@@ -62,6 +62,7 @@ TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.PLACING, Signal.PLACED_LOCAL): Phase.LOCAL_PREFILL,
     (Phase.RESERVING, Signal.RESERVED): Phase.PREFILLING,
     (Phase.RESERVING, Signal.MOVE): Phase.PLACING,
+    (Phase.PREFILLING, Signal.MOVE): Phase.PREFILLING,  # to another prefill worker, into the same reservation
     (Phase.PREFILLING, Signal.CHUNK): Phase.KV_IN_FLIGHT,
     (Phase.PREFILLING, Signal.FIRST_TOKEN): Phase.DECODING,
     (Phase.KV_IN_FLIGHT, Signal.CHUNK): Phase.KV_IN_FLIGHT,

@@ -37,6 +37,7 @@ class Worker:
     prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)
     step_s: float = 0.0  # its recent steps' seconds (0: none yet)
     next_role: str = ""  # an elastic worker changing role: usable for neither until it has
+    elastic: bool = False  # its role can change
     source: str = "static"  # static | registry | dns:NAME
     silent_polls: int = 0  # consecutive polls without an answer
     # Bumped when a poll answers after one did not: the worker restarted (or its stall ended).
@@ -51,7 +52,7 @@ class Worker:
         if snapshot.role and snapshot.role != self.role:
             log.warning("worker %s now serves the %s role (was %s)", self.address, snapshot.role, self.role)
             self.role = snapshot.role
-        self.next_role = snapshot.next_role
+        self.next_role, self.elastic = snapshot.next_role, snapshot.elastic
         self.ready, self.draining, self.silent_polls = True, snapshot.draining, 0
         self.free_blocks, self.total_blocks = snapshot.free_blocks, snapshot.total_blocks
         self.running, self.waiting, self.active_blocks = snapshot.running, snapshot.waiting, snapshot.active_blocks

@@ -21,8 +21,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # memory and measurement: KV blocks, sampling, the machine's figures, telemetry, request checks
     ("pdserve/kv", "pdserve/sampling", "pdserve/measurements.py", "pdserve/telemetry", "pdserve/validation.py"),
     # the engine's parts: scheduling, attention, checkpoints read without torch, KV transfer; admission
-    # by predicted time to first token (a policy over numbers, the router's and the simulator's)
-    ("pdserve/scheduler", "pdserve/attention", "pdserve/checkpoint", "pdserve/transfer", "pdserve/admission"),
+    # by predicted time to first token and the elastic fleet's planner (policies over numbers, the
+    # router's and the simulator's)
+    ("pdserve/scheduler", "pdserve/attention", "pdserve/checkpoint", "pdserve/transfer", "pdserve/admission",
+     "pdserve/elastic"),
     # the model and the text
     ("pdserve/model", "pdserve/tokenizer"),
     # the model's CPU paths (a transform on it); a model across ranks; the public client

@@ -31,7 +31,8 @@ async def start_elastic(args: argparse.Namespace, runtime_config: RuntimeConfig,
     decode.worker.releases_holds = False  # the prefill worker gives back every hold not under a send
     roles = RoleState(role)
     prefill.roles = decode.roles = roles
-    control = RoleControl(roles, {"prefill": prefill.in_flight, "decode": decode.in_flight})
+    control = RoleControl(roles, {"prefill": prefill.in_flight, "decode": decode.in_flight},
+                          on_leave={"decode": decode.worker.withdraw_unstarted})
     binding = ServiceBinding(worker_pb2_grpc.add_WorkerControlServicer_to_server, WorkerControlServicer(control),
                              worker_pb2.DESCRIPTOR.services_by_name["WorkerControl"].full_name)
     service = await serve_roles(args, ground, role, [(PREFILL, prefill), (DECODE, decode)],

@@ -26,6 +26,7 @@ from router.admission_flags import add_admission_flags
 from router.local_prefill import add_local_prefill_flags
 
 DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
+PLANNER_PERIOD_S = 1.0  # --planner-period-s
 EXIT_ENGINE_FAILED = 70  # a supervisor restarts the process
 
 
@@ -85,6 +86,10 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     add_limit_flags(p)
     add_local_prefill_flags(p)
     add_admission_flags(p)
+    p.add_argument("--planner", action="store_true",
+                   help="change elastic workers' roles by the fleet's signals (prefill backlog, decode queue, KV "
+                        "occupancy, step time), with hysteresis; every change logged, counted and traced")
+    p.add_argument("--planner-period-s", type=float, default=PLANNER_PERIOD_S, help="seconds between observations")
 
 
 def run(args: argparse.Namespace) -> int:

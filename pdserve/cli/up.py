@@ -45,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--prefill-workers", type=int, default=1)
     p.add_argument("--decode-workers", type=int, default=1)
     p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
+    p.add_argument("--elastic", action="store_true",
+                   help="every worker elastic (its role can change) and the router's planner on: the split "
+                        "between prefill and decode follows the load (--prefill-workers, --decode-workers: the start)")
     p.add_argument("--otlp-traces-endpoint", default=None)
     p.add_argument("--demo", action="store_true", help="run a short demo once serving, then keep serving")
     p.add_argument("--kv-timeout", type=float, default=deadlines.kv_timeout_s,
@@ -80,6 +83,8 @@ def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
         argv.append("--no-prefix-cache")
     if args.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
+    if args.elastic:
+        argv.append("--elastic")
     return argv
 
 
@@ -139,6 +144,8 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
         argv += ["--model", args.model]
     if args.mode == "colocated":
         argv.append("--colocated")
+    if args.elastic:
+        argv.append("--planner")
     argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover]
     if args.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]

@@ -21,11 +21,17 @@ from pdserve.tokenizer.base import ChatTemplateError
 
 log = logging.getLogger(__name__)
 FAULT_METADATA = "pdserve-fault"  # trailing metadata naming the peer that caused a failure
+NOBODY = "nobody"  # FAULT_METADATA of a request given back (Withdrawn): no one is charged
 RETRY_METADATA = "grpc-retry-pushback-ms"  # when to try again (gRFC A6's server pushback), milliseconds
 
 
 class Unavailable(RuntimeError):
     """No worker can take the request now, or the one serving it died (maps to UNAVAILABLE)."""
+
+
+class Withdrawn(Unavailable):
+    """This worker gives the request back (it is leaving its role): another should take it, and
+    nobody is to blame (UNAVAILABLE with trailing metadata `pdserve-fault: nobody`)."""
 
 
 class Unauthenticated(RuntimeError):
@@ -90,8 +96,8 @@ def failure_of(exc: Exception) -> Failure:
     if code == grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-    return Failure(code, details or type(exc).__name__, exc.peer if isinstance(exc, PeerFault) else None,
-                   exc.retry_after_s if isinstance(exc, OverloadedError) else None)
+    peer = exc.peer if isinstance(exc, PeerFault) else NOBODY if isinstance(exc, Withdrawn) else None
+    return Failure(code, details or type(exc).__name__, peer, exc.retry_after_s if isinstance(exc, OverloadedError) else None)
 
 
 class Undecodable:

@@ -140,6 +140,11 @@ class Metrics:
             "(no_objective, within, local_within, ttft, tbt, deferred_too_long).",
             ["priority", "verdict", "reason"], registry=r,
         )
+        self.planner_changes = Counter(
+            "pdserve_planner_changes_total", "Role changes the planner made, by direction and reason "
+            "(prefill_backlog, decode_waiting, decode_occupancy, decode_tbt).",
+            ["from_role", "to_role", "reason"], registry=r,
+        )
         self.lease_ends = Counter(
             "pdserve_lease_ends_total", "Leases ended, by kind and how (ended, settled, expired).",
             ["lease", "reason"], registry=r,
@@ -204,6 +209,9 @@ class Metrics:
 
     def count_admission(self, priority: Label, verdict: Label, reason: Label) -> None:
         self.admissions.labels(priority=label(priority), verdict=label(verdict), reason=label(reason)).inc()
+
+    def count_planner_change(self, from_role: str, to_role: str, reason: str) -> None:
+        self.planner_changes.labels(from_role=from_role, to_role=to_role, reason=reason).inc()
 
     def count_preemption(self, mode: Label, n: int = 1) -> None:
         self.preemptions.labels(mode=label(mode)).inc(n)

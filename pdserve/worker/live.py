@@ -110,6 +110,10 @@ class LiveRequests(Generic[R]):
         self._end(record, abort)
         return True
 
+    def records(self) -> list[R]:
+        """The live requests' records, as of now."""
+        return list(self._records.values())
+
     def fail_all(self, error: BaseException) -> None:
         """End every live stream with `error` (the engine under them is gone); each request ends
         when its stream closes."""

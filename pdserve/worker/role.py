@@ -13,7 +13,7 @@ A worker started without --elastic has one role for life and serves no SetRole.
 from __future__ import annotations
 
 from pdserve.errors import InvalidRequestError
-from pdserve.rpc.errors import Unavailable
+from pdserve.rpc.errors import Withdrawn
 
 ROLES = ("prefill", "decode")
 
@@ -28,13 +28,13 @@ class RoleState:
         return self.role == role and self.next_role is None
 
     def refuse_unless(self, role: str) -> None:
-        """Unavailable unless this worker takes new work of `role` now."""
+        """Withdrawn (UNAVAILABLE, nobody charged) unless this worker takes new work of `role` now."""
         if self.serves(role):
             return
         if self.next_role is not None:
-            raise Unavailable(f"this worker is leaving the {self.role} role for {self.next_role}; it takes no new "
+            raise Withdrawn(f"this worker is leaving the {self.role} role for {self.next_role}; it takes no new "
                               f"{role} work")
-        raise Unavailable(f"this worker serves the {self.role} role now, not {role}")
+        raise Withdrawn(f"this worker serves the {self.role} role now, not {role}")
 
     def set(self, role: str) -> None:
         """Leave the current role for `role` (or call a change off by naming the current one)."""

@@ -17,10 +17,14 @@ log = logging.getLogger(__name__)
 
 class RoleControl:
     def __init__(self, state: RoleState, in_flight: Mapping[str, Callable[[], int]],
-                 on_switch: Callable[[str], None] = lambda role: None, poll_s: float = 0.05):
-        """`in_flight[role]()`: the requests of that role this worker still serves."""
+                 on_switch: Callable[[str], None] = lambda role: None, poll_s: float = 0.05,
+                 on_leave: Mapping[str, Callable[[], int]] | None = None):
+        """`in_flight[role]()`: the requests of that role this worker still serves;
+        `on_leave[role]()`, when a change away from that role begins: give back what is cheap to
+        redo elsewhere (a decode worker: requests no KV has reached yet), how many."""
         self.state = state
         self.in_flight = in_flight
+        self.on_leave = on_leave or {}
         self.on_switch = on_switch
         self.poll_s = poll_s
         self._task: asyncio.Task | None = None
@@ -28,7 +32,12 @@ class RoleControl:
     def set(self, role: str) -> None:
         """Mark the change (at once when no work of the old role is left), else leave it to a task."""
         self.state.set(role)
-        if self.state.next_role is None or self._switched():
+        if self.state.next_role is None:
+            return
+        leave = self.on_leave.get(self.state.role)
+        if leave is not None and (given := leave()):
+            log.warning("gave back %d %s requests no work had reached yet", given, self.state.role)
+        if self._switched():
             return
         log.warning("leaving the %s role for %s once its %d requests here are done", self.state.role,
                     self.state.next_role, self.in_flight[self.state.role]())

@@ -59,7 +59,8 @@ class CommonWorkerRpcs:
         role = self.roles.role if self.roles is not None else self.role
         stats = stats_to_pb(role, engine.stats, self.draining.draining, engine.rates,
                             await engine.queued_prefill_tokens())
-        if self.roles is not None and self.roles.next_role is not None:
-            stats.next_role = self.roles.next_role
+        if self.roles is not None:
+            stats.elastic = True
+            stats.next_role = self.roles.next_role or ""
         stats.kv_rank_bytes.extend(self.worker.kv_rank_bytes())
         return stats

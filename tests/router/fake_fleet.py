@@ -76,6 +76,8 @@ class FakePrefillClient(PrefillClient):
     async def _serve(self, job: WorkerJob, target: Reservation, session: FakeSession):
         w, cfg = self.worker, self.worker.fleet.config
         await w.step(session, "open")
+        while not w.reserving.is_set():  # queued behind other prompts while a test holds it (ends if closed)
+            await w.step(session)
         kv_tokens, index = _kv_tokens(job), len(job.output_token_ids)  # a resume: the token after those out
         for start in range(0, kv_tokens, cfg.chunk_tokens):
             await w.step(session, "chunk")
@@ -107,6 +109,16 @@ class FakeFleet(WorkerClients):
     def add(self, address: str, role: str) -> FakeWorker:
         self.workers[address] = FakeWorker(self, address, role)
         return self.workers[address]
+
+    async def set_role(self, address: str, role: str, timeout_s: float) -> tuple[str, str]:
+        w = self.workers[address]
+        if w.killed:
+            raise WorkerFault(FaultKind.GONE, address, f"{address}: connection refused")
+        if not w.elastic:
+            raise WorkerFault(FaultKind.FAILED, address, f"{address}: UNIMPLEMENTED (not an elastic worker)")
+        w.next_role = "" if role == w.role else role
+        w.settle_role()
+        return w.role, w.next_role
 
     def active_blocks(self) -> dict[str, int]:
         return {a: w.active_blocks for a, w in self.workers.items()}

@@ -115,7 +115,8 @@ class FakeWorker:
         # what its Stats report of its speed and queue (set by a test; 0: not known)
         self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s = 0, 0.0, 0.0
         self.waiting = 0  # requests its Stats say are queued there (set by a test)
-        self.reserving = asyncio.Event()  # cleared by a test: a decode worker's reservations wait (queued)
+        self.elastic, self.next_role = False, ""  # an elastic worker's role changes (FakeFleet.set_role)
+        self.reserving = asyncio.Event()  # cleared by a test: its reservations (decode) or prefills wait, queued
         self.reserving.set()
 
     def cached_prefix(self, token_ids: tuple[int, ...]) -> int | None:
@@ -194,10 +195,17 @@ class FakeWorker:
 
         asyncio.ensure_future(serve())
 
+    def settle_role(self) -> None:
+        """A change of role under way happens once it serves nothing."""
+        if self.next_role and not self.sessions:
+            self.role, self.next_role = self.next_role, ""
+
     def snapshot(self) -> WorkerSnapshot:
+        self.settle_role()
         return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), self.waiting, False,
                               self.active_blocks,
-                              self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s)
+                              self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s, self.role,
+                              self.next_role, self.elastic)
 
 
 class FakeCall(Call):

@@ -111,3 +111,41 @@ async def test_the_target_dying_after_a_move_is_an_ordinary_retry():
         names = [m.name for m in milestones]
         assert "moved" in names and "retry" in names
         assert set((await settle(h.fleet)).values()) == {0}
+
+
+@_run
+async def test_a_prompt_queued_on_a_busy_prefill_worker_moves_to_one_predicted_much_sooner():
+    async with harness(**FAST) as h:
+        p0, p1 = h.fleet.workers["p0"], h.fleet.workers["p1"]
+        for w in (p0, p1):
+            w.prefill_tokens_per_s = 1000.0
+        p1.kill()  # so the prompt goes to p0
+        await h.pool.refresh()
+        p0.reserving.clear()
+        p0.queued_prefill_tokens = 10_000  # 10 s of prompts ahead of it there
+        moving = asyncio.ensure_future(_drive(h, job()))
+        while not p0.sessions:
+            await asyncio.sleep(0.01)
+        p1.restart()  # idle: its first token is predicted in milliseconds
+        tokens, milestones = await asyncio.wait_for(moving, 10)
+        assert tokens == expected()
+        moved = [m.attributes for m in milestones if m.name == "moved"]
+        assert [(m["pdserve.role"], m["pdserve.from"], m["pdserve.to"]) for m in moved] == [("prefill", "p0", "p1")]
+        assert set((await settle(h.fleet)).values()) == {0}  # p0 gave its queue place back; one reservation served
+
+
+@_run
+async def test_a_prompt_stays_where_no_prefill_worker_is_much_sooner():
+    async with harness(**FAST) as h:
+        p0, p1 = h.fleet.workers["p0"], h.fleet.workers["p1"]
+        for w in (p0, p1):
+            w.prefill_tokens_per_s, w.queued_prefill_tokens = 1000.0, 3000
+        await h.pool.refresh()
+        for w in (p0, p1):
+            w.reserving.clear()
+        running = asyncio.ensure_future(_drive(h, job()))
+        await asyncio.sleep(0.6)
+        for w in (p0, p1):
+            w.reserving.set()
+        tokens, milestones = await asyncio.wait_for(running, 10)
+        assert tokens == expected() and not [m for m in milestones if m.name == "moved"]
