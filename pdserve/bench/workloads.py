@@ -4,6 +4,8 @@
     mixed          exactly the chats of `chat` (same seed) plus a few long documents (BATCH)
                    arriving evenly among them
     shared-prefix  one long common document followed by many short questions (RAG)
+    shifting       chats all along, and a burst of documents a third of the way through: the load
+                   goes from decode-bound to prefill-bound and back (the elastic fleet's test)
 
 The schedule (arrival times, kinds, priorities, sizes) is drawn by `schedule.py`, the simulator's
 too; this module renders each prompt as text of so many words (text.py). Arrivals are a Poisson
@@ -88,7 +90,8 @@ class Defaults:
     rate: float
 
 
-DEFAULTS = {"chat": Defaults(24, 0.5), "mixed": Defaults(27, 0.5), "shared-prefix": Defaults(8, 0.1)}
+DEFAULTS = {"chat": Defaults(24, 0.5), "mixed": Defaults(27, 0.5), "shared-prefix": Defaults(8, 0.1),
+            "shifting": Defaults(36, 0.6)}
 NAMES = tuple(DEFAULTS)
 
 
@@ -137,6 +140,27 @@ def mixed(n: int, rate: float, seed: int, chats: ChatShape = ChatShape(),
     return _numbered("mixed", seed, rate, drafts, documents(random.Random(f"document:{seed}:text"), d, drafts, docs))
 
 
+@dataclass(frozen=True)
+class BurstShape:
+    """The documents of `shifting`: so many, one every `gap_s`, from a third of the chats' span."""
+
+    one_in: int = 7  # one document per this many requests, at least two (one in a workload of two)
+    gap_s: float = 0.5
+
+
+def shifting(n: int, rate: float, seed: int, chats: ChatShape = ChatShape(), docs: DocumentShape = DocumentShape(),
+             burst: BurstShape = BurstShape()) -> Workload:
+    """A mix that shifts: n requests, the chats of `chat(n - d, rate, seed)` all along and a burst of
+    d documents a third of the way through, so the load goes from decode-bound to prefill-bound
+    and back."""
+    count = min(n - 1, max(2, n // burst.one_in)) if n > 2 else 1
+    drafts = _chats(n - count, rate, seed, chats)
+    span = max((r.arrival_s for r in drafts), default=0.0)
+    times = [span / 3 + k * burst.gap_s for k in range(count)]
+    documents = _drafts(plan(docs.stream(), times, random.Random(f"document:{seed}:text"), _summarise))
+    return _numbered("shifting", seed, rate, drafts, documents)
+
+
 def shared_prefix(n: int, rate: float, seed: int, shape: SharedPrefixShape = SharedPrefixShape()) -> Workload:
     rng = random.Random(f"shared-prefix:{seed}:text")
     document = text.paragraph(rng, shape.document_words)
@@ -156,5 +180,5 @@ def build(name: str, requests: int | None = None, rate: float | None = None, see
     r = DEFAULTS[name].rate if rate is None else rate
     if n < 1 or r <= 0:
         raise ValueError(f"need at least one request and a positive rate, got {n} and {r}")
-    builders = {"chat": chat, "mixed": mixed, "shared-prefix": shared_prefix}
+    builders = {"chat": chat, "mixed": mixed, "shared-prefix": shared_prefix, "shifting": shifting}
     return builders[name](n, r, seed)

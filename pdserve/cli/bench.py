@@ -26,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     g = p.add_argument_group("compare")
     g.add_argument("--compare", action="store_true", help="start each configuration and run the experiment")
+    g.add_argument("--compare-elastic", action="store_true",
+                   help="the shifting workload on three workers: static 1P2D, static 2P1D and `up --elastic`")
     g.add_argument("--out-dir", default="benchmarks/compare_results", help="--compare: JSON and PNG go here")
     g.add_argument("--kv-blocks", type=int, default=CacheConfig().num_blocks,
                    help="--compare: device KV blocks per worker")
@@ -41,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
         from pdserve.bench.compare import run_compare
 
         return run_compare(args)
+    if args.compare_elastic:
+        from pdserve.bench.elastic_compare import run_compare_elastic
+
+        return run_compare_elastic(args)
     if not args.target:
         print("error: --target HOST:PORT is required (or --compare)", file=sys.stderr)
         return 2

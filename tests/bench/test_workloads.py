@@ -98,3 +98,15 @@ def test_alone_keeps_the_request_and_sends_it_at_once():
 def test_bad_workload_arguments_are_refused(bad):
     with pytest.raises(ValueError):
         workloads.build(**bad)
+
+
+def test_shifting_is_the_chat_workload_with_a_burst_of_documents_a_third_of_the_way_through():
+    shifting = workloads.build("shifting", 36, 0.6, seed=3)
+    chats = workloads.chat(31, 0.6, seed=3)
+    assert [r.prompt for r in shifting.of_kind(Kind.CHAT)] == [r.prompt for r in chats.requests]
+    documents = shifting.of_kind(Kind.DOCUMENT)
+    span = max(r.arrival_s for r in chats.requests)
+    assert len(documents) == 5 and all(r.priority == Priority.BATCH for r in documents)
+    times = [r.arrival_s for r in documents]
+    assert times[0] == pytest.approx(span / 3) and times[-1] - times[0] == pytest.approx(2.0)
+    assert workloads.build("shifting", 36, 0.6, seed=3) == shifting
