@@ -30,6 +30,7 @@ class FaultKind(enum.Enum):
     REFUSED = "refused"  # the worker refused the request as given: the request's own fault
     OVERLOADED = "overloaded"  # the worker's queues are full
     TIMEOUT = "timeout"  # a deadline passed (the client's, or the KV transfer's)
+    WITHDRAWN = "withdrawn"  # the worker gave the request back (it leaves that role): elsewhere, nobody charged
 
 
 class Culprit(enum.Enum):

@@ -134,10 +134,14 @@ class RequestFlow:
                          tuple(state.generated), job.metadata, job.timeout_s(), job.age_s())
 
     def _blame(self, state: FlowState, fault: WorkerFault, role: str, address: str) -> None:
-        """Charge the worker that caused the fault and avoid it for the rest of this request."""
+        """Charge the worker that caused the fault and avoid it for the rest of this request. One
+        that gave the request back (leaving its role) is charged nothing, avoided for it, and used
+        by nobody until its next poll says what it serves."""
         charged = charged_to(fault)
         if charged is not None:
             self.pool.charge(charged)
+        if fault.kind == FaultKind.WITHDRAWN:
+            self.pool.gave_back(address)
         if fault.kind != FaultKind.REFUSED and fault.culprit == Culprit.SELF:
             state.avoid[role][address] = self.pool.incarnation(address)
 

@@ -42,7 +42,7 @@ def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
     if "decode" in named:
         return WorkerFault(FaultKind.GONE, address, message, Culprit.PEER)
     if "nobody" in named:  # the worker gave the request back (it leaves its role): elsewhere, uncharged
-        return WorkerFault(FaultKind.GONE, address, message, Culprit.NOBODY)
+        return WorkerFault(FaultKind.WITHDRAWN, address, message)
     kind = _KIND_OF.get(exc.code(), FaultKind.FAILED)
     return WorkerFault(kind, address, message, Culprit.NOBODY if kind == FaultKind.TIMEOUT else Culprit.SELF)
 

@@ -38,6 +38,7 @@ class Worker:
     step_s: float = 0.0  # its recent steps' seconds (0: none yet)
     next_role: str = ""  # an elastic worker changing role: usable for neither until it has
     elastic: bool = False  # its role can change
+    gave_back: bool = False  # it gave a request back (leaving its role): unused until its next poll
     source: str = "static"  # static | registry | dns:NAME
     silent_polls: int = 0  # consecutive polls without an answer
     # Bumped when a poll answers after one did not: the worker restarted (or its stall ended).
@@ -46,13 +47,14 @@ class Worker:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
     def usable(self, now: float) -> bool:
-        return self.ready and not self.draining and not self.next_role and self.breaker.allows(now)
+        return self.ready and not self.draining and not self.next_role and not self.gave_back \
+            and self.breaker.allows(now)
 
     def take(self, snapshot: WorkerSnapshot) -> None:
         if snapshot.role and snapshot.role != self.role:
             log.warning("worker %s now serves the %s role (was %s)", self.address, snapshot.role, self.role)
             self.role = snapshot.role
-        self.next_role, self.elastic = snapshot.next_role, snapshot.elastic
+        self.next_role, self.elastic, self.gave_back = snapshot.next_role, snapshot.elastic, False
         self.ready, self.draining, self.silent_polls = True, snapshot.draining, 0
         self.free_blocks, self.total_blocks = snapshot.free_blocks, snapshot.total_blocks
         self.running, self.waiting, self.active_blocks = snapshot.running, snapshot.waiting, snapshot.active_blocks
@@ -129,6 +131,13 @@ class WorkerPool:
         if worker is not None and worker.breaker.on_failure(time.monotonic()):
             log.warning("worker %s out of rotation for %.1f s (breaker open)", address, worker.breaker.cooldown_s)
             self.on_change()
+
+    def gave_back(self, address: str) -> None:
+        """It gave a request back because it leaves its role: place nothing there until a poll
+        says what it serves."""
+        worker = self.workers.get(address)
+        if worker is not None:
+            worker.gave_back = True
 
     def credit(self, address: str) -> None:
         """A request ended well on this worker."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import time
 
 import grpc
 import pytest
@@ -32,7 +33,7 @@ ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--t
           "--max-chunk-tokens", "128"]
 PROMPTS = [f"Write a short story about a lighthouse keeper named Keeper {i}." for i in range(4)]
 LATER = [f"Describe the harbour town of Port {i} in spring." for i in range(4)]  # cached nowhere before
-MAX_TOKENS = 48
+MAX_TOKENS = 96
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
 
 
@@ -155,6 +156,7 @@ def test_an_elastic_worker_stalled_while_changing_role_loses_nothing_then_change
 
     def stall_mid_change():
         assert _set_role(fleet, "prefill").next_role == "prefill"
+        time.sleep(1.0)  # two health polls: the router places nothing more on E (only the test's speed depends on it)
         os.killpg(e, signal.SIGSTOP)
 
     try:

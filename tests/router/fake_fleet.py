@@ -24,6 +24,8 @@ class FakeDecodeClient(DecodeClient):
 
     def open(self, job: WorkerJob, local_prefill: bool) -> Call:
         w, size = self.worker, self.worker.fleet.config.block_size
+        if w.next_role or w.role != "decode":  # changing role, or changed: it gives new decode work back
+            return FakeCall(w, None, WorkerFault(FaultKind.WITHDRAWN, w.address, f"{w.address}: leaving decode"))
         try:
             session = w.open_session(job.request_id, -(-(len(job.prompt) + job.sampling.max_tokens) // size))
         except WorkerFault as fault:

@@ -89,3 +89,22 @@ async def test_a_router_restarted_mid_change_finds_the_worker_in_its_new_role():
         await fresh.refresh()
         assert fresh.workers["d1"].role == "prefill"
         assert {w.address for w in fresh.of_role("prefill")} == {"p0", "d1"}
+
+
+@_run
+async def test_a_request_given_back_by_a_worker_changing_role_goes_elsewhere_and_charges_nobody():
+    """The router has not polled since the change began: it places on the worker, which gives the
+    request back; the router retries on another and uses that worker for nothing until a poll."""
+    async with harness(prefill=("p0",), decode=("d0", "d1")) as h:
+        d0 = h.fleet.workers["d0"]
+        d0.elastic = True
+        d0.sessions["busy"] = object()  # it holds work: the change waits
+        await h.fleet.set_role("d0", "prefill", 1.0)
+        await h.pool.stop()  # no polls: the router still takes d0 for a decode worker
+        events = [e async for e in h.flow.run(job())]
+        tokens = [t for e in events if hasattr(e, "token_ids") for t in e.token_ids]
+        assert tokens == expected()
+        placements = [e.attributes["pdserve.decode_worker"] for e in events if getattr(e, "name", "") == "placement"]
+        assert placements[-1] == "d1" and h.pool.workers["d0"].gave_back
+        assert h.pool.workers["d0"].breaker.state.name == "CLOSED"  # not charged
+        del d0.sessions["busy"]
