@@ -47,15 +47,28 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     else:
         add_engine_flags(p)
         p.add_argument("--transport", default="ucx", choices=["ucx", "none"])
-        p.add_argument("--elastic", action="store_true",
-                       help=f"serve both roles' services over one model and KV pool, as {name} to begin with; "
-                            "WorkerControl.SetRole (`pdserve set-role`) changes the role once its work is done")
+        add_switch(p, "--elastic", f"serve both roles' services over one model and KV pool, as {name} to begin with; "
+                   "WorkerControl.SetRole (`pdserve set-role`) changes the role once its work is done")
         p.add_argument("--advertise-host", default=None, help="host other services dial (default: --host)")
         p.add_argument("--register-with", default="",
                        help="router internal host:port,... (its --internal-port) to register with (heartbeat)")
         p.add_argument("--quarantine-timeout-s", type=float, default=deadlines.quarantine_timeout_s,
                        help="decode: longest that KV blocks a withdrawn receive may write stay out of use")
     p.set_defaults(run=run, role=name)
+
+
+def add_switch(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A flag that is off unless given: `--flag` or `--flag=on` (manifests write every flag with a
+    value), `--flag=off`."""
+    p.add_argument(flag, nargs="?", const=True, default=False, type=_switch, metavar="on|off", help=help)
+
+
+def _switch(text: str) -> bool:
+    value = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False,
+             "0": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"on or off, got {text!r}")
+    return value
 
 
 def _router_flags(p: argparse.ArgumentParser) -> None:
@@ -86,9 +99,8 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     add_limit_flags(p)
     add_local_prefill_flags(p)
     add_admission_flags(p)
-    p.add_argument("--planner", action="store_true",
-                   help="change elastic workers' roles by the fleet's signals (prefill backlog, decode queue, KV "
-                        "occupancy, step time), with hysteresis; every change logged, counted and traced")
+    add_switch(p, "--planner", "change elastic workers' roles by the fleet's signals (prefill backlog, decode queue, "
+               "KV occupancy, step time), with hysteresis; every change logged, counted and traced")
     p.add_argument("--planner-period-s", type=float, default=PLANNER_PERIOD_S, help="seconds between observations")
 
 

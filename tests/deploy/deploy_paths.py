@@ -9,7 +9,7 @@ DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "k8s"
 DOCKER = DEPLOY / "docker"
 README = DEPLOY / "README.md"
-LAYOUTS = ("base", "cpu-demo", "gpu")
+LAYOUTS = ("base", "cpu-demo", "cpu-demo-elastic", "gpu")
 
 
 def layout_dir(layout: str) -> Path:

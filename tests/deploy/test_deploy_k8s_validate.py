@@ -22,6 +22,7 @@ READINESS_SERVICE = {"router": "pdserve.v1.Generation", "prefill": "", "decode":
 REPLICAS = {
     "base": {"pdserve-router": 1, "pdserve-prefill": 1, "pdserve-decode": 1},
     "cpu-demo": {"pdserve-router": 1, "pdserve-prefill": 1, "pdserve-decode": 1},
+    "cpu-demo-elastic": {"pdserve-router": 1, "pdserve-prefill": 1, "pdserve-decode": 2},
     "gpu": {"pdserve-router": 2, "pdserve-prefill": 2, "pdserve-decode": 2},
 }
 GPU = "nvidia.com/gpu"
@@ -105,7 +106,7 @@ def test_gpu_overlay_gives_each_worker_its_gpus_and_the_router_none(rendered):
             assert any(t["key"] == GPU for t in pod["tolerations"])
 
 
-@pytest.mark.parametrize("layout", ["base", "cpu-demo"])
+@pytest.mark.parametrize("layout", ["base", "cpu-demo", "cpu-demo-elastic"])
 def test_no_gpu_outside_the_gpu_overlay(rendered, layout):
     assert GPU not in yaml.safe_dump_all(rendered[layout])
 

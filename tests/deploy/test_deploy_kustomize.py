@@ -53,3 +53,13 @@ def test_render_applies_patches_replicas_and_images_as_kustomize_does(tmp_path):
     assert rendered["spec"]["template"]["spec"]["containers"] == [
         {"name": "c", "image": "reg/pdserve:2", "args": ["router"]}
     ]
+
+
+def test_the_elastic_overlay_makes_every_worker_elastic_and_turns_the_planner_on(rendered):
+    from deploy_contract import k8s_invocations
+
+    commands = {invocation.role: invocation.flags for _, invocation in k8s_invocations(rendered["cpu-demo-elastic"])}
+    assert commands["prefill"]["--elastic"] == commands["decode"]["--elastic"] == "on"
+    assert commands["router"]["--planner"] == "on"
+    plain = {invocation.role: invocation.flags for _, invocation in k8s_invocations(rendered["cpu-demo"])}
+    assert "--elastic" not in plain["decode"] and "--planner" not in plain["router"]
