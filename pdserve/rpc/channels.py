@@ -13,6 +13,9 @@ CHANNEL_OPTIONS = (
     # connection within keepalive time + timeout, instead of at the caller's deadline.
     ("grpc.keepalive_time_ms", 2000),
     ("grpc.keepalive_timeout_ms", 2000),
+    # grpc-core 1.6x answers a stalled peer by its ping timeout, 60 s unless set, whatever the
+    # keepalive timeout: a SIGSTOPped worker held its streams for 62 s.
+    ("grpc.http2.ping_timeout_ms", 2000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     # Reconnect to a restarted worker within seconds; a connect that gets no answer gives up after 2 s.
