@@ -13,7 +13,7 @@ Every fleet is stopped in `finally`, whatever happens.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -111,11 +111,30 @@ def schedule_for(config: ChaosConfig, baseline_s: float) -> tuple[Fault, ...]:
     last = p.span_s if p.span_s is not None else 0.8 * baseline_s
     targets = tuple(n for n in names if role_of(n) in p.roles)
     window = (p.first_s, max(p.first_s, last))
+
+    def spec(count: int) -> ScheduleSpec:
+        return ScheduleSpec(count, p.kinds, targets, window, p.stop_s, p.recovery_s, p.max_down_per_role)
+
     try:
-        return plan(ScheduleSpec(p.faults, p.kinds, targets, window, p.stop_s, p.recovery_s, p.max_down_per_role),
-                    config.seed)
+        return plan(spec(p.faults), config.seed)
     except ValueError as exc:
-        raise ScheduleError(str(exc)) from exc
+        if p.span_s is not None or p.faults <= 1:
+            raise ScheduleError(str(exc)) from exc
+        return _fewer(spec, p.faults, config.seed, baseline_s, exc)
+
+
+def _fewer(spec: Callable[[int], ScheduleSpec], count: int, seed: int, baseline_s: float, refused: ValueError) -> tuple[Fault, ...]:
+    """The window follows the no-fault run, which a fast machine finishes sooner: as many of the
+    faults as fit there, said so, rather than no run at all."""
+    for fewer in range(count - 1, 0, -1):
+        try:
+            faults = plan(spec(fewer), seed)
+        except ValueError:
+            continue
+        _log(f"== {fewer} of {count} faults fit: the no-fault run took {baseline_s:.1f} s on this machine "
+             f"({refused}); --span-s or a larger load (--streams, --documents) makes room")
+        return faults
+    raise ScheduleError(str(refused)) from refused
 
 
 def windows_of(records: tuple[FaultRecord, ...], started_at: float, settle_s: float) -> tuple[analysis.Window, ...]:
