@@ -13,9 +13,12 @@ the prefill worker's choice.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 from pdserve.admission import Admission, AdmissionPolicy, TtftPrediction, Verdict
+from pdserve.errors import OverloadedError
 from router.flow_types import FlowState, Job
 from router.local_prefill import LocalPrefillDecision, LocalPrefillPolicy
 from router.placement import NoWorker
@@ -62,3 +65,38 @@ class Admitter:
         """Within what a decode worker may compute of a prompt (router/local_prefill.py)."""
         uncached = len(job.prompt) + len(state.generated) - cached
         return 0 < self.local_policy.max_uncached_tokens and uncached <= self.local_policy.max_uncached_tokens
+
+
+DEFER_POLL_S = 1.0  # a deferred request is judged again at least this often
+
+
+def admission_attributes(admission: Admission) -> dict:
+    """The verdict and its prediction, for the request's trace."""
+    attrs = {"pdserve.admission": admission.verdict.value, "pdserve.admission.reason": admission.reason}
+    if admission.prediction is not None:
+        attrs.update(admission.prediction.attributes())
+    if admission.verdict in (Verdict.REFUSE, Verdict.DEFER):
+        attrs["pdserve.admission.retry_after_s"] = admission.retry_after_s
+    return attrs
+
+
+async def defer(job: Job, retry_after_s: float) -> None:
+    """Wait before judging a deferred request again; past its deadline it ends (DEADLINE_EXCEEDED)."""
+    pause = min(DEFER_POLL_S, retry_after_s)
+    if job.deadline is not None and time.monotonic() + pause >= job.deadline:
+        raise TimeoutError(f"request {job.request_id} was deferred (its class's objective cannot be met now) "
+                           f"until its deadline")
+    await asyncio.sleep(pause)
+
+
+def refusal(job: Job, admission: Admission, ttft_objective_s: float | None) -> OverloadedError:
+    p = admission.prediction
+    if admission.reason == "tbt":
+        why = "every decode worker's time between tokens is over the objective of its class"
+    else:
+        assert p is not None
+        why = (f"its first token is predicted in {p.total_s:.2f} s (reserve {p.reserve_s:.2f}, queue {p.queue_s:.2f}, "
+               f"prefill {p.prefill_s:.2f}, transfer {p.transfer_s:.2f}), over the {ttft_objective_s} s "
+               f"objective of its class")
+    return OverloadedError(f"{job.priority.name.lower()} request {job.request_id} refused: {why}; retry after "
+                           f"{admission.retry_after_s:.1f} s", admission.retry_after_s)

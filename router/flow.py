@@ -19,11 +19,10 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 
-from pdserve.admission import Admission, Verdict
-from pdserve.errors import OverloadedError
+from pdserve.admission import Verdict
 from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
 from router.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
-from router.admitting import Admitter
+from router.admitting import Admitter, admission_attributes, defer, refusal
 from router.flow_types import FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
 from router.observed import Observed
 from router.placing import Placer
@@ -92,11 +91,11 @@ class RequestFlow:
                 break
             if deferred_at is None:
                 deferred_at = time.monotonic()
-                yield Milestone("admission.deferred", _admission_attributes(plan.admission))
-            await _defer(job, plan.admission.retry_after_s)
-        yield Milestone("admission", _admission_attributes(plan.admission))
+                yield Milestone("admission.deferred", admission_attributes(plan.admission))
+            await defer(job, plan.admission.retry_after_s)
+        yield Milestone("admission", admission_attributes(plan.admission))
         if plan.admission.verdict is Verdict.REFUSE:
-            raise _refusal(job, plan.admission, self.admitter.policy.objectives.of(job.priority).ttft_s)
+            raise refusal(job, plan.admission, self.admitter.policy.objectives.of(job.priority).ttft_s)
         local = plan.local.local
         state.local_prefill, state.decode_cached_tokens = local, cached if local else 0
         state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
@@ -279,9 +278,6 @@ class RequestFlow:
                 return
 
 
-DEFER_POLL_S = 1.0  # a deferred request is judged again at least this often
-
-
 class _MovedPrefill(Exception):
     """The request leaves a prefill worker's queue for `target`, predicted much sooner."""
 
@@ -296,34 +292,3 @@ class _Moved(Exception):
     def __init__(self, target: str, waited_s: float):
         super().__init__(f"moved to {target} after {waited_s:.1f} s queued")
         self.target, self.waited_s = target, waited_s
-
-
-def _admission_attributes(admission: Admission) -> dict:
-    attrs = {"pdserve.admission": admission.verdict.value, "pdserve.admission.reason": admission.reason}
-    if admission.prediction is not None:
-        attrs.update(admission.prediction.attributes())
-    if admission.verdict in (Verdict.REFUSE, Verdict.DEFER):
-        attrs["pdserve.admission.retry_after_s"] = admission.retry_after_s
-    return attrs
-
-
-async def _defer(job: Job, retry_after_s: float) -> None:
-    """Wait before judging a deferred request again; past its deadline it ends (DEADLINE_EXCEEDED)."""
-    pause = min(DEFER_POLL_S, retry_after_s)
-    if job.deadline is not None and time.monotonic() + pause >= job.deadline:
-        raise TimeoutError(f"request {job.request_id} was deferred (its class's objective cannot be met now) "
-                           f"until its deadline")
-    await asyncio.sleep(pause)
-
-
-def _refusal(job: Job, admission: Admission, ttft_objective_s: float | None) -> OverloadedError:
-    p = admission.prediction
-    if admission.reason == "tbt":
-        why = "every decode worker's time between tokens is over the objective of its class"
-    else:
-        assert p is not None
-        why = (f"its first token is predicted in {p.total_s:.2f} s (reserve {p.reserve_s:.2f}, queue {p.queue_s:.2f}, "
-               f"prefill {p.prefill_s:.2f}, transfer {p.transfer_s:.2f}), over the {ttft_objective_s} s "
-               f"objective of its class")
-    return OverloadedError(f"{job.priority.name.lower()} request {job.request_id} refused: {why}; retry after "
-                           f"{admission.retry_after_s:.1f} s", admission.retry_after_s)
