@@ -198,8 +198,9 @@ class RequestFlow:
         (the caller closes this call, which takes it out of that queue)."""
         config = self.config
         while True:
-            try:
-                return await asyncio.wait_for(call.next(), config.move_check_s)
+            try:  # asyncio.timeout, not wait_for: wait_for can swallow a cancel (an Abort) that meets its result
+                async with asyncio.timeout(config.move_check_s):
+                    return await call.next()
             except TimeoutError:
                 waited = time.monotonic() - opened
                 if waited < config.move_after_s or state.protocol.moves >= config.max_moves:
@@ -246,8 +247,9 @@ class RequestFlow:
         out of that queue, and opens one there into the same reservation)."""
         config = self.config
         while True:
-            try:
-                return await asyncio.wait_for(decode_call.unless_failed(call.next()), config.move_check_s)
+            try:  # asyncio.timeout, not wait_for (see _reservation)
+                async with asyncio.timeout(config.move_check_s):
+                    return await decode_call.unless_failed(call.next())
             except TimeoutError:
                 waited = time.monotonic() - opened
                 if waited < config.move_after_s or state.protocol.moves >= config.max_moves:
