@@ -23,12 +23,13 @@ async def _receiver(runtime: WorkerRuntime) -> RanksReceiver:
                                kv.shape.num_kv_heads)
 
 
-async def decode_parts(args: argparse.Namespace, ground: Groundwork) -> tuple[DecodeServicer, RanksReceiver | None]:
+async def decode_parts(args: argparse.Namespace, ground: Groundwork,
+                       releases_holds: bool = True) -> tuple[DecodeServicer, RanksReceiver | None]:
     """The decode role over a worker's groundwork: its KV receiver (none with --transport none),
-    worker and servicer."""
+    worker and servicer; `releases_holds` off beside a prefill worker on the same engine."""
     runtime = ground.runtime
     receiver = await _receiver(runtime) if args.transport == "ucx" else None
-    worker = DecodeWorker(runtime.async_engine, receiver, ground.leases, args.quarantine_timeout_s)
+    worker = DecodeWorker(runtime.async_engine, receiver, ground.leases, args.quarantine_timeout_s, releases_holds)
     servicer = DecodeServicer(worker, ground.observability.tracing.tracer(), ground.drainer, args.transport,
                               receiver.address() if receiver else b"", runtime.block_size, runtime.block_nbytes,
                               runtime.engine.kv.num_blocks, receiver.ends if receiver else ())

@@ -83,7 +83,7 @@ class _Live:
 
 class DecodeWorker:
     def __init__(self, engine: AsyncEngine, receiver: KVReceiver | RanksReceiver | None, leases: Leases,
-                 quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s):
+                 quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s, releases_holds: bool = True):
         """`receiver`: every rank's (a plain KVReceiver: this worker has one rank; None: no
         remote KV). `quarantine_timeout_s`: the longest blocks stay quarantined when the
         transport never says the withdrawn receive that may write them is over."""
@@ -97,7 +97,7 @@ class DecodeWorker:
         self._transfer_ids = itertools.count()  # a transfer id is never reused, even after a failure
         # A decode worker gives back the holds its steps produce; beside a prefill worker on one
         # engine (an elastic worker) that one does, since some are its sends'.
-        self.releases_holds = True
+        self.releases_holds = releases_holds
         engine.add_listener(self.on_step)
 
     async def open(self, job: DecodeJob) -> Session:

@@ -6,6 +6,7 @@ import grpc
 
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, sampling_to_pb
+from pdserve.rpc.errors import FAULT_METADATA, NOBODY  # what a worker names as a failure's cause
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
@@ -22,7 +23,6 @@ from router.clients import (
     WorkerSnapshot,
 )
 
-FAULT_METADATA = "pdserve-fault"  # trailing metadata of a worker naming who caused its failure
 _KIND_OF = {
     grpc.StatusCode.UNAVAILABLE: FaultKind.GONE,
     grpc.StatusCode.CANCELLED: FaultKind.GONE,
@@ -41,7 +41,7 @@ def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
     named = {v for k, v in (exc.trailing_metadata() or ()) if k == FAULT_METADATA}
     if "decode" in named:
         return WorkerFault(FaultKind.GONE, address, message, Culprit.PEER)
-    if "nobody" in named:  # the worker gave the request back (it leaves its role): elsewhere, uncharged
+    if NOBODY in named:  # the worker gave the request back (it leaves its role): elsewhere, uncharged
         return WorkerFault(FaultKind.WITHDRAWN, address, message)
     kind = _KIND_OF.get(exc.code(), FaultKind.FAILED)
     return WorkerFault(kind, address, message, Culprit.NOBODY if kind == FaultKind.TIMEOUT else Culprit.SELF)

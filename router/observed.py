@@ -39,11 +39,6 @@ class Observed:
     def tail_s(self, prefill: str) -> float:
         return self._tail_s.get(prefill, 0.0)
 
-    def forget(self, address: str) -> None:
-        self._reserve_s.pop(address, None)
-        self._tail_s.pop(address, None)
-        self._block_size.pop(address, None)
-
     def _blend(self, table: dict[str, float], address: str, seconds: float) -> None:
         old = table.get(address)
         seconds = max(0.0, seconds)

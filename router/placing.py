@@ -9,7 +9,6 @@ import asyncio
 import time
 from collections.abc import Mapping
 
-from pdserve.admission import predict_ttft
 from pdserve.rpc.errors import Unavailable
 from router.clients import WorkerClients
 from router.flow_types import FlowConfig, FlowState, Job
@@ -93,13 +92,10 @@ class Placer:
     def sooner_prefill(self, job: Job, state: FlowState, current: Worker) -> Worker | None:
         """A usable prefill worker predicted to give the first token in under half of what is
         queued on `current` (the request included), and at least MOVE_GAIN_S sooner; None if none."""
-        predictor = self.predictor
-        length = len(job.prompt) + len(state.generated)
-        fallback = predictor.fallback_tokens_per_s()
-        remaining = predict_ttft(length, predictor.side(current, 0), 0.0, fallback).queue_s
+        remaining = self.predictor.on(job, state, current).queue_s
         workers = self.pool.of_role("prefill")
         avoid = state.avoided("prefill", workers)
-        options = [(predict_ttft(length, predictor.side(w, 0), 0.0, fallback).total_s, w)
+        options = [(self.predictor.on(job, state, w).total_s, w)
                    for w in workers if w is not current and w.address not in avoid]
         if not options:
             return None

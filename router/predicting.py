@@ -61,6 +61,10 @@ class Predictor:
         return {w.address: predict_ttft(length, self.side(w, cached.get(w.address, 0)), reserve_s, fallback)
                 for w in workers}
 
+    def on(self, job: Job, state: FlowState, worker: Worker) -> TtftPrediction:
+        """The prompt's queue and prefill on `worker` (nothing of it cached, no reservation to wait for)."""
+        return predict_ttft(_length(job, state), self.side(worker, 0), 0.0, self.fallback_tokens_per_s())
+
     def side(self, worker: Worker, cached: int) -> PrefillSide:
         return PrefillSide(worker.address, worker.queued_prefill_tokens + worker.sent_tokens,
                            worker.prefill_tokens_per_s, cached, self.observed.tail_s(worker.address))

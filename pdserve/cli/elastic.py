@@ -27,8 +27,7 @@ async def start_elastic(args: argparse.Namespace, runtime_config: RuntimeConfig,
         raise SystemExit("an elastic worker sends and receives KV: it needs --transport ucx")
     ground = lay_groundwork(args, runtime_config, ELASTIC)
     prefill, sender = await prefill_parts(ground)
-    decode, receiver = await decode_parts(args, ground)
-    decode.worker.releases_holds = False  # the prefill worker gives back every hold not under a send
+    decode, receiver = await decode_parts(args, ground, releases_holds=False)  # the prefill worker does
     roles = RoleState(role)
     prefill.roles = decode.roles = roles
     control = RoleControl(roles, {"prefill": prefill.in_flight, "decode": decode.in_flight},

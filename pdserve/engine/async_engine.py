@@ -172,7 +172,7 @@ class AsyncEngine:
             self._wake.clear()
             return
         result = self._step()
-        self._meter.record(result.chunks, result.seconds)
+        self._meter.record(result.num_tokens, len(result.chunks), result.seconds)
         self._stats = self.engine.scheduler.stats()
         if not result.is_idle or result.holds:
             self._publish(result)

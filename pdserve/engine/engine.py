@@ -26,7 +26,7 @@ from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
 from pdserve.engine.engine_model import EngineModel, load_engine_model
 from pdserve.model.loader import LoadedModel
-from pdserve.requests import FinishReason, Priority, Request, SamplingParams
+from pdserve.requests import FinishReason, Priority, Request, RequestState, SamplingParams
 from pdserve.kv.manager import BlockHold
 from pdserve.scheduler import AdmissionError as SchedulerAdmissionError
 from pdserve.scheduler import DuplicateRequestError as SchedulerDuplicateError
@@ -47,6 +47,7 @@ class Engine:
         self.config = config
         self.clock = clock
         self.hold_blocks = hold_blocks
+        self._senders: set[Request] = set()  # live requests whose KV is sent on (Request.sends_kv)
         self.lock = threading.Lock()  # held while the scheduler's state changes (see step)
         dtype = serving_dtype(config.dtype, config.device)
         self.loaded = _engine_model(loaded) if loaded is not None else load_engine_model(config)
@@ -92,6 +93,8 @@ class Engine:
         request = self.make_request(request_id, prompt_token_ids, sampling, priority, output_token_ids, age_s)
         request.sends_kv = self.hold_blocks if sends_kv is None else sends_kv
         self._queue(self.scheduler.add, request)
+        if request.sends_kv:
+            self._senders.add(request)
         return request
 
     def add_remote_request(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -164,10 +167,13 @@ class Engine:
         (Request.sends_kv) still running that this step computed: its new KV can be sent while
         later steps run."""
         holds = self.scheduler.take_holds()
+        if not self._senders:  # a decode worker's steps: nothing to hold, no walk over its decodes
+            return holds
         for chunk in output.chunks:
             rid = chunk.request.request_id
             if chunk.request.sends_kv and rid not in holds and (hold := self.scheduler.hold(rid)) is not None:
                 holds[rid] = hold
+        self._senders = {r for r in self._senders if r.state != RequestState.FINISHED}
         return holds
 
     def _stamp_first_scheduled(self, output: SchedulerOutput) -> None:

@@ -17,9 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pdserve.scheduler.output import ScheduledChunk
-
-
 @dataclass(frozen=True)
 class StepRates:
     prefill_tokens_per_s: float
@@ -38,11 +35,13 @@ class StepMeter:
     def rates(self) -> StepRates:
         return StepRates(self._prefill_tokens_per_s, self._step_s)
 
-    def record(self, chunks: tuple[ScheduledChunk, ...], seconds: float) -> None:
-        """One step that ran `chunks` through the model in `seconds`."""
-        if not chunks or seconds <= 0:
+    def record(self, num_tokens: int, num_chunks: int, seconds: float) -> None:
+        """One step that ran `num_tokens` tokens in `num_chunks` chunks through the model in
+        `seconds`. Its prompt tokens are those beyond one per chunk (a decode is one token): at
+        most one short per prefill chunk, and nothing here walks the step's chunks."""
+        if not num_chunks or seconds <= 0:
             return
-        prefill = sum(c.num_tokens for c in chunks if not c.is_decode)
+        prefill = num_tokens - num_chunks
         self._step_s = self._blend(self._step_s, seconds, seconds) if self._step_s else seconds
         if prefill > 0:
             self._prefill_tokens_per_s = self._blend(self._prefill_tokens_per_s, prefill / seconds, seconds)

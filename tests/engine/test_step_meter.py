@@ -6,38 +6,31 @@ from __future__ import annotations
 import pytest
 
 from pdserve.engine.step_meter import StepMeter
-from pdserve.requests import Request
-from pdserve.scheduler.output import ScheduledChunk
 
 
-def _prefill(tokens: int) -> ScheduledChunk:
-    request = Request("p", list(range(tokens)))
-    return ScheduledChunk(request, 0, tokens, (), True)
-
-
-def _decode() -> ScheduledChunk:
-    request = Request("d", [1, 2, 3], output_token_ids=[4])
-    return ScheduledChunk(request, 3, 1, (), True)
+def _step(meter: StepMeter, prefill_chunks: tuple[int, ...], decodes: int, seconds: float) -> None:
+    """A step of prefill chunks of those sizes and `decodes` decodes, as the engine reports it."""
+    meter.record(sum(prefill_chunks) + decodes, len(prefill_chunks) + decodes, seconds)
 
 
 def test_the_calibration_stands_until_a_prefill_ran_and_decodes_set_only_the_step_time():
     meter = StepMeter(prefill_tokens_per_s=5000.0)
     assert (meter.rates.prefill_tokens_per_s, meter.rates.step_s) == (5000.0, 0.0)
-    meter.record((_decode(), _decode()), 0.02)
+    _step(meter, (), 2, 0.02)
     assert (meter.rates.prefill_tokens_per_s, meter.rates.step_s) == (5000.0, 0.02)
-    meter.record((), 1.0)  # an idle step changes nothing
+    meter.record(0, 0, 1.0)  # an idle step changes nothing
     assert meter.rates.step_s == 0.02
 
 
 def test_rates_follow_the_recent_steps():
     meter = StepMeter(prefill_tokens_per_s=5000.0, half_life_s=1.0)
     for _ in range(40):  # 20 s of 1000 tokens/s prefill steps
-        meter.record((_prefill(500), _decode()), 0.5)
+        _step(meter, (501,), 1, 0.5)  # 500 prompt tokens beyond the chunk's first
     assert meter.rates.prefill_tokens_per_s == pytest.approx(1000.0, rel=1e-3)
     assert meter.rates.step_s == pytest.approx(0.5)
-    meter.record((_prefill(1000),), 1.0)  # one half-life at 1000 tokens/s: unchanged
+    _step(meter, (1001,), 0, 1.0)  # one half-life at 1000 tokens/s: unchanged
     assert meter.rates.prefill_tokens_per_s == pytest.approx(1000.0, rel=1e-3)
-    meter.record((_prefill(4000),), 1.0)  # one half-life at 4000: halfway there
+    _step(meter, (4001,), 0, 1.0)  # one half-life at 4000: halfway there
     assert meter.rates.prefill_tokens_per_s == pytest.approx(2500.0, rel=1e-2)
 
 
