@@ -10,6 +10,7 @@ from opentelemetry.trace import SpanKind
 from decode_service.worker import DecodeJob, DecodeWorker
 from pdserve.parallel.kv_ranks import RankEnd
 from pdserve.rpc.bounds import check_id, kv_timeout
+from pdserve.rpc.decode_peer import target_from_pb
 from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.kv_ranks import kv_ranks_to_pb
@@ -17,7 +18,7 @@ from pdserve.rpc.errors import PermissionDenied
 from pdserve.telemetry import extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import Finished, Preempted, Reserved, Tokens
+from pdserve.worker.events import Departed, Finished, Preempted, Reserved, Tokens
 from pdserve.worker.rpcs import CommonWorkerRpcs
 
 
@@ -66,12 +67,34 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
                 block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
                 decode_endpoint=self.address, kv_secret=event.secret, num_blocks=self.num_blocks,
                 cached_blocks=event.cached_blocks, ranks=self.kv_ranks))
+        if isinstance(event, Departed):
+            return wpb.DecodeEvent(departed=wpb.DecodeDeparted(generated=event.generated))
         if isinstance(event, Finished):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(
                 finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,
                 preemptions=event.preemptions, queue_seconds=event.queue_seconds))
         assert isinstance(event, Preempted)
         return wpb.DecodeEvent(preempted=wpb.PreemptionNotice(mode=event.mode, reason=event.reason, phase=event.phase))
+
+    def in_flight(self) -> int:
+        return self.worker.in_flight()
+
+    async def Depart(self, request: wpb.DepartRequest, context) -> wpb.DepartResponse:
+        """Served while draining too: a leaving worker's requests leave this way."""
+        keep = kv_timeout(request.keep_kv_s) if request.keep_kv else None
+        departure = await self.worker.depart(check_id("request_id", request.request_id), keep)
+        return wpb.DepartResponse(departed=departure.departed, generated=departure.generated, reason=departure.reason)
+
+    async def MoveKV(self, request: wpb.MoveKVRequest, context) -> wpb.MoveKVResponse:
+        target = target_from_pb(request.target, self.transport)
+        with self.tracer.start_as_current_span(
+                "pdserve.kv.move", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
+                attributes={"gen_ai.request.id": request.request_id,
+                            "pdserve.decode_endpoint": target.decode_endpoint}) as span:
+            moved = await self.worker.move_kv(check_id("request_id", request.request_id), target)
+            span.set_attributes({"pdserve.kv.bytes": moved.kv_bytes, "pdserve.kv.blocks": moved.kv_blocks,
+                                 "pdserve.kv.seconds": moved.kv_seconds})
+        return wpb.MoveKVResponse(kv_bytes=moved.kv_bytes, kv_blocks=moved.kv_blocks, kv_seconds=moved.kv_seconds)
 
     async def PushKV(self, request: wpb.KVPiece, context) -> wpb.KVPieceAck:
         self._authorize(request.transfer_id, request.kv_secret)
@@ -97,6 +120,8 @@ def _trace_event(span, event) -> None:
         span.add_event(name, {"mode": event.mode, "reason": event.reason})
     elif isinstance(event, Reserved):
         span.add_event("kv.reserved", {"blocks": len(event.block_ids)})
+    elif isinstance(event, Departed):
+        span.add_event("departed", {"generated": event.generated})
     elif isinstance(event, Finished):
         span.set_attributes({"pdserve.finish_reason": event.reason.value, "pdserve.preemptions": event.preemptions,
                              "pdserve.cached_tokens": event.cached_tokens})

@@ -5,6 +5,9 @@
     prefill --PushKV--> push_kv()      receiver.expect(piece, secret) into exactly those blocks
     prefill --CompleteKV--> complete() all pieces in -> mark_received(first token) -> decoding
            <-- Tokens ... Finished --  on_step()
+    router --Depart--> depart()        (this worker leaves) the request stops here with its KV held
+           <-- Departed --             then router --MoveKV--> move_kv(): the KV goes to another
+                                       decode worker's reservation (decode_service/departures.py)
 
 At tensor parallel size d every rank receives its own heads' share of each piece from every
 prefill rank holding some of them (pdserve/parallel/kv_ranks.py); a piece is in once every
@@ -30,6 +33,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from decode_service.departures import Departures, Moved
 from decode_service.intake import Intake, Unsafe
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
@@ -43,13 +47,23 @@ from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.rpc.errors import Withdrawn
 from pdserve.transfer import KVReceiver
 from pdserve.worker.commands import submit
-from pdserve.worker.events import Finished, Preempted, Reserved, Tokens
+from pdserve.worker.events import Departed, Finished, Preempted, Reserved, Tokens
+from pdserve.worker.kv_out import Target
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.session import Session
 
 log = logging.getLogger(__name__)
 SECRET_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Depart's answer: whether the request left, its tokens then, or why it did not."""
+
+    departed: bool
+    generated: int
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,10 +97,12 @@ class _Live:
 
 class DecodeWorker:
     def __init__(self, engine: AsyncEngine, receiver: KVReceiver | RanksReceiver | None, leases: Leases,
-                 quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s, releases_holds: bool = True):
+                 quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s, releases_holds: bool = True,
+                 departures: Departures | None = None):
         """`receiver`: every rank's (a plain KVReceiver: this worker has one rank; None: no
         remote KV). `quarantine_timeout_s`: the longest blocks stay quarantined when the
-        transport never says the withdrawn receive that may write them is over."""
+        transport never says the withdrawn receive that may write them is over. `departures`:
+        how its requests leave with their KV (None: they cannot; Depart gives their KV back)."""
         self.engine = engine
         self.receiver = receiver if receiver is None or isinstance(receiver, RanksReceiver) else RanksReceiver.alone(
             receiver, engine.engine.kv.shape.num_kv_heads)
@@ -98,6 +114,7 @@ class DecodeWorker:
         # A decode worker gives back the holds its steps produce; beside a prefill worker on one
         # engine (an elastic worker) that one does, since some are its sends'.
         self.releases_holds = releases_holds
+        self.departures = departures if departures is not None else Departures(engine, None, None, 0, 0, leases)
         engine.add_listener(self.on_step)
 
     async def open(self, job: DecodeJob) -> Session:
@@ -167,6 +184,36 @@ class DecodeWorker:
         unstarted = [live for live in self.live.records() if live.unstarted]
         error = Withdrawn("this worker is leaving the decode role: the request goes to another decode worker")
         return sum(self.live.fail(live, error) for live in unstarted)
+
+    # ---- departures (a move to another decode worker) ----
+
+    async def depart(self, request_id: str, keep_kv_s: float | None) -> Departure:
+        """Stop a decoding request here between two steps: its stream gets every token generated
+        so far, then Departed, and ends; its KV is kept for `move_kv` at most `keep_kv_s` (None:
+        given back now). Refused (departed False, the request goes on) when it is not decoding."""
+        live = self.live.get(request_id)
+        if live is None:
+            return Departure(False, 0, f"no request {request_id!r} is running here")
+        if not (live.received or live.job.local_prefill):
+            return Departure(False, 0, "its KV is still arriving")
+        detached = await self.departures.detach(request_id, keep_kv_s)
+        if detached is None:
+            return Departure(False, 0, "it is not decoding now (queued, preempted or swapped out)")
+        generated = len(detached.output_token_ids)
+        if self.live.get(request_id) is not live:  # its stream ended meanwhile: nobody will move it
+            self.departures.forget(request_id)
+        else:
+            live.session.push(Departed(generated))
+            self.live.end(live, abort=False)
+        return Departure(True, generated)
+
+    async def move_kv(self, request_id: str, target: Target) -> Moved:
+        """Send a departed request's KV into another decode worker's reservation."""
+        return await self.departures.move(request_id, target)
+
+    def in_flight(self) -> int:
+        """Requests it still serves, and departed ones whose KV waits for its move."""
+        return len(self.live) + len(self.departures)
 
     def kv_rank_bytes(self) -> list[int]:
         """KV bytes each rank of this worker received, rank 0 first."""

@@ -1,53 +1,20 @@
-"""PrefillWorker gRPC servicer, and the client side of its calls to decode workers."""
+"""PrefillWorker gRPC servicer: wire messages in and out, nothing else (its calls to decode workers: pdserve/rpc/decode_peer.py)."""
 
 from __future__ import annotations
 
-import grpc
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from pdserve.errors import InvalidRequestError, PeerFault
-from pdserve.rpc.bounds import check_address, check_id, check_kv_address, kv_timeout
-from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.bounds import kv_timeout
+from pdserve.rpc.decode_peer import target_from_pb
 from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
-from pdserve.rpc.kv_ranks import kv_ranks_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.telemetry import Metrics, extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Chunk, FirstToken
 from pdserve.worker.rpcs import CommonWorkerRpcs
-from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
-
-
-class GrpcDecodePeer(DecodePeer):
-    def __init__(self, channels: ChannelPool):
-        self.channels = channels
-
-    def _stub(self, endpoint: str) -> worker_pb2_grpc.DecodeWorkerStub:
-        return worker_pb2_grpc.DecodeWorkerStub(self.channels.get(endpoint))
-
-    async def push_kv(self, endpoint: str, piece: Piece) -> None:
-        message = wpb.KVPiece(transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
-                              src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s,
-                              kv_secret=piece.secret, tensor_parallel_size=piece.senders if piece.senders > 1 else 0)
-        try:
-            await self._stub(endpoint).PushKV(message, timeout=piece.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise _peer_fault("PushKV", endpoint, exc) from None
-
-    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
-                          secret: bytes) -> None:
-        message = wpb.KVComplete(transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token,
-                                 kv_secret=secret)
-        try:
-            await self._stub(endpoint).CompleteKV(message, timeout=60.0)
-        except grpc.aio.AioRpcError as exc:
-            raise _peer_fault("CompleteKV", endpoint, exc) from None
-
-
-def _peer_fault(method: str, endpoint: str, exc: grpc.aio.AioRpcError) -> PeerFault:
-    return PeerFault(f"{method} on decode worker {endpoint}: {exc.code().name}: {exc.details() or ''}")
+from prefill_service.worker import PrefillWorker
 
 
 class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
@@ -63,7 +30,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
     async def Prefill(self, request: wpb.PrefillRequest, context):
         self.refuse_unless_serving()
         r, t = request.request, request.target
-        target = self._target_from_pb(t)
+        target = target_from_pb(t, self.transport)
         with stream_span(
                 self.tracer, "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),
@@ -78,15 +45,6 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
                     yield _event_to_pb(event)
             finally:
                 self.worker.live.close(session)
-
-    def _target_from_pb(self, t: wpb.KVReservation) -> Target:
-        """The reservation's addresses and transport checked here; its layout by the worker."""
-        if t.transport != self.transport:
-            raise InvalidRequestError(f"reservation over transport {t.transport[:32]!r}; this worker sends over "
-                                      f"{self.transport!r}")
-        return Target(check_id("transfer_id", t.transfer_id), check_kv_address(t.kv_address), tuple(t.block_ids),
-                      t.block_size, t.block_nbytes, check_address("decode_endpoint", t.decode_endpoint),
-                      t.kv_secret, t.num_blocks, t.cached_blocks, kv_ranks_from_pb(t.ranks))
 
     def _observe(self, span, event) -> None:
         if isinstance(event, Chunk):

@@ -22,72 +22,28 @@ worker (RankFailed) is this worker's fault.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
-from pdserve.errors import InvalidRequestError, PeerFault
+from pdserve.errors import PeerFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
-from pdserve.parallel.kv_ranks import RankEnd, RanksSender, check_ends
+from pdserve.parallel.kv_ranks import RanksSender
 from pdserve.requests import Priority, Request, SamplingParams, TokenLogprobs
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.scheduler.output import ScheduledChunk
-from pdserve.transfer import KVSender, TransferError
+from pdserve.transfer import KVSender
 from pdserve.validation import validate_resumed
-from pdserve.transfer.wire import check_secret
 from pdserve.worker.events import Chunk, FirstToken
+from pdserve.worker.kv_out import DecodePeer, Piece, Target, check_target, send_piece
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.session import Session
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Target:
-    """The decode worker's reservation for this request; `secret` is its, presented on every
-    call and keying the KV data; `num_blocks` is the decode pool's size."""
-
-    transfer_id: str
-    kv_address: bytes
-    block_ids: tuple[int, ...]
-    block_size: int
-    block_nbytes: int
-    decode_endpoint: str
-    secret: bytes = field(repr=False)
-    num_blocks: int
-    cached_blocks: int = 0  # leading blocks the decode worker holds already: never sent
-    ranks: tuple[RankEnd, ...] = ()  # the decode ranks (tensor parallel); none: one, every head at kv_address
-
-
-@dataclass(frozen=True)
-class Piece:
-    transfer_id: str
-    seq: int
-    block_index: int
-    src_block_ids: tuple[int, ...]
-    timeout_s: float
-    secret: bytes = field(repr=False)
-    senders: int = 1  # this worker's tensor parallel size: each rank sends its share of the heads
-
-
-class DecodePeer(abc.ABC):
-    """The control-plane calls a prefill worker makes on a decode worker (the wire side implements
-    it). Either call raises PeerFault when the decode worker fails or refuses it."""
-
-    @abc.abstractmethod
-    async def push_kv(self, endpoint: str, piece: Piece) -> None:
-        """Announce a piece: the decode worker posts receives for exactly its blocks."""
-
-    @abc.abstractmethod
-    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
-                          secret: bytes) -> None:
-        """Every piece was sent; the decode worker starts decoding after the first token."""
 
 
 @dataclass
@@ -136,29 +92,12 @@ class PrefillWorker:
         check_timeout("kv_timeout_s", kv_timeout_s)
         validate_resumed(resumed, sampling, self.engine.engine.limits)  # the engine sees max_tokens len(resumed) + 1
         kv_tokens = len(prompt) + len(resumed)
-        self._check_target(target, kv_tokens)
+        check_target(target, self.sender, self.block_size, self.block_nbytes, kv_tokens)
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,
                          sent_blocks=target.cached_blocks, resumed=len(resumed))
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": ()})
         return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed, age_s,
                                                                    sends_kv=True))
-
-    def _check_target(self, target: Target, kv_tokens: int) -> None:
-        try:
-            check_secret(target.secret)
-        except ValueError as exc:
-            raise InvalidRequestError(f"kv_secret: {exc}") from None
-        ends = self.sender.ends_of(target.ranks, target.kv_address)
-        try:
-            check_ends(ends, self.sender.num_heads)
-        except ValueError as exc:
-            raise InvalidRequestError(f"KV layout mismatch: {exc}") from None
-        per_head = target.block_nbytes * self.sender.heads_per_rank, self.block_nbytes * ends[0].heads.count
-        if target.block_size != self.block_size or per_head[0] != per_head[1]:
-            raise InvalidRequestError(
-                f"KV layout mismatch: decode blocks are {target.block_size} tokens / {target.block_nbytes} bytes, "
-                f"here {self.block_size} / {self.block_nbytes} (same model and block size needed)")
-        _check_blocks(target, -(-kv_tokens // self.block_size))
 
     def _end(self, job: PrefillJob, abort: bool) -> None:
         """The request ended here (LiveRequests' end hook): stop its sends and, if asked, abort
@@ -247,18 +186,10 @@ class PrefillWorker:
                                      job.kv_descriptors, job.kv_seconds, job.queue_seconds, job.first_logprobs))
 
     async def _send_piece(self, job: PrefillJob, piece: Piece) -> None:
-        started = time.perf_counter()
-        await self.peer.push_kv(job.target.decode_endpoint, piece)
-        pairs = list(zip(piece.src_block_ids, job.target.block_ids[piece.block_index:]))
-        ends = self.sender.ends_of(job.target.ranks, job.target.kv_address)
-        try:
-            result = await self.sender.send(ends, piece.transfer_id, piece.seq, pairs, piece.timeout_s,
-                                            secret=piece.secret)
-        except TransferError as exc:
-            raise PeerFault(f"KV send to {job.target.decode_endpoint} failed: {exc}") from exc
-        job.kv_bytes += result.nbytes
-        job.kv_descriptors += len(result.runs)
-        job.kv_seconds += time.perf_counter() - started
+        sent = await send_piece(self.sender, self.peer, job.target, piece)
+        job.kv_bytes += sent.nbytes
+        job.kv_descriptors += sent.descriptors
+        job.kv_seconds += sent.seconds
 
     def kv_rank_bytes(self) -> list[int]:
         """KV bytes each rank of this worker sent, rank 0 first."""
@@ -274,20 +205,6 @@ class PrefillWorker:
         """Stop and free everything now (the stream may be slow to read), then end the stream."""
         if self.live.fail(job, error):
             log.warning("request %s failed here: %s", job.request_id, error)
-
-
-def _check_blocks(target: Target, needed: int) -> None:
-    """One distinct decode block per block of the prompt, each inside the pool it states, and
-    at least the last one to send."""
-    ids = target.block_ids
-    if len(ids) != needed:
-        raise InvalidRequestError(f"reservation of {len(ids)} blocks for a prompt of {needed} blocks")
-    if not 0 <= target.cached_blocks < len(ids):
-        raise InvalidRequestError(f"cached_blocks {target.cached_blocks} of a {len(ids)}-block reservation: the "
-                                  "last block is always sent")
-    if len(set(ids)) != len(ids) or any(b >= target.num_blocks for b in ids):
-        raise InvalidRequestError(f"reservation block ids repeated or outside the decode pool of "
-                                  f"{target.num_blocks} blocks")
 
 
 def _abort(engine: Engine, request_id: str) -> None:

@@ -1,6 +1,8 @@
 """What the router asks of its workers, without wire types: the worker-client interface.
 
     RequestFlow --WorkerClients.decode(address).open(job, local)-->   DecodeCall: Reservation? Tokens... Finished
+               --WorkerClients.decode(leaving).depart(id) / .move_kv(id, reservation)--> a running request's
+                                                                   KV moves to another decode worker
                --WorkerClients.prefill(address).open(job, reservation)--> PrefillCall: Chunk... FirstToken
                --WorkerClients.stats(address, role)-->                   WorkerSnapshot (the pool's health watch)
 
@@ -21,7 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from pdserve.requests import Priority, SamplingParams
-from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
+from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 
 
 class FaultKind(enum.Enum):
@@ -85,7 +87,24 @@ class Reservation:
     ranks: tuple[tuple[bytes, int, int], ...] = ()  # a tensor-parallel decode worker's (address, head start, head end)
 
 
-DecodeEvent = Reservation | Tokens | Preempted | Finished
+DecodeEvent = Reservation | Tokens | Preempted | Finished | Departed
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A decode worker's answer to Depart: whether the request left (then its stream ends with
+    Departed after `generated` tokens), or why not (it goes on there)."""
+
+    departed: bool
+    generated: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MovedKV:
+    kv_bytes: int
+    kv_blocks: int
+    kv_seconds: float
 PrefillEvent = Chunk | FirstToken
 
 
@@ -135,6 +154,16 @@ class DecodeClient(abc.ABC):
     @abc.abstractmethod
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         """Leading tokens whose KV this worker holds (its prefix cache); None when it did not answer."""
+
+    @abc.abstractmethod
+    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float) -> Departure:
+        """Stop a decoding request here between two steps, its KV kept for `move_kv` at most
+        `keep_kv_s` (None: given back at once). Raises WorkerFault."""
+
+    @abc.abstractmethod
+    async def move_kv(self, worker_id: str, target: Reservation, timeout_s: float) -> MovedKV:
+        """Send a departed request's KV into another decode worker's reservation, completed with
+        the request's last token. Raises WorkerFault (culprit PEER: the target failed)."""
 
 
 class PrefillClient(abc.ABC):

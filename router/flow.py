@@ -18,12 +18,13 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from pdserve.admission import Verdict
-from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
+from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 from router.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
-from router.admitting import Admitter, admission_attributes, defer, refusal
-from router.flow_types import FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
+from router.admitting import Admitter, Plan, admission_attributes, defer, refusal
+from router.flow_types import MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens, OnLeave
 from router.observed import Observed
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
@@ -68,7 +69,7 @@ class RequestFlow:
     def _recover(self, job: Job, state: FlowState, fault: WorkerFault) -> Decision:
         state.faults.append(fault)
         decision = self.config.recovery.decide(fault, state.faults, state.generated, job.sampling,
-                                               state.protocol.attempts - state.protocol.moves, job.deadline)
+                                               state.protocol.faulted_attempts, job.deadline)
         signal = {Action.RETRY: Signal.RETRY, Action.RESUME: Signal.RESUME, Action.COMPLETE: Signal.COMPLETE,
                   Action.FAIL: Signal.FAIL}[decision.action]
         log.warning("request %s in %s: %s -> %s", job.request_id, state.protocol.phase.value, fault,
@@ -81,6 +82,62 @@ class RequestFlow:
     # ---- one attempt ----
 
     async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
+        departed, state.departed = state.departed, None
+        if departed is not None:  # its decode worker left, keeping its KV: it moves to the next one
+            decode, _ = await self.placer.decode(job, state)
+            local = False
+        else:
+            decode, plan = None, None
+            async for event in self._admitted(job, state):
+                if isinstance(event, _Admitted):
+                    decode, plan = event.decode, event.plan
+                else:
+                    yield event
+            local = plan.local.local
+        state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
+        self.pool.placed(decode)
+        opened = time.monotonic()
+        worker_job = self._worker_job(job, state, moving_kv=departed is not None)
+        call = Pumped(self.clients.decode(decode.address).open(worker_job, local), decode.address)
+        yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local,
+                                      "pdserve.local_prefill.reason": MOVED_KV if departed else plan.local.reason,
+                                      "pdserve.decode_cached_tokens": state.decode_cached_tokens})
+        try:
+            if departed is not None:
+                async for event in self._move_kv(job, state, call, decode, departed, opened):
+                    yield event
+            elif not local:
+                async for event in self._remote_prefill(job, state, call, decode, plan.prefill, opened):
+                    yield event
+            async for event in self._relay(job, state, call, decode, worker_job.request_id):
+                yield event
+            self.pool.credit(decode.address)
+        except WorkerFault as fault:
+            if fault.address == decode.address:
+                self._blame(state, fault, "decode", decode.address)
+            raise
+        except _Moved as moved:
+            state.move_to = moved.target
+            log.info("request %s moves from %s to %s: %s", job.request_id, decode.address, moved.target, moved)
+            state.protocol.advance(Signal.MOVE, f"{decode.address} -> {moved.target}")
+            yield Milestone("moved", {"pdserve.from": decode.address, "pdserve.to": moved.target,
+                                      "pdserve.waited_s": moved.waited_s})
+        except _Departed as left:
+            state.move_to = left.target
+            state.departed = (decode.address, worker_job.request_id) if left.kept_kv else None
+            state.avoid["decode"][decode.address] = self.pool.incarnation(decode.address)
+            log.info("request %s departs from %s (leaving) for %s after %d tokens%s", job.request_id, decode.address,
+                     left.target, len(state.generated), "" if left.kept_kv else ", to be prefilled again")
+            state.protocol.advance(Signal.DEPART, f"{decode.address} -> {left.target}")
+            yield Milestone("departed", {"pdserve.from": decode.address, "pdserve.to": left.target,
+                                         "pdserve.generated": len(state.generated), "pdserve.kv_kept": left.kept_kv})
+        finally:
+            self.pool.left(decode)
+            call.close()
+
+    async def _admitted(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent | _Admitted]:
+        """Placement judged by admission: deferred (BATCH) until admitted, refused with a status,
+        or admitted: ends with _Admitted (the decode worker and the plan)."""
         deferred_at: float | None = None
         while True:
             decode, cached = await self.placer.decode(job, state)
@@ -98,39 +155,17 @@ class RequestFlow:
             raise refusal(job, plan.admission, self.admitter.policy.objectives.of(job.priority).ttft_s)
         local = plan.local.local
         state.local_prefill, state.decode_cached_tokens = local, cached if local else 0
-        state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
-        self.pool.placed(decode)
-        opened = time.monotonic()
-        call = Pumped(self.clients.decode(decode.address).open(self._worker_job(job, state), local), decode.address)
-        yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local,
-                                      "pdserve.local_prefill.reason": plan.local.reason,
-                                      "pdserve.decode_cached_tokens": cached})
-        try:
-            if not local:
-                async for event in self._remote_prefill(job, state, call, decode, plan.prefill, opened):
-                    yield event
-            async for event in self._relay(state, call):
-                yield event
-            self.pool.credit(decode.address)
-        except WorkerFault as fault:
-            self._blame(state, fault, "decode", decode.address)
-            raise
-        except _Moved as moved:
-            state.move_to = moved.target
-            log.info("request %s moves from %s to %s: %s", job.request_id, decode.address, moved.target, moved)
-            state.protocol.advance(Signal.MOVE, f"{decode.address} -> {moved.target}")
-            yield Milestone("moved", {"pdserve.from": decode.address, "pdserve.to": moved.target,
-                                      "pdserve.waited_s": moved.waited_s})
-        finally:
-            self.pool.left(decode)
-            call.close()
+        yield _Admitted(decode, plan)
 
-    def _worker_job(self, job: Job, state: FlowState) -> WorkerJob:
+    def _worker_job(self, job: Job, state: FlowState, moving_kv: bool = False) -> WorkerJob:
         """Each attempt has its own id on the workers, so it never meets an earlier attempt, nor
-        an earlier request of the client with the same id still ending there."""
+        an earlier request of the client with the same id still ending there. `moving_kv`: the
+        KV comes from the decode worker it departed from, of every token but the last, which the
+        new worker feeds first (as a prefill's first token)."""
         worker_id = f"{job.request_id}@{state.protocol.attempts}.{secrets.token_hex(4)}"
+        out = tuple(state.generated[:-1] if moving_kv else state.generated)
         return WorkerJob(worker_id, job.prompt, job.sampling, job.priority, self.config.kv_timeout_s,
-                         tuple(state.generated), job.metadata, job.timeout_s(), job.age_s())
+                         out, job.metadata, job.timeout_s(), job.age_s())
 
     def _blame(self, state: FlowState, fault: WorkerFault, role: str, address: str) -> None:
         """Charge the worker that caused the fault and avoid it for the rest of this request. One
@@ -258,10 +293,49 @@ class RequestFlow:
                 if target is not None:
                     raise _MovedPrefill(target, waited) from None
 
-    async def _relay(self, state: FlowState, call: Pumped) -> AsyncIterator[FlowEvent]:
+    async def _move_kv(self, job: Job, state: FlowState, call: Pumped, decode: Worker, departed: tuple[str, str],
+                       opened: float) -> AsyncIterator[FlowEvent]:
+        """The decode worker the request departed from sends its KV into this one's reservation.
+        A failure of the move is the departed worker's (GONE: charged) or nobody's (its KV was
+        given back): the request resumes through the prefill pool; the new worker's is its own."""
+        source, source_id = departed
+        reservation = await self._reservation(job, state, call, decode, opened)
+        if not isinstance(reservation, Reservation):
+            raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "
+                                                                f"(sent {type(reservation).__name__} first)")
+        self.observed.reserved(decode.address, time.monotonic() - opened, reservation.block_size)
+        state.decode_cached_tokens = reservation.cached_blocks * reservation.block_size
+        state.protocol.advance(Signal.MOVE_KV, source)
+        try:
+            moved = await call.unless_failed(self.clients.decode(source).move_kv(source_id, reservation,
+                                                                                 self.config.kv_timeout_s))
+        except WorkerFault as fault:
+            if fault.address != source:
+                raise
+            if fault.culprit == Culprit.PEER:  # the new worker failed, seen through the move
+                raise WorkerFault(FaultKind.GONE, decode.address, fault.message) from None
+            self._blame(state, fault, "decode", source)
+            if fault.kind == FaultKind.GONE:
+                raise
+            raise WorkerFault(FaultKind.WITHDRAWN, source, f"the KV move from {source} failed: {fault.message}",
+                              Culprit.NOBODY) from None
+        state.protocol.advance(Signal.KV_MOVED)
+        state.kv_bytes += moved.kv_bytes
+        yield Milestone("kv_move", {"pdserve.from": source, "bytes": moved.kv_bytes, "blocks": moved.kv_blocks,
+                                    "seconds": moved.kv_seconds})
+
+    async def _relay(self, job: Job, state: FlowState, call: Pumped, decode: Worker,
+                     worker_id: str) -> AsyncIterator[FlowEvent]:
+        """The decode worker's tokens to the end. While that worker is leaving (draining or
+        changing role), the request departs for another decode worker: raises _Departed once
+        every token it generated there is out."""
+        leaving = _Leaving(decode)
         while True:
             try:
-                event = await call.next()
+                async with asyncio.timeout(self.config.move_check_s):
+                    event = await call.next()
+            except TimeoutError:
+                event = None
             except StopAsyncIteration:
                 raise WorkerFault(FaultKind.FAILED, call.address, "the decode worker ended the stream without "
                                                                   "finishing the request") from None
@@ -278,6 +352,65 @@ class RequestFlow:
                 state.preemptions += event.preemptions
                 yield state.done(event.reason, event.cached_tokens)
                 return
+            elif isinstance(event, Departed):
+                if event.generated != len(state.generated) or leaving.target is None:
+                    raise WorkerFault(FaultKind.FAILED, decode.address, f"departed after {event.generated} tokens, "
+                                      f"{len(state.generated)} received") from None
+                raise _Departed(leaving.target, leaving.kept_kv)
+            if leaving.target is None and self.pool.leaving(decode.address) and leaving.may_ask():
+                await self._depart(job, state, decode, worker_id, leaving)
+
+    async def _depart(self, job: Job, state: FlowState, decode: Worker, worker_id: str, leaving: _Leaving) -> None:
+        """Ask the leaving decode worker to let the request go, if another one could take it now
+        (else it goes on there). A worker that does not answer is left to the stream's fault."""
+        policy = self.config.on_leave
+        if policy is OnLeave.FINISH:
+            return
+        target = self.placer.roomier_decode(job, state, decode, self.observed.block_size(decode.address))
+        if target is None:
+            return
+        keep = self.config.kv_timeout_s if policy is OnLeave.MOVE_KV else None
+        try:
+            answer = await self.clients.decode(decode.address).depart(worker_id, keep, self.config.probe_timeout_s)
+        except WorkerFault as fault:
+            log.info("request %s: Depart on %s failed: %s", job.request_id, decode.address, fault)
+            return
+        if answer.departed:
+            leaving.target, leaving.kept_kv = target.address, keep is not None
+        else:
+            log.debug("request %s stays on %s for now: %s", job.request_id, decode.address, answer.reason)
+
+
+@dataclass
+class _Leaving:
+    """A request's view of its decode worker leaving: when it last asked to depart, and where to."""
+
+    decode: Worker
+    asked_at: float = -1e9
+    target: str | None = None  # set once the worker let the request depart
+    kept_kv: bool = False
+    ask_every_s: float = 1.0
+
+    def may_ask(self) -> bool:
+        now = time.monotonic()
+        if now - self.asked_at < self.ask_every_s:
+            return False
+        self.asked_at = now
+        return True
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    decode: Worker
+    plan: Plan
+
+
+class _Departed(Exception):
+    """The request left its leaving decode worker for `target`; `kept_kv`: its KV waits there."""
+
+    def __init__(self, target: str, kept_kv: bool):
+        super().__init__(f"departed for {target}")
+        self.target, self.kept_kv = target, kept_kv
 
 
 class _MovedPrefill(Exception):

@@ -4,6 +4,7 @@ state one request keeps across its attempts, and the flow's settings."""
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ class FlowState:
     decode_cached_tokens: int = 0
     local_prefill: bool = False
     move_to: str | None = None  # the decode worker a move chose for the next placement
+    departed: tuple[str, str] | None = None  # (decode worker, the attempt's id there) holding its KV for a move
 
     def avoided(self, role: str, workers: Sequence[Worker]) -> set[str]:
         """The workers of `role` to avoid: those this request failed on, unless they restarted since."""
@@ -93,6 +95,18 @@ class FlowState:
     def done(self, reason: FinishReason, cached: int = 0) -> Done:
         return Done(reason, self.cached_tokens or cached, self.preemptions, dict(self.by_mode), self.kv_bytes,
                     self.decode_cached_tokens, self.local_prefill)
+
+
+MOVED_KV = "moved_kv"  # a placement's reason when no prompt is computed: the KV moves from the departed worker
+
+
+class OnLeave(enum.Enum):
+    """What a request decoding on a worker that leaves (draining, changing role) does, when another
+    decode worker could take it now."""
+
+    MOVE_KV = "move"  # its KV moves there over the transfer layer; decoding goes on (the default)
+    PREFILL = "prefill"  # it is prefilled again (prompt and tokens so far) by the prefill pool
+    FINISH = "finish"  # it finishes where it is, within the worker's drain timeout
 
 
 @dataclass(frozen=True)
@@ -109,3 +123,4 @@ class FlowConfig:
     move_after_s: float = 2.0
     move_check_s: float = 0.5
     max_moves: int = 2
+    on_leave: OnLeave = OnLeave.MOVE_KV

@@ -9,12 +9,14 @@ from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb
 from pdserve.rpc.errors import FAULT_METADATA, NOBODY  # what a worker names as a failure's cause
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import Chunk, Finished, FirstToken, Preempted, Tokens
+from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 from router.clients import (
     Call,
     Culprit,
     DecodeClient,
+    Departure,
     FaultKind,
+    MovedKV,
     PrefillClient,
     Reservation,
     WorkerClients,
@@ -84,6 +86,8 @@ def _decode_event(event: wpb.DecodeEvent):
     if kind == "preempted":
         p = event.preempted
         return Preempted(p.mode, p.reason, p.phase)
+    if kind == "departed":
+        return Departed(event.departed.generated)
     f = event.finished
     return Finished(finish_from_pb(f.finish_reason), f.cached_tokens, f.preemptions)
 
@@ -118,6 +122,22 @@ class GrpcDecodeClient(DecodeClient):
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return await _match_prefix(self._stub, token_ids, timeout_s)
+
+    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float) -> Departure:
+        request = wpb.DepartRequest(request_id=worker_id, keep_kv=keep_kv_s is not None, keep_kv_s=keep_kv_s or 0.0)
+        try:
+            reply = await self._stub.Depart(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise fault_of(exc, self.address) from None
+        return Departure(reply.departed, reply.generated, reply.reason)
+
+    async def move_kv(self, worker_id: str, target: Reservation, timeout_s: float) -> MovedKV:
+        try:
+            reply = await self._stub.MoveKV(wpb.MoveKVRequest(request_id=worker_id, target=_target(target)),
+                                            timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise fault_of(exc, self.address) from None
+        return MovedKV(reply.kv_bytes, reply.kv_blocks, reply.kv_seconds)
 
 
 class GrpcPrefillClient(PrefillClient):

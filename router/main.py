@@ -19,7 +19,7 @@ from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_p
 from pdserve.worker.observability import Observability, start_observability
 from router.discovery import DnsDiscovery, RegistryServicer
 from router.flow import RequestFlow
-from router.flow_types import FlowConfig
+from router.flow_types import FlowConfig, OnLeave
 from router.frontend import Frontend
 from router.grpc_clients import GrpcWorkerClients
 from router.limits import limits_from_args
@@ -105,7 +105,8 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     flow = RequestFlow(pool, clients, FlowConfig(colocated=args.colocated, kv_timeout_s=args.kv_timeout,
                                                  wait_for_worker_s=args.wait_for_worker_s, recovery=recovery,
                                                  local_prefill=local_prefill_from_args(args),
-                                                 admission=admission_from_args(args)))
+                                                 admission=admission_from_args(args),
+                                                 on_leave=OnLeave(args.on_leave)))
     obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
     gateway = Gateway(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),

@@ -16,9 +16,9 @@ from router.local_prefill import RESUME_REMOTE, LocalPrefillDecision
 from router.observed import Observed
 from router.placement import NoWorker, choose_decode
 from router.predicting import Predictor
+from router.workers import Worker, WorkerPool
 
 MOVE_GAIN_S = 1.0  # the least a move of a queued prefill must be predicted to save
-from router.workers import Worker, WorkerPool
 
 
 class Placer:

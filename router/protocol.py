@@ -4,11 +4,13 @@
           ┌──────────────────────────────► LOCAL_PREFILL ───────────────┐
           │                                                             ▼
     ──► PLACING ──placed──► RESERVING ──reserved──► PREFILLING ──chunk──► KV_IN_FLIGHT ──first token──► DECODING
-          ▲                                             │ first token ▲        (chunk: stays)              │ tokens: stays
-          │                                             └─────────────┘                                    │ finished
+          ▲                    │                        │ first token ▲        (chunk: stays)              │ tokens: stays
+          │                    │ move_kv                └─────────────┘                                    │ finished
+          │                    └──────► MOVING_KV ──kv_moved──────────────────────────────────────────► DECODING
           │  retry (no token out yet) / resume (tokens out: prompt + tokens so far prefilled again,         ▼
           └── by the prefill pool) ◄── fault in any live phase ──► FAILED                           FINISHED
           └── move (RESERVING: queued for blocks while another decode worker has room; not a fault)
+          └── depart (DECODING: its decode worker leaves; the request's KV moves to the next one, MOVING_KV)
                                                        complete (every token was out) ──► FINISHED
                                                        the client went away ──► CANCELLED
 
@@ -29,6 +31,7 @@ class Phase(enum.Enum):
     PREFILLING = "prefilling"  # Prefill call open, no chunk computed yet
     KV_IN_FLIGHT = "kv_in_flight"  # chunks computed, KV pieces streaming, until the first token
     LOCAL_PREFILL = "local_prefill"  # the decode worker prefills itself (colocated, cached, or a resume with no prefill worker)
+    MOVING_KV = "moving_kv"  # the decode worker it departed from sends its KV into the new one's reservation
     DECODING = "decoding"  # tokens from the decode worker
     FINISHED = "finished"
     FAILED = "failed"
@@ -49,19 +52,26 @@ class Signal(enum.Enum):
     FINISHED = "finished"
     RETRY = "retry"  # a fault before any token reached the client: start over elsewhere
     MOVE = "move"  # still queued for blocks on its decode worker while another could reserve them now
+    DEPART = "depart"  # its decode worker leaves (draining, changing role): it continues on another one
+    MOVE_KV = "move_kv"  # the new decode worker reserved blocks: the departed one sends the KV there
+    KV_MOVED = "kv_moved"  # the KV is in: decoding goes on
     RESUME = "resume"  # a fault after tokens reached the client: continue elsewhere
     COMPLETE = "complete"  # a fault after the last token: nothing is missing
     FAIL = "fail"
     CANCEL = "cancel"
 
 
-LIVE = (Phase.PLACING, Phase.RESERVING, Phase.PREFILLING, Phase.KV_IN_FLIGHT, Phase.LOCAL_PREFILL, Phase.DECODING)
+LIVE = (Phase.PLACING, Phase.RESERVING, Phase.PREFILLING, Phase.KV_IN_FLIGHT, Phase.LOCAL_PREFILL, Phase.MOVING_KV,
+        Phase.DECODING)
 
 TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.PLACING, Signal.PLACED): Phase.RESERVING,
     (Phase.PLACING, Signal.PLACED_LOCAL): Phase.LOCAL_PREFILL,
     (Phase.RESERVING, Signal.RESERVED): Phase.PREFILLING,
     (Phase.RESERVING, Signal.MOVE): Phase.PLACING,
+    (Phase.RESERVING, Signal.MOVE_KV): Phase.MOVING_KV,
+    (Phase.MOVING_KV, Signal.KV_MOVED): Phase.DECODING,
+    (Phase.DECODING, Signal.DEPART): Phase.PLACING,
     (Phase.PREFILLING, Signal.MOVE): Phase.PREFILLING,  # to another prefill worker, into the same reservation
     (Phase.PREFILLING, Signal.CHUNK): Phase.KV_IN_FLIGHT,
     (Phase.PREFILLING, Signal.FIRST_TOKEN): Phase.DECODING,
@@ -72,7 +82,7 @@ TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.LOCAL_PREFILL, Signal.FINISHED): Phase.FINISHED,
     (Phase.DECODING, Signal.FINISHED): Phase.FINISHED,
     **{(p, Signal.RETRY): Phase.PLACING for p in LIVE if p not in (Phase.DECODING,)},
-    **{(p, Signal.RESUME): Phase.PLACING for p in (Phase.LOCAL_PREFILL, Phase.DECODING)},
+    **{(p, Signal.RESUME): Phase.PLACING for p in LIVE},  # a fault again while a resume is placed or prefilled
     **{(p, Signal.COMPLETE): Phase.FINISHED for p in (Phase.LOCAL_PREFILL, Phase.DECODING)},
     **{(p, Signal.FAIL): Phase.FAILED for p in LIVE},
     **{(p, Signal.CANCEL): Phase.CANCELLED for p in LIVE},
@@ -114,8 +124,18 @@ class RequestProtocol:
 
     @property
     def moves(self) -> int:
-        """Attempts that ended by a move, not a fault."""
+        """Attempts that ended by a move out of a queue, not a fault."""
         return sum(1 for s in self.history if s.signal == Signal.MOVE)
+
+    @property
+    def departures(self) -> int:
+        """Attempts that ended because their decode worker left (not a fault either)."""
+        return sum(1 for s in self.history if s.signal == Signal.DEPART)
+
+    @property
+    def faulted_attempts(self) -> int:
+        """Attempts that ended by a fault (or are under way): what the recovery policy bounds."""
+        return self.attempts - self.moves - self.departures
 
     @property
     def done(self) -> bool:

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pdserve.requests import FinishReason
 from pdserve.telemetry import Metrics, TokenTimeline, extract_context, inject_metadata
-from router.flow_types import Done, Job, Milestone, NewTokens
+from router.flow_types import MOVED_KV, Done, Job, Milestone, NewTokens
 
 
 def _ns(seconds_ago: float = 0.0) -> int:
@@ -84,7 +84,12 @@ class RequestTrace:
         if event.name == "placement":
             self.span.set_attributes({"pdserve.local_prefill": bool(attrs.get("pdserve.local_prefill")),
                                       "pdserve.local_prefill.reason": attrs.get("pdserve.local_prefill.reason", "")})
-            self.metrics.count_prefill_placement(attrs.get("pdserve.local_prefill.reason", "remote"))
+            if attrs.get("pdserve.local_prefill.reason") != MOVED_KV:
+                self.metrics.count_prefill_placement(attrs.get("pdserve.local_prefill.reason", "remote"))
+        if event.name == "departed":
+            self.metrics.count_departure("kv_kept" if attrs.get("pdserve.kv_kept") else "prefill_again")
+        elif event.name == "kv_move":
+            self.metrics.count_departure("kv_moved")
         if event.name.startswith("placement"):
             self.tracer.start_span(f"pdserve.{event.name}", context=self.context, attributes=attrs,
                                    start_time=_ns(time.perf_counter() - self.timeline.arrival)).end()

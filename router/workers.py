@@ -125,6 +125,11 @@ class WorkerPool:
         worker = self.workers.get(address)
         return worker.incarnation if worker is not None else 0
 
+    def leaving(self, address: str) -> bool:
+        """By its last poll, the worker is draining or changing role: its requests may depart."""
+        worker = self.workers.get(address)
+        return worker is not None and (worker.draining or worker.next_role not in ("", worker.role))
+
     def charge(self, address: str) -> None:
         """A request found this worker gone."""
         worker = self.workers.get(address)

@@ -27,7 +27,7 @@ async def start_elastic(args: argparse.Namespace, runtime_config: RuntimeConfig,
         raise SystemExit("an elastic worker sends and receives KV: it needs --transport ucx")
     ground = lay_groundwork(args, runtime_config, ELASTIC)
     prefill, sender = await prefill_parts(ground)
-    decode, receiver = await decode_parts(args, ground, releases_holds=False)  # the prefill worker does
+    decode, ends = await decode_parts(args, ground, releases_holds=False, sender=sender)  # the prefill worker releases
     roles = RoleState(role)
     prefill.roles = decode.roles = roles
     control = RoleControl(roles, {"prefill": prefill.in_flight, "decode": decode.in_flight},
@@ -35,7 +35,7 @@ async def start_elastic(args: argparse.Namespace, runtime_config: RuntimeConfig,
     binding = ServiceBinding(worker_pb2_grpc.add_WorkerControlServicer_to_server, WorkerControlServicer(control),
                              worker_pb2.DESCRIPTOR.services_by_name["WorkerControl"].full_name)
     service = await serve_roles(args, ground, role, [(PREFILL, prefill), (DECODE, decode)],
-                                tuple(t for t in (sender, receiver) if t is not None),
+                                (sender, *ends),
                                 lambda: prefill.in_flight() + decode.in_flight(), (binding,))
     control.on_switch = service.registration.set_role
     return service

@@ -18,7 +18,7 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.config import DeadlineConfig
 from pdserve.procs.parent_watch import supervisor_pid, watch_parent
 from pdserve.rpc.security import add_security_flags
-from router.flow_types import FlowConfig
+from router.flow_types import FlowConfig, OnLeave
 from router.discovery import MAX_REGISTERED_WORKERS
 from router.gateway import MAX_ACTIVE
 from router.limits import add_limit_flags
@@ -86,6 +86,10 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="registered workers at most; a new address beyond it is refused with RESOURCE_EXHAUSTED")
     p.add_argument("--colocated", action="store_true", help="decode workers prefill themselves")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
+    p.add_argument("--on-leave", default=flow.on_leave.value, choices=[o.value for o in OnLeave],
+                   help="a request decoding on a worker that drains or changes role, when another decode worker "
+                        "could take it: move its KV there (move), prefill it again there (prefill), or let it "
+                        "finish where it is (finish)")
     p.add_argument("--kv-timeout", type=float, default=flow.kv_timeout_s, help="seconds for a request's KV to arrive")
     p.add_argument("--wait-for-worker-s", type=float, default=flow.wait_for_worker_s,
                    help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")

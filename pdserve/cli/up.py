@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--kv-timeout", type=float, default=deadlines.kv_timeout_s,
                    help="router: seconds allowed between KV pieces")
     p.add_argument("--decode-failover", default="resume", choices=["resume", "fail"])
+    p.add_argument("--on-leave", default="move", choices=["move", "prefill", "finish"],
+                   help="router: a request decoding on a worker that leaves (drain, role change) moves its KV to "
+                        "another decode worker, is prefilled again there, or finishes where it is")
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--drain-timeout-s", type=float, default=deadlines.drain_timeout_s,
                    help="on SIGTERM: how long the router, then each worker, may finish work in flight")
@@ -146,7 +149,8 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
         argv.append("--colocated")
     if args.elastic:
         argv.append("--planner")
-    argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover]
+    argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover,
+             "--on-leave", args.on_leave]
     if args.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     if args.api_token_file:

@@ -20,7 +20,7 @@ from pdserve.config import EngineConfig
 from pdserve.engine.start_probes import measure_at_start, with_preemption
 from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.model_runner import ModelRunner, Sampled
-from pdserve.engine.outputs import AbortResult, RequestOutput, StepResult
+from pdserve.engine.outputs import AbortResult, Detached, RequestOutput, StepResult
 from pdserve.validation import Limits, validate_age, validate_request, validate_resumed
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.dtypes import serving_dtype
@@ -201,6 +201,16 @@ class Engine:
         transfer is withdrawn."""
         found = self.scheduler.abort(request_id) is not None
         return AbortResult(found, tuple(self.scheduler.take_holds().values()) if found else ())
+
+    def detach(self, request_id: str) -> Detached | None:
+        """A decoding request leaves this engine, its KV held for a move to another worker (the
+        scheduler's `detach`); release the hold once the KV was sent. None, and nothing changed,
+        when it is not decoding now."""
+        request = self.scheduler.get(request_id)
+        hold = self.scheduler.detach(request_id)
+        if hold is None or request is None:
+            return None
+        return Detached(hold, tuple(request.output_token_ids))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()

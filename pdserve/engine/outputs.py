@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdserve.kv.manager import BlockHold
 from pdserve.requests import Request, TokenLogprobs
 from pdserve.scheduler.output import Preemption, ScheduledChunk
 from pdserve.scheduler.results import Reservation
@@ -38,6 +39,19 @@ class StepResult:
     @property
     def is_idle(self) -> bool:
         return not (self.outputs or self.chunks or self.preemptions or self.reserved or self.resumed)
+
+
+@dataclass(frozen=True)
+class Detached:
+    """A request that left its engine with its KV (Engine.detach): `hold` covers every token of
+    its prompt and output but the last output token, which a new worker feeds first."""
+
+    hold: BlockHold
+    output_token_ids: tuple[int, ...]
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.hold.num_tokens
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,19 @@ class Scheduler(abc.ABC):
             self._finished.append(request)
         return request
 
+    def detach(self, request_id: str) -> BlockHold | None:
+        """A decoding request leaves this scheduler with its KV: a hold on every block of its
+        computed tokens (every token but the last sampled one), then it ends as aborted. None,
+        and nothing changed, unless it is running with all but its last token computed (queued,
+        prefilling, preempted, swapped out or receiving: its KV is not all on the device)."""
+        request = self._q.requests.get(request_id)
+        if request is None or request.state != RequestState.RUNNING or request_id in self._q.receiving \
+                or not request.output_token_ids or request.num_computed_tokens != request.num_tokens - 1:
+            return None
+        hold = self.kv.hold(request)
+        self._finish(request, FinishReason.ABORT)  # not among the step's finished: it did not end, it left
+        return hold
+
     def take_reserved(self) -> list[Reservation]:
         """Remote requests whose blocks were allocated since the last call."""
         reserved, self._reserved = self._reserved, []

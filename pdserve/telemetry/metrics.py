@@ -140,6 +140,12 @@ class Metrics:
             "(no_objective, within, local_within, ttft, tbt, deferred_too_long).",
             ["priority", "verdict", "reason"], registry=r,
         )
+        self.departures = Counter(
+            "pdserve_departures_total", "Requests that left a decode worker leaving its role or draining: "
+            "kv_kept (departed, KV kept for a move), prefill_again (departed, prefilled again elsewhere), "
+            "kv_moved (the KV landed in the next decode worker).",
+            ["outcome"], registry=r,
+        )
         self.planner_changes = Counter(
             "pdserve_planner_changes_total", "Role changes the planner made, by direction and reason "
             "(prefill_backlog, decode_waiting, decode_occupancy, decode_tbt).",
@@ -209,6 +215,9 @@ class Metrics:
 
     def count_admission(self, priority: Label, verdict: Label, reason: Label) -> None:
         self.admissions.labels(priority=label(priority), verdict=label(verdict), reason=label(reason)).inc()
+
+    def count_departure(self, outcome: Label) -> None:
+        self.departures.labels(label(outcome)).inc()
 
     def count_planner_change(self, from_role: str, to_role: str, reason: str) -> None:
         self.planner_changes.labels(from_role=from_role, to_role=to_role, reason=reason).inc()

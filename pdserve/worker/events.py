@@ -4,7 +4,7 @@ decode_service/servicer.py), and the router's gRPC clients turn those back into 
 (router/grpc_clients.py) for the flow (router/flow.py).
 
     decode:   Reserved (the router sees it as a Reservation, with where to send), Tokens ...,
-              Preempted (preempted, swapped in, resumed), Finished
+              Preempted (preempted, swapped in, resumed), Finished or Departed
     prefill:  Chunk ..., FirstToken
     either:   Failed (on the worker only: its stream ends with the error's status)
 """
@@ -36,6 +36,14 @@ class Finished:
     cached_tokens: int
     preemptions: int
     queue_seconds: float = 0.0  # the worker's own figure (its metrics); not on the wire
+
+
+@dataclass(frozen=True)
+class Departed:
+    """The request left this decode worker (Depart) after `generated` tokens, all streamed
+    before this event; its KV waits there for MoveKV. Ends the stream."""
+
+    generated: int
 
 
 @dataclass(frozen=True)
@@ -78,4 +86,4 @@ class Failed:
     error: Exception
 
 
-Event = Reserved | Tokens | Finished | Preempted | Chunk | FirstToken | Failed
+Event = Reserved | Tokens | Finished | Departed | Preempted | Chunk | FirstToken | Failed

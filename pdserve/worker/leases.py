@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class LeaseKind(enum.Enum):
-    HOLD = "hold"  # prefill: blocks a piece's send reads; owner: that send
+    HOLD = "hold"  # blocks a KV send reads (a prefill piece, a departed request's move); owner: that send
     RESERVATION = "reservation"  # decode: blocks a prefill worker writes; owner: the router's Decode stream
     QUARANTINE = "quarantine"  # decode: blocks a withdrawn receive may still write; owner: the transport
 

@@ -8,14 +8,14 @@ import enum
 import time
 from collections.abc import AsyncIterator
 
-from pdserve.worker.events import Event, Failed, Finished, FirstToken
+from pdserve.worker.events import Departed, Event, Failed, Finished, FirstToken
 
 
 class Ending(enum.Enum):
     """How a session's stream ended, as far as its consumer saw."""
 
     OPEN = "open"  # still streaming, or cut off from outside (cancel, client deadline)
-    FINISHED = "finished"  # the engine ended the request itself: Finished or FirstToken was delivered
+    FINISHED = "finished"  # the engine ended the request itself: Finished, FirstToken or Departed was delivered
     FAILED = "failed"  # a Failed event ended it (transfer, KV deadline, abort, engine failure)
 
 
@@ -45,7 +45,7 @@ class Session:
             if isinstance(event, Failed):
                 self.ending = Ending.FAILED
                 raise event.error
-            if isinstance(event, (Finished, FirstToken)):
+            if isinstance(event, (Finished, FirstToken, Departed)):
                 self.ending = Ending.FINISHED
             yield event
             if self.ending is Ending.FINISHED:

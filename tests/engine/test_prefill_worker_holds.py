@@ -12,7 +12,8 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.requests import Priority, SamplingParams
 from pdserve.transfer import InProcessFabric, make_transport
 from pdserve.worker.leases import Leases
-from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
+from pdserve.worker.kv_out import DecodePeer, Piece, Target
+from prefill_service.worker import PrefillWorker
 from tests.engine.driver import make_engine
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from pdserve.requests import FinishReason
-from pdserve.worker.events import Chunk, Finished, FirstToken, Tokens
-from router.clients import Call, DecodeClient, PrefillClient, Reservation
+from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Tokens
+from router.clients import Call, DecodeClient, Departure, MovedKV, PrefillClient, Reservation
 from router.clients import Culprit, FaultKind, WorkerClients, WorkerFault, WorkerJob, WorkerSnapshot
 from tests.router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, FakeSession, logprobs_at, token_at
 
@@ -53,12 +53,55 @@ class FakeDecodeClient(DecodeClient):
             start = len(job.output_token_ids) + 1  # the prefill worker sent the token after them
         for index in range(start, job.sampling.max_tokens):
             await w.step(session, "token")
+            if session.departing is not None:  # Depart: it stops between two tokens, its KV kept
+                if session.keep_kv_s is not None:
+                    w.hold(job.request_id, session, token_at(job.prompt, index - 1))
+                yield Departed(index)
+                session.departing.set_result(index)
+                w.fleet.fire(w, session, "departed")
+                return
             yield Tokens((token_at(job.prompt, index),), logprobs_at(job.prompt, index, job.sampling.logprobs))
         await w.step(session, "last")
         yield Finished(FinishReason.LENGTH, 0, 0)
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return self.worker.cached_prefix(token_ids)
+
+    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float) -> Departure:
+        w = await self._reachable()
+        session = w.sessions.get(worker_id)
+        if session is None or session.closed:
+            return Departure(False, 0, f"no request {worker_id!r} is running here")
+        if session.received is not None and not session.received.done():
+            return Departure(False, 0, "its KV is still arriving")
+        if session.departing is None:
+            session.departing, session.keep_kv_s = asyncio.get_running_loop().create_future(), keep_kv_s
+        return Departure(True, await session.departing)
+
+    async def move_kv(self, worker_id: str, target: Reservation, timeout_s: float) -> MovedKV:
+        w = await self._reachable()
+        w.fleet.fire(w, FakeSession(worker_id, 0, epoch=w.epoch), "move")
+        w = await self._reachable()
+        held = w.held.get(worker_id)
+        if held is None:
+            raise WorkerFault(FaultKind.REFUSED, w.address, f"{w.address}: no request {worker_id!r} departed here")
+        await asyncio.sleep(w.fleet.config.step_s * w.slow)
+        w = await self._reachable()
+        try:
+            w.fleet.write(w, target, len(target.block_ids))
+            w.fleet.complete(w, target, held.last_token)
+        finally:
+            w.release(worker_id)
+        return MovedKV(len(target.block_ids) - target.cached_blocks, len(target.block_ids) - target.cached_blocks, 0.0)
+
+    async def _reachable(self) -> FakeWorker:
+        """The worker, if a unary call reaches it: GONE when killed, or after the keepalive when stalled."""
+        w = self.worker
+        if w.stalled:
+            await asyncio.sleep(w.fleet.config.keepalive_s)
+        if w.killed or w.stalled:
+            raise WorkerFault(FaultKind.GONE, w.address, f"{w.address}: unavailable")
+        return w
 
 
 class FakePrefillClient(PrefillClient):

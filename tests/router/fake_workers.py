@@ -27,6 +27,7 @@ from pdserve.requests import TokenLogprobs
 from router.clients import Call, FaultKind, WorkerFault, WorkerSnapshot
 
 DECODE_POINTS = ("open", "reserved", "received", "token", "last")  # last: every token out, Finished not yet
+MOVE_POINTS = ("departed", "move")  # decode: it left with its KV (Depart); MoveKV of that KV begins
 PREFILL_POINTS = ("open", "chunk", "written")
 
 
@@ -77,6 +78,16 @@ class FakeSession:
     epoch: int = 0  # the worker's life it belongs to (a restart starts a new one)
     received: asyncio.Future | None = None  # decode: the first token, once all KV arrived
     written: int = 0  # decode: blocks written by the prefill worker
+    departing: asyncio.Future | None = None  # decode: Depart asked; resolved with the tokens generated then
+    keep_kv_s: float | None = None  # ... and how long its KV waits for MoveKV (None: given back)
+
+
+@dataclass
+class HeldKV:
+    """A departed request's KV on a fake decode worker, until MoveKV or its keep time."""
+
+    blocks: int
+    last_token: int
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,8 @@ class FakeWorker:
         self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s = 0, 0.0, 0.0
         self.waiting = 0  # requests its Stats say are queued there (set by a test)
         self.elastic, self.next_role = False, ""  # an elastic worker's role changes (FakeFleet.set_role)
+        self.draining = False  # set by a test: its Stats say it drains
+        self.held: dict[str, HeldKV] = {}  # decode: departed requests' KV, by their id here
         self.reserving = asyncio.Event()  # cleared by a test: its reservations (decode) or prefills wait, queued
         self.reserving.set()
 
@@ -137,6 +150,7 @@ class FakeWorker:
                 session.received.cancel()
         self.sessions.clear()
         self.transfers.clear()
+        self.held.clear()
         self.free = self.fleet.config.blocks
         self.running.set()
 
@@ -173,6 +187,24 @@ class FakeWorker:
         self.sessions[worker_id] = session
         return session
 
+    def hold(self, worker_id: str, session: FakeSession, last_token: int) -> None:
+        """The session's blocks stay taken for a move (at most its keep time), not freed at its end."""
+        held = self.held[worker_id] = HeldKV(session.blocks, last_token)
+        session.blocks = 0
+        epoch = self.epoch
+
+        def expire() -> None:
+            if epoch == self.epoch and self.held.get(worker_id) is held:
+                self.release(worker_id)
+
+        asyncio.get_running_loop().call_later(session.keep_kv_s, expire)
+
+    def release(self, worker_id: str) -> HeldKV | None:
+        held = self.held.pop(worker_id, None)
+        if held is not None:
+            self.free += held.blocks
+        return held
+
     def end_session(self, session: FakeSession) -> None:
         if session.epoch == self.epoch and self.sessions.pop(session.worker_id, None) is not None:
             self.free += session.blocks
@@ -202,7 +234,7 @@ class FakeWorker:
 
     def snapshot(self) -> WorkerSnapshot:
         self.settle_role()
-        return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), self.waiting, False,
+        return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), self.waiting, self.draining,
                               self.active_blocks,
                               self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s, self.role,
                               self.next_role, self.elastic)

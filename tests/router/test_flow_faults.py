@@ -217,3 +217,20 @@ def test_every_attempt_carries_the_requests_age_so_a_resume_keeps_its_place(monk
     assert {role for role, _ in resumed} == {"decode", "prefill"}
     assert all(age >= 50.0 for _, _, age in ages)
     assert min(age for _, age in resumed) >= max(age for _, generated, age in ages if not generated)
+
+
+def test_a_fault_during_a_resume_resumes_again():
+    """The decode worker dies mid-stream; the resume's prefill worker then stalls: the request
+    resumes once more (a fault in a resume's prefill is not a protocol error) and completes."""
+    async def main():
+        async with harness(prefill=("p0",)) as h:
+            _on_workers(h, "d0")
+            h.fleet.triggers.append(Trigger("d0", "token", Mode.KILL))
+            running = asyncio.ensure_future(collect(h.flow, job()))
+            await async_wait_until(lambda: h.fleet.workers["d0"].killed, 10, "d0 killed mid-stream")
+            h.fleet.triggers.append(Trigger("p0", "chunk", Mode.STALL, seconds=0.5))
+            tokens, _, milestones = await asyncio.wait_for(running, 20)
+            assert tokens == expected() and milestones.count("resume") == 2
+            assert not any((await settle(h.fleet)).values())
+
+    asyncio.run(main())

@@ -33,10 +33,24 @@ def test_a_transition_outside_the_table_is_refused():
         p.advance(Signal.TOKENS)
     p.advance(Signal.PLACED)
     with pytest.raises(ProtocolError):
-        p.advance(Signal.RESUME)  # no token can be out before a reservation
+        p.advance(Signal.FIRST_TOKEN)  # no prefill worker was chosen before the reservation
     p.advance(Signal.FAIL)
     with pytest.raises(ProtocolError):
         p.advance(Signal.RETRY)  # terminal
+
+
+def test_a_fault_in_any_live_phase_can_resume():
+    """A resume is placed, reserved and prefilled again: a fault there resumes once more."""
+    for phase in LIVE:
+        assert TRANSITIONS[(phase, Signal.RESUME)] == Phase.PLACING
+
+
+def test_a_departed_request_moves_its_kv_then_decodes():
+    p = RequestProtocol("r")
+    for signal in (Signal.PLACED, Signal.RESERVED, Signal.FIRST_TOKEN, Signal.DEPART, Signal.PLACED,
+                   Signal.MOVE_KV, Signal.KV_MOVED, Signal.TOKENS, Signal.FINISHED):
+        p.advance(signal)
+    assert p.phase == Phase.FINISHED and (p.attempts, p.departures, p.faulted_attempts) == (2, 1, 1)
 
 
 def test_every_live_phase_can_fail_and_be_cancelled_and_terminal_phases_have_no_exit():

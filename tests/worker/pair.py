@@ -19,7 +19,8 @@ from pdserve.transfer import InProcessFabric, KVReceiver, KVSender, make_transpo
 from pdserve.errors import PeerFault
 from pdserve.worker.events import Finished, FirstToken, Reserved, Tokens
 from pdserve.worker.leases import Leases
-from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
+from pdserve.worker.kv_out import DecodePeer, Piece, Target
+from prefill_service.worker import PrefillWorker
 
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

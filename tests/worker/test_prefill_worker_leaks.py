@@ -10,7 +10,8 @@ from pdserve.transfer import KVSender, TransferError, TransferResult
 from pdserve.worker.events import Chunk, FirstToken
 from pdserve.errors import PeerFault
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
-from prefill_service.worker import DecodePeer, Piece, PrefillWorker, Target
+from pdserve.worker.kv_out import DecodePeer, Piece, Target
+from prefill_service.worker import PrefillWorker
 from tests.worker.pair import BLOCK, GREEDY, block_until, settle, start_engine
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,0 +1,55 @@
+"""A sender's side of a decode worker's reservation on the wire: the reservation as a `Target`,
+and the calls that fill it (PushKV, CompleteKV) through the decode worker's gRPC service."""
+
+from __future__ import annotations
+
+import grpc
+
+from pdserve.errors import InvalidRequestError, PeerFault
+from pdserve.rpc.bounds import check_address, check_id, check_kv_address
+from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.kv_ranks import kv_ranks_from_pb
+from pdserve.v1 import worker_pb2 as wpb
+from pdserve.v1 import worker_pb2_grpc
+from pdserve.worker.kv_out import DecodePeer, Piece, Target
+
+
+def target_from_pb(t: wpb.KVReservation, transport: str) -> Target:
+    """The reservation's addresses and transport checked here (`transport`: the only kind this
+    worker's sender can fill); its layout by the sender (pdserve/worker/kv_out.py)."""
+    if t.transport != transport:
+        raise InvalidRequestError(f"reservation over transport {t.transport[:32]!r}; this worker sends over "
+                                  f"{transport!r}")
+    return Target(check_id("transfer_id", t.transfer_id), check_kv_address(t.kv_address), tuple(t.block_ids),
+                  t.block_size, t.block_nbytes, check_address("decode_endpoint", t.decode_endpoint),
+                  t.kv_secret, t.num_blocks, t.cached_blocks, kv_ranks_from_pb(t.ranks))
+
+
+class GrpcDecodePeer(DecodePeer):
+    def __init__(self, channels: ChannelPool):
+        self.channels = channels
+
+    def _stub(self, endpoint: str) -> worker_pb2_grpc.DecodeWorkerStub:
+        return worker_pb2_grpc.DecodeWorkerStub(self.channels.get(endpoint))
+
+    async def push_kv(self, endpoint: str, piece: Piece) -> None:
+        message = wpb.KVPiece(transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
+                              src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s,
+                              kv_secret=piece.secret, tensor_parallel_size=piece.senders if piece.senders > 1 else 0)
+        try:
+            await self._stub(endpoint).PushKV(message, timeout=piece.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _peer_fault("PushKV", endpoint, exc) from None
+
+    async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
+                          secret: bytes) -> None:
+        message = wpb.KVComplete(transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token,
+                                 kv_secret=secret)
+        try:
+            await self._stub(endpoint).CompleteKV(message, timeout=60.0)
+        except grpc.aio.AioRpcError as exc:
+            raise _peer_fault("CompleteKV", endpoint, exc) from None
+
+
+def _peer_fault(method: str, endpoint: str, exc: grpc.aio.AioRpcError) -> PeerFault:
+    return PeerFault(f"{method} on decode worker {endpoint}: {exc.code().name}: {exc.details() or ''}")

@@ -1,0 +1,149 @@
+"""A request decoding on a worker that leaves (draining, changing role) departs for another decode
+worker: its KV moves there (the default), or it is prefilled again, or it finishes where it is.
+Outputs stay exact; a kill, stall or cancel at any step of the move loses nothing, charges whom
+it should, and every worker ends with no block taken."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+
+from router.flow_types import Milestone, NewTokens, OnLeave
+from tests.router.fake_workers import Mode, Trigger
+from tests.router.flow_harness import expected, harness, job, settle
+
+pytestmark = pytest.mark.timeout(60)
+LONG = 48  # tokens: long enough to be caught decoding
+DECODE3 = ("d0", "d1", "d2")
+
+
+def _run(test):
+    return functools.wraps(test)(lambda: asyncio.run(test()))
+
+
+async def _drive(h, j, events: list | None = None) -> tuple[list[int], list[Milestone]]:
+    tokens, milestones = [], []
+    async for event in h.flow.run(j):
+        if isinstance(event, NewTokens):
+            tokens.extend(event.token_ids)
+        elif isinstance(event, Milestone):
+            milestones.append(event)
+            if events is not None:
+                events.append(event)
+    return tokens, milestones
+
+
+async def _decoding_on_d0(h, others=("d1",)) -> asyncio.Task:
+    """The request starts on d0 (the others drain meanwhile, so they take nothing), decodes a few
+    tokens there slowly, then d0 drains and the others come back."""
+    d0 = h.fleet.workers["d0"]
+    d0.slow = 8.0
+    for d in others:
+        h.fleet.workers[d].draining = True
+    await h.pool.refresh()
+    running = asyncio.ensure_future(_drive(h, job(max_tokens=LONG)))
+    while not any(s.written or (s.received is not None and s.received.done()) for s in d0.sessions.values()):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    for d in others:
+        h.fleet.workers[d].draining = False
+    d0.draining = True
+    return running
+
+
+def _names(milestones: list[Milestone]) -> list[str]:
+    return [m.name for m in milestones]
+
+
+def _placements(milestones: list[Milestone]) -> list[str]:
+    return [m.attributes["pdserve.decode_worker"] for m in milestones if m.name == "placement"]
+
+
+@_run
+async def test_a_request_departs_a_draining_worker_and_its_kv_moves():
+    async with harness() as h:
+        tokens, milestones = await asyncio.wait_for(await _decoding_on_d0(h), 20)
+        assert tokens == expected(max_tokens=LONG)
+        names = _names(milestones)
+        assert names.index("departed") < names.index("kv_move")
+        assert "placement.prefill" not in names[names.index("departed"):]  # nothing prefilled again
+        assert _placements(milestones) == ["d0", "d1"]
+        assert set((await settle(h.fleet)).values()) == {0}
+
+
+@_run
+async def test_a_departing_request_can_be_prefilled_again_instead():
+    async with harness(on_leave=OnLeave.PREFILL) as h:
+        tokens, milestones = await asyncio.wait_for(await _decoding_on_d0(h), 20)
+        assert tokens == expected(max_tokens=LONG)
+        names = _names(milestones)
+        assert "kv_move" not in names and "placement.prefill" in names[names.index("departed"):]
+        assert set((await settle(h.fleet)).values()) == {0}
+
+
+@_run
+async def test_with_finish_or_nowhere_to_go_it_finishes_where_it_is():
+    async with harness(on_leave=OnLeave.FINISH) as h:
+        tokens, milestones = await asyncio.wait_for(await _decoding_on_d0(h), 20)
+        assert tokens == expected(max_tokens=LONG) and "departed" not in _names(milestones)
+    async with harness() as h:
+        running = await _decoding_on_d0(h)
+        h.fleet.workers["d1"].kill()
+        tokens, milestones = await asyncio.wait_for(running, 20)
+        assert tokens == expected(max_tokens=LONG) and "departed" not in _names(milestones)
+        assert set((await settle(h.fleet)).values()) == {0}
+
+
+@pytest.mark.parametrize("mode", [Mode.KILL, Mode.STALL])
+def test_the_departed_worker_killed_or_stalled_during_the_move(mode):
+    async def body():
+        async with harness() as h:
+            h.fleet.triggers.append(Trigger("d0", "move", mode, seconds=1.0))
+            tokens, milestones = await asyncio.wait_for(await _decoding_on_d0(h), 20)
+            assert tokens == expected(max_tokens=LONG)
+            names = _names(milestones)
+            assert "kv_move" not in names and "resume" in names  # prefilled again instead
+            resume = next(m for m in milestones if m.name == "resume")
+            assert resume.attributes["pdserve.fault_kind"] == "gone"  # found gone: charged to d0
+            assert set((await settle(h.fleet)).values()) == {0}
+
+    asyncio.run(body())
+
+
+@_run
+async def test_the_new_worker_killed_during_the_move():
+    async with harness(decode=DECODE3) as h:
+        h.fleet.triggers.append(Trigger("d1", "reserved", Mode.KILL))
+        running = await _decoding_on_d0(h, others=("d1",))
+        h.fleet.workers["d2"].draining = True  # d1 is the target; d2 takes the resume after the kill
+        while not h.fleet.workers["d1"].killed:
+            await asyncio.sleep(0.01)
+        h.fleet.workers["d2"].draining = False
+        tokens, milestones = await asyncio.wait_for(running, 20)
+        assert tokens == expected(max_tokens=LONG)
+        assert "resume" in _names(milestones)
+        assert set((await settle(h.fleet)).values()) == {0}
+
+
+@_run
+async def test_a_cancel_during_the_move_leaves_nothing_behind():
+    async with harness() as h:
+        events: list[Milestone] = []
+        d0 = h.fleet.workers["d0"]
+        d0.slow = 8.0
+        h.fleet.workers["d1"].draining = True
+        await h.pool.refresh()
+        running = asyncio.ensure_future(_drive(h, job(max_tokens=LONG), events))
+        while not any(s.received is not None and s.received.done() for s in d0.sessions.values()):
+            await asyncio.sleep(0.01)
+        h.fleet.workers["d1"].reserving.clear()  # the move waits for d1's reservation
+        h.fleet.workers["d1"].draining, d0.draining = False, True
+        while "departed" not in _names(events):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert set((await settle(h.fleet)).values()) == {0}  # d1's reservation and d0's kept KV both given back
