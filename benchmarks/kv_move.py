@@ -63,9 +63,11 @@ def _one(sup, target: str, decode: dict[str, str], prompt: list[int]) -> tuple[f
     with Client(target, ClientOptions(timeout_s=600)) as client:
         times = []
         left = None
-        for _ in client.stream(token_ids=prompt, max_tokens=TOKENS, temperature=0, ignore_eos=True):
-            times.append(time.monotonic())
-            if len(times) == LEAVE_AFTER:
+        for chunk in client.stream(token_ids=prompt, max_tokens=TOKENS, temperature=0, ignore_eos=True):
+            if not chunk.token_ids:
+                continue
+            times.extend([time.monotonic()] * len(chunk.token_ids))
+            if left is None and len(times) >= LEAVE_AFTER:
                 left = next(a for a in decode.values() if worker_stats(a, "decode").requests_running)
                 told = time.monotonic()
                 _set_role(sup, left, "prefill")
