@@ -28,6 +28,7 @@ from router.flow_types import MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, M
 from router.observed import Observed
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
+from router.rebalancing import Rebalancer
 from router.recovery import Action, Decision, charged_to
 from router.stream import Pumped
 from router.workers import Worker, WorkerPool
@@ -43,6 +44,7 @@ class RequestFlow:
         self.observed = Observed()
         self.placer = Placer(pool, clients, config, self.observed)
         self.admitter = Admitter(self.placer.predictor, config.admission, config.local_prefill)
+        self.rebalancer = Rebalancer(config.rebalance_interval_s)
 
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
         state = FlowState(RequestProtocol(job.request_id))
@@ -327,8 +329,8 @@ class RequestFlow:
     async def _relay(self, job: Job, state: FlowState, call: Pumped, decode: Worker,
                      worker_id: str) -> AsyncIterator[FlowEvent]:
         """The decode worker's tokens to the end. While that worker is leaving (draining or
-        changing role), the request departs for another decode worker: raises _Departed once
-        every token it generated there is out."""
+        changing role), or under memory pressure, the request departs for another decode
+        worker: raises _Departed once every token it generated there is out."""
         leaving = _Leaving(decode)
         while True:
             try:
@@ -357,12 +359,18 @@ class RequestFlow:
                     raise WorkerFault(FaultKind.FAILED, decode.address, f"departed after {event.generated} tokens, "
                                       f"{len(state.generated)} received") from None
                 raise _Departed(leaving.target, leaving.kept_kv)
-            if leaving.target is None and self.pool.leaving(decode.address) and leaving.may_ask():
+            if leaving.target is None and self._departs(state, decode) and leaving.may_ask():
                 await self._depart(job, state, decode, worker_id, leaving)
 
+    def _departs(self, state: FlowState, decode: Worker) -> bool:
+        """Its decode worker leaves, or is under memory pressure while another has room (router/rebalancing.py)."""
+        if self.pool.leaving(decode.address):
+            return True
+        return self.config.on_leave is OnLeave.MOVE_KV and self.rebalancer.due(decode, state.protocol.departures)
+
     async def _depart(self, job: Job, state: FlowState, decode: Worker, worker_id: str, leaving: _Leaving) -> None:
-        """Ask the leaving decode worker to let the request go, if another one could take it now
-        (else it goes on there). A worker that does not answer is left to the stream's fault."""
+        """Ask the decode worker to let the request go, if another one could take it now (else it
+        goes on there). A worker that does not answer is left to the stream's fault."""
         policy = self.config.on_leave
         if policy is OnLeave.FINISH:
             return
@@ -377,6 +385,8 @@ class RequestFlow:
             return
         if answer.departed:
             leaving.target, leaving.kept_kv = target.address, keep is not None
+            if not self.pool.leaving(decode.address):
+                self.rebalancer.departed(decode)
         else:
             log.debug("request %s stays on %s for now: %s", job.request_id, decode.address, answer.reason)
 

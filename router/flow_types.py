@@ -124,3 +124,6 @@ class FlowConfig:
     move_check_s: float = 0.5
     max_moves: int = 2
     on_leave: OnLeave = OnLeave.MOVE_KV
+    # A request decoding where requests wait for blocks moves, KV and all, to a decode worker with
+    # room: at most one per worker per this many seconds (router/rebalancing.py); None: never.
+    rebalance_interval_s: float | None = 1.0

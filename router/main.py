@@ -106,7 +106,8 @@ async def start_router(args: argparse.Namespace) -> RouterService:
                                                  wait_for_worker_s=args.wait_for_worker_s, recovery=recovery,
                                                  local_prefill=local_prefill_from_args(args),
                                                  admission=admission_from_args(args),
-                                                 on_leave=OnLeave(args.on_leave)))
+                                                 on_leave=OnLeave(args.on_leave),
+                                                 rebalance_interval_s=args.rebalance_interval_s or None))
     obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
     gateway = Gateway(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),

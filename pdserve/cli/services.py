@@ -90,6 +90,9 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="a request decoding on a worker that drains or changes role, when another decode worker "
                         "could take it: move its KV there (move), prefill it again there (prefill), or let it "
                         "finish where it is (finish)")
+    p.add_argument("--rebalance-interval-s", type=float, default=flow.rebalance_interval_s,
+                   help="a request decoding on a worker where requests wait for blocks moves, KV and all, to one "
+                        "with room: at most one per worker this often (0: never; only with --on-leave move)")
     p.add_argument("--kv-timeout", type=float, default=flow.kv_timeout_s, help="seconds for a request's KV to arrive")
     p.add_argument("--wait-for-worker-s", type=float, default=flow.wait_for_worker_s,
                    help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")

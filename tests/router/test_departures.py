@@ -147,3 +147,36 @@ async def test_a_cancel_during_the_move_leaves_nothing_behind():
         with pytest.raises(asyncio.CancelledError):
             await running
         assert set((await settle(h.fleet)).values()) == {0}  # d1's reservation and d0's kept KV both given back
+
+
+async def _decoding_on_d0_under_pressure(h) -> asyncio.Task:
+    """The request decodes on d0 (d1 drains meanwhile), then d0 reports requests waiting for blocks
+    and d1 comes back with room."""
+    d0, d1 = h.fleet.workers["d0"], h.fleet.workers["d1"]
+    d0.slow, d1.draining = 8.0, True
+    await h.pool.refresh()
+    running = asyncio.ensure_future(_drive(h, job(max_tokens=LONG)))
+    while not any(s.received is not None and s.received.done() for s in d0.sessions.values()):
+        await asyncio.sleep(0.01)
+    d1.draining, d0.waiting = False, 2
+    return running
+
+
+@_run
+async def test_a_request_leaves_a_worker_where_requests_wait_for_blocks_once():
+    async with harness() as h:
+        tokens, milestones = await asyncio.wait_for(await _decoding_on_d0_under_pressure(h), 20)
+        assert tokens == expected(max_tokens=LONG)
+        assert _names(milestones).count("kv_move") == 1 and _placements(milestones) == ["d0", "d1"]
+        assert set((await settle(h.fleet)).values()) == {0}
+
+
+@_run
+async def test_no_rebalancing_when_switched_off_or_nowhere_roomier():
+    async with harness(rebalance_interval_s=None) as h:
+        tokens, milestones = await asyncio.wait_for(await _decoding_on_d0_under_pressure(h), 20)
+        assert tokens == expected(max_tokens=LONG) and "departed" not in _names(milestones)
+    async with harness() as h:
+        h.fleet.workers["d1"].waiting = 1  # requests wait there too
+        tokens, milestones = await asyncio.wait_for(await _decoding_on_d0_under_pressure(h), 20)
+        assert tokens == expected(max_tokens=LONG) and "departed" not in _names(milestones)
