@@ -118,6 +118,10 @@ class Departures:
                  len(blocks) - cached, sent.nbytes, seconds)
         return Moved(sent.nbytes, len(blocks) - cached, seconds)
 
+    def waiting(self, request_id: str) -> bool:
+        """Whether the request's KV waits here for its move."""
+        return request_id in self._waiting
+
     def __len__(self) -> int:
         """Departed requests whose KV waits here for its move (a drain waits for them too)."""
         return len(self._waiting)

@@ -9,7 +9,7 @@ from decode_service.departures import Departures
 from decode_service.servicer import DecodeServicer
 from decode_service.worker import DecodeWorker
 from pdserve.parallel.kv_ranks import RanksReceiver, RanksSender, open_receiver, open_sender
-from pdserve.rpc.decode_peer import GrpcDecodePeer
+from pdserve.worker.decode_peer import GrpcDecodePeer
 from pdserve.transfer import make_transport
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.runtime import RuntimeConfig, WorkerRuntime
@@ -30,7 +30,8 @@ async def decode_parts(args: argparse.Namespace, ground: Groundwork, releases_ho
                        sender: RanksSender | None = None
                        ) -> tuple[DecodeServicer, tuple[RanksReceiver | RanksSender, ...]]:
     """The decode role over a worker's groundwork: its KV receiver and sender (none with
-    --transport none), worker and servicer, and the transfer ends it opened. `releases_holds`
+    --transport none; no sender at tensor parallel size > 1, whose requests leave without their
+    KV), worker and servicer, and the transfer ends it opened. `releases_holds`
     off and the prefill role's `sender` beside a prefill worker on the same engine."""
     runtime = ground.runtime
     kv = runtime.engine.kv
@@ -39,7 +40,7 @@ async def decode_parts(args: argparse.Namespace, ground: Groundwork, releases_ho
     if args.transport == "ucx":
         receiver = await _receiver(runtime)
         ends = (receiver,)
-        if sender is None:
+        if sender is None and not runtime.engine.loaded.ranks.kv_sockets():  # one rank: its requests can move
             sender = await open_sender(make_transport("ucx").sender(kv.data), runtime.engine.loaded.ranks,
                                        kv.shape.num_kv_heads)
             ends = (receiver, sender)

@@ -10,7 +10,7 @@ from opentelemetry.trace import SpanKind
 from decode_service.worker import DecodeJob, DecodeWorker
 from pdserve.parallel.kv_ranks import RankEnd
 from pdserve.rpc.bounds import check_id, kv_timeout
-from pdserve.rpc.decode_peer import target_from_pb
+from pdserve.worker.decode_peer import target_from_pb
 from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.kv_ranks import kv_ranks_to_pb
@@ -66,7 +66,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,
                 block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
                 decode_endpoint=self.address, kv_secret=event.secret, num_blocks=self.num_blocks,
-                cached_blocks=event.cached_blocks, ranks=self.kv_ranks))
+                cached_blocks=event.cached_blocks, ranks=self.kv_ranks, identity=self.kv_identity))
         if isinstance(event, Departed):
             return wpb.DecodeEvent(departed=wpb.DecodeDeparted(generated=event.generated))
         if isinstance(event, Finished):
@@ -83,10 +83,11 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         """Served while draining too: a leaving worker's requests leave this way."""
         keep = kv_timeout(request.keep_kv_s) if request.keep_kv else None
         departure = await self.worker.depart(check_id("request_id", request.request_id), keep)
-        return wpb.DepartResponse(departed=departure.departed, generated=departure.generated, reason=departure.reason)
+        return wpb.DepartResponse(departed=departure.departed, generated=departure.generated, reason=departure.reason,
+                                  kv_kept=departure.kv_kept)
 
     async def MoveKV(self, request: wpb.MoveKVRequest, context) -> wpb.MoveKVResponse:
-        target = target_from_pb(request.target, self.transport)
+        target = target_from_pb(request.target, self.transport, self.kv_identity)
         with self.tracer.start_as_current_span(
                 "pdserve.kv.move", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": request.request_id,

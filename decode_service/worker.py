@@ -64,6 +64,7 @@ class Departure:
     departed: bool
     generated: int
     reason: str = ""
+    kv_kept: bool = False  # its KV waits for move_kv
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class DecodeWorker:
         else:
             live.session.push(Departed(generated))
             self.live.end(live, abort=False)
-        return Departure(True, generated)
+        return Departure(True, generated, kv_kept=self.departures.waiting(request_id))
 
     async def move_kv(self, request_id: str, target: Target) -> Moved:
         """Send a departed request's KV into another decode worker's reservation."""

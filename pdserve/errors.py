@@ -22,6 +22,11 @@ class OverloadedError(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+class IncompatibleError(RuntimeError):
+    """Two workers that must not exchange KV were paired: their identities differ (maps to
+    FAILED_PRECONDITION; the router places the request on a compatible pair)."""
+
+
 class EngineFailed(RuntimeError):
     """The engine of this process stopped (a fault in a step, or shutdown): nothing more can run
     here, so callers retry on another worker (maps to UNAVAILABLE)."""

@@ -10,7 +10,7 @@ from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.runtime import RuntimeConfig
 from pdserve.worker.service import TransferEnd, WorkerService
 from pdserve.worker.startup import Groundwork, Role, lay_groundwork, serve
-from pdserve.rpc.decode_peer import GrpcDecodePeer
+from pdserve.worker.decode_peer import GrpcDecodePeer
 from prefill_service.servicer import PrefillServicer
 from prefill_service.worker import PrefillWorker
 

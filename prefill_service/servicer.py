@@ -1,4 +1,4 @@
-"""PrefillWorker gRPC servicer: wire messages in and out, nothing else (its calls to decode workers: pdserve/rpc/decode_peer.py)."""
+"""PrefillWorker gRPC servicer: wire messages in and out, nothing else (its calls to decode workers: pdserve/worker/decode_peer.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from pdserve.rpc.bounds import kv_timeout
-from pdserve.rpc.decode_peer import target_from_pb
+from pdserve.worker.decode_peer import target_from_pb
 from pdserve.rpc.convert import logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.telemetry import Metrics, extract_context, stream_span
@@ -30,7 +30,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
     async def Prefill(self, request: wpb.PrefillRequest, context):
         self.refuse_unless_serving()
         r, t = request.request, request.target
-        target = target_from_pb(t, self.transport)
+        target = target_from_pb(t, self.transport, self.kv_identity)
         with stream_span(
                 self.tracer, "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),

@@ -22,6 +22,7 @@ import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from pdserve.identity import WorkerIdentity
 from pdserve.requests import Priority, SamplingParams
 from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 
@@ -33,6 +34,7 @@ class FaultKind(enum.Enum):
     OVERLOADED = "overloaded"  # the worker's queues are full
     TIMEOUT = "timeout"  # a deadline passed (the client's, or the KV transfer's)
     WITHDRAWN = "withdrawn"  # the worker gave the request back (it leaves that role): elsewhere, nobody charged
+    INCOMPATIBLE = "incompatible"  # the worker refused KV of another model or layout: another pair, nobody charged
 
 
 class Culprit(enum.Enum):
@@ -85,6 +87,7 @@ class Reservation:
     num_blocks: int  # the decode worker's pool
     cached_blocks: int = 0  # leading blocks the decode worker holds already: the prefill worker skips them
     ranks: tuple[tuple[bytes, int, int], ...] = ()  # a tensor-parallel decode worker's (address, head start, head end)
+    identity: str = ""  # the decode worker's identity digest: the sender refuses a reservation not its own
 
 
 DecodeEvent = Reservation | Tokens | Preempted | Finished | Departed
@@ -98,6 +101,7 @@ class Departure:
     departed: bool
     generated: int = 0
     reason: str = ""
+    kv_kept: bool = False  # its KV waits there for move_kv (else the request is prefilled again)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class WorkerSnapshot:
     role: str = ""  # the role it serves ("": as it was listed)
     next_role: str = ""  # an elastic worker leaving `role` for this one ("": none)
     elastic: bool = False  # its role can change (WorkerClients.set_role)
+    identity: WorkerIdentity | None = None  # what it serves (None: it did not say; it is never used)
 
 
 class Call(abc.ABC):

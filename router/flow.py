@@ -291,7 +291,7 @@ class RequestFlow:
                 waited = time.monotonic() - opened
                 if waited < config.move_after_s or state.protocol.moves >= config.max_moves:
                     continue
-                target = self.placer.sooner_prefill(job, state, prefill)
+                target = self.placer.sooner_prefill(job, state, prefill, decode)
                 if target is not None:
                     raise _MovedPrefill(target, waited) from None
 
@@ -384,7 +384,7 @@ class RequestFlow:
             log.info("request %s: Depart on %s failed: %s", job.request_id, decode.address, fault)
             return
         if answer.departed:
-            leaving.target, leaving.kept_kv = target.address, keep is not None
+            leaving.target, leaving.kept_kv = target.address, answer.kv_kept
             if not self.pool.leaving(decode.address):
                 self.rebalancer.departed(decode)
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.stats import identity_from_pb
 from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, sampling_to_pb
 from pdserve.rpc.errors import FAULT_METADATA, NOBODY  # what a worker names as a failure's cause
 from pdserve.v1 import worker_pb2 as wpb
@@ -30,7 +31,7 @@ _KIND_OF = {
     grpc.StatusCode.CANCELLED: FaultKind.GONE,
     grpc.StatusCode.DEADLINE_EXCEEDED: FaultKind.TIMEOUT,
     grpc.StatusCode.INVALID_ARGUMENT: FaultKind.REFUSED,
-    grpc.StatusCode.FAILED_PRECONDITION: FaultKind.REFUSED,
+    grpc.StatusCode.FAILED_PRECONDITION: FaultKind.INCOMPATIBLE,
     grpc.StatusCode.OUT_OF_RANGE: FaultKind.REFUSED,
     grpc.StatusCode.RESOURCE_EXHAUSTED: FaultKind.OVERLOADED,
 }
@@ -82,7 +83,7 @@ def _decode_event(event: wpb.DecodeEvent):
         r = event.reserved
         return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
                            r.block_nbytes, r.decode_endpoint, r.kv_secret, r.num_blocks, r.cached_blocks,
-                           tuple((k.kv_address, k.head_start, k.head_end) for k in r.ranks))
+                           tuple((k.kv_address, k.head_start, k.head_end) for k in r.ranks), r.identity)
     if kind == "preempted":
         p = event.preempted
         return Preempted(p.mode, p.reason, p.phase)
@@ -106,7 +107,7 @@ def _target(r: Reservation) -> wpb.KVReservation:
     return wpb.KVReservation(transfer_id=r.transfer_id, transport=r.transport, kv_address=r.kv_address,
                              block_ids=list(r.block_ids), block_size=r.block_size, block_nbytes=r.block_nbytes,
                              decode_endpoint=r.decode_endpoint, kv_secret=r.secret, num_blocks=r.num_blocks,
-                             cached_blocks=r.cached_blocks,
+                             cached_blocks=r.cached_blocks, identity=r.identity,
                              ranks=[wpb.KVRank(kv_address=a, head_start=s, head_end=e) for a, s, e in r.ranks])
 
 
@@ -129,7 +130,7 @@ class GrpcDecodeClient(DecodeClient):
             reply = await self._stub.Depart(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise fault_of(exc, self.address) from None
-        return Departure(reply.departed, reply.generated, reply.reason)
+        return Departure(reply.departed, reply.generated, reply.reason, reply.kv_kept)
 
     async def move_kv(self, worker_id: str, target: Reservation, timeout_s: float) -> MovedKV:
         try:
@@ -182,7 +183,7 @@ class GrpcWorkerClients(WorkerClients):
                               running=s.requests_running, waiting=s.requests_waiting, draining=s.draining,
                               active_blocks=s.blocks_active, queued_prefill_tokens=s.queued_prefill_tokens,
                               prefill_tokens_per_s=s.prefill_tokens_per_s, step_s=s.step_seconds, role=s.role,
-                              next_role=s.next_role, elastic=s.elastic)
+                              next_role=s.next_role, elastic=s.elastic, identity=identity_from_pb(s.identity))
 
     async def set_role(self, address: str, role: str, timeout_s: float) -> tuple[str, str]:
         stub = worker_pb2_grpc.WorkerControlStub(self.channels.get(address))

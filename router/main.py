@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pdserve.validation import Limits
 from pdserve.requests import Priority
 from pdserve.checkpoint.source import read_model_config, served_name
+from pdserve.identity import model_fingerprint
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.security import Security, security_from_args
@@ -98,8 +99,11 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     clients = GrpcWorkerClients(channels)
     drainer = Drain()
     sync: list = []
+    obs = start_observability("pdserve-router", args)
     pool = WorkerPool(clients, [] if args.colocated else split_addresses(args.prefill_workers),
-                      split_addresses(args.decode_workers), on_change=lambda: sync and sync[0]())
+                      split_addresses(args.decode_workers), on_change=lambda: sync and sync[0](),
+                      model=model_fingerprint(args.model),
+                      on_incompatible=lambda w: obs.metrics.count_incompatible_worker(w.role, w.incompatible))
     recovery = RecoveryPolicy(resume_on_decode_failure=args.decode_failover == "resume",
                               eos_token_ids=tuple(config.eos_token_ids))
     flow = RequestFlow(pool, clients, FlowConfig(colocated=args.colocated, kv_timeout_s=args.kv_timeout,
@@ -108,7 +112,6 @@ async def start_router(args: argparse.Namespace) -> RouterService:
                                                  admission=admission_from_args(args),
                                                  on_leave=OnLeave(args.on_leave),
                                                  rebalance_interval_s=args.rebalance_interval_s or None))
-    obs = start_observability("pdserve-router", args)
     tracer = obs.tracing.tracer()
     gateway = Gateway(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),
                       drainer, args.max_active, tenants)

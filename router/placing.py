@@ -54,7 +54,7 @@ class Placer:
         if self.config.colocated:
             return LocalPrefillDecision(True, "colocated")
         policy, prompt = self.config.local_prefill, (*job.prompt, *state.generated)
-        prefill = self.pool.of_role("prefill")
+        prefill = self.pool.of_role("prefill", decode)
         if state.generated and not prefill:
             return LocalPrefillDecision(True, "resume")
         prefill_cached: Mapping[str, int] = {}
@@ -62,7 +62,7 @@ class Placer:
             prefill_cached = await self.cached_prefixes("prefill", prompt, policy.idle(prefill), always=True)
         decision = policy.decide(len(prompt), cached, decode, prefill, prefill_cached)
         if not decision.local:
-            await self.pool.wait_usable("prefill", self.wait_until(job))
+            await self.pool.wait_usable("prefill", self.wait_until(job), decode)
             if state.generated:
                 return RESUME_REMOTE
         return decision
@@ -70,7 +70,7 @@ class Placer:
     async def prefill(self, job: Job, state: FlowState, decode: Worker, planned: Worker | None) -> Worker:
         """`planned` (chosen at admission) while it is still usable; else the earliest predicted
         first token among the usable prefill workers now (router/predicting.py)."""
-        workers = await self.pool.wait_usable("prefill", self.wait_until(job))
+        workers = await self.pool.wait_usable("prefill", self.wait_until(job), decode)
         if planned is not None and any(w is planned for w in workers) and planned.address not in state.avoided("prefill", workers):
             return planned
         try:
@@ -79,21 +79,22 @@ class Placer:
             raise Unavailable(str(exc)) from None
 
     def roomier_decode(self, job: Job, state: FlowState, current: Worker, block_size: int) -> Worker | None:
-        """A usable decode worker other than `current` that could reserve the request's blocks at
-        once by its last poll (none waiting there, enough free blocks), the freest first; None if
-        no such worker."""
-        workers = self.pool.of_role("decode")
+        """A usable decode worker other than `current` (and pairing with it: the request's KV may
+        move there) that could reserve the request's blocks at once by its last poll (none
+        waiting there, enough free blocks), the freest first; None if no such worker."""
+        workers = self.pool.of_role("decode", current)
         avoid = state.avoided("decode", workers)
         need = -(-(len(job.prompt) + len(state.generated)) // block_size)
         roomy = [w for w in workers if w is not current and w.address not in avoid and w.waiting == 0
                  and w.free_blocks >= need]
         return max(roomy, key=lambda w: (w.free_blocks, -w.assigned), default=None)
 
-    def sooner_prefill(self, job: Job, state: FlowState, current: Worker) -> Worker | None:
-        """A usable prefill worker predicted to give the first token in under half of what is
-        queued on `current` (the request included), and at least MOVE_GAIN_S sooner; None if none."""
+    def sooner_prefill(self, job: Job, state: FlowState, current: Worker, decode: Worker) -> Worker | None:
+        """A usable prefill worker pairing with `decode` predicted to give the first token in under
+        half of what is queued on `current` (the request included), and at least MOVE_GAIN_S
+        sooner; None if none."""
         remaining = self.predictor.on(job, state, current).queue_s
-        workers = self.pool.of_role("prefill")
+        workers = self.pool.of_role("prefill", decode)
         avoid = state.avoided("prefill", workers)
         options = [(self.predictor.on(job, state, w).total_s, w)
                    for w in workers if w is not current and w.address not in avoid]

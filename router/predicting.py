@@ -43,9 +43,10 @@ class Predictor:
         return predict_ttft(_length(job, state), side, self.reserve_s(decode), self.fallback_tokens_per_s())
 
     async def remote(self, job: Job, state: FlowState, decode: Worker) -> tuple[Worker, TtftPrediction]:
-        """The prefill worker with the earliest predicted first token (probing what each holds of
-        the prompt), and that prediction. Raises NoWorker when none is usable."""
-        workers = self.pool.of_role("prefill")
+        """The prefill worker pairing with `decode` with the earliest predicted first token
+        (probing what each holds of the prompt), and that prediction. Raises NoWorker when none is
+        usable."""
+        workers = self.pool.of_role("prefill", decode)
         avoid = state.avoided("prefill", workers)
         probed = [w for w in workers if w.address not in avoid]
         cached = await self.probe("prefill", (*job.prompt, *state.generated), probed)

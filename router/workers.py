@@ -2,7 +2,11 @@
 
 A health watch polls every worker's Stats; each worker has a circuit breaker fed by the polls
 and by the faults the request flow charges to it (`charge`). A worker is usable when its last
-poll answered, it is not draining, and its breaker allows it. `wait_usable` lets a new request
+poll answered, it is not draining, its breaker allows it, and it serves the router's model (its
+identity's weights, architecture and tokenizer: a worker serving another is marked incompatible,
+said once in an error log line naming what differs, and never gets work). A prefill and a decode
+worker are paired only when their identities agree (`pairs_with`: the KV's dtype and block size
+and the protocol too). `wait_usable` lets a new request
 wait, within its deadline, for a worker of a role instead of failing at once.
 """
 
@@ -14,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pdserve.identity import ModelFingerprint, WorkerIdentity
 from router.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from router.clients import WorkerClients, WorkerFault, WorkerSnapshot
 
@@ -45,10 +50,19 @@ class Worker:
     # A request that failed on an earlier incarnation may be placed on this one.
     incarnation: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    identity: WorkerIdentity | None = None  # what it serves, by its last poll
+    incompatible: tuple[str, ...] = ()  # what differs from the router's model: never used while any
 
     def usable(self, now: float) -> bool:
         return self.ready and not self.draining and not self.next_role and not self.gave_back \
-            and self.breaker.allows(now)
+            and not self.incompatible and self.breaker.allows(now)
+
+    def pairs_with(self, other: "Worker") -> bool:
+        """Whether KV computed by one can be read by the other (identities agree; neither known:
+        a pool without identities, as in tests of the protocol)."""
+        if self.identity is None or other.identity is None:
+            return self.identity is other.identity
+        return not self.identity.differences(other.identity)
 
     def take(self, snapshot: WorkerSnapshot) -> None:
         if snapshot.role and snapshot.role != self.role:
@@ -60,6 +74,7 @@ class Worker:
         self.running, self.waiting, self.active_blocks = snapshot.running, snapshot.waiting, snapshot.active_blocks
         self.queued_prefill_tokens, self.sent_tokens = snapshot.queued_prefill_tokens, 0
         self.prefill_tokens_per_s, self.step_s = snapshot.prefill_tokens_per_s, snapshot.step_s
+        self.identity = snapshot.identity
 
 
 @dataclass(frozen=True)
@@ -72,9 +87,15 @@ class PoolConfig:
 
 class WorkerPool:
     def __init__(self, clients: WorkerClients, prefill: list[str], decode: list[str],
-                 config: PoolConfig = PoolConfig(), on_change: Callable[[], None] = lambda: None):
+                 config: PoolConfig = PoolConfig(), on_change: Callable[[], None] = lambda: None,
+                 model: ModelFingerprint | None = None,
+                 on_incompatible: Callable[[Worker], None] = lambda worker: None):
+        """`model`: the router's model, which every worker must serve (None: identities are not
+        checked); `on_incompatible(worker)` runs when a worker is found serving another."""
         self.clients = clients
         self.config = config
+        self.model = model
+        self.on_incompatible = on_incompatible
         self.workers: dict[str, Worker] = {}
         self.on_change = on_change
         self._task: asyncio.Task | None = None
@@ -83,17 +104,22 @@ class WorkerPool:
         for address in decode:
             self.add(address, "decode")
 
-    def of_role(self, role: str) -> list[Worker]:
+    def of_role(self, role: str, partner: Worker | None = None) -> list[Worker]:
+        """The usable workers of `role` (that pair with `partner`, when given)."""
         now = time.monotonic()
-        return [w for w in self.workers.values() if w.role == role and w.usable(now)]
+        return [w for w in self.workers.values()
+                if w.role == role and w.usable(now) and (partner is None or w.pairs_with(partner))]
 
     @property
     def ready(self) -> bool:
-        return bool(self.of_role("prefill")) and bool(self.of_role("decode"))
+        """A usable prefill worker pairs with a usable decode worker."""
+        decode = self.of_role("decode")
+        return any(p.pairs_with(d) for p in self.of_role("prefill") for d in decode)
 
-    async def wait_usable(self, role: str, until: float) -> list[Worker]:
-        """The usable workers of `role`, waiting for one until `until` (monotonic); [] if none came."""
-        while not (workers := self.of_role(role)) and time.monotonic() < until:
+    async def wait_usable(self, role: str, until: float, partner: Worker | None = None) -> list[Worker]:
+        """The usable workers of `role` (pairing with `partner`), waiting for one until `until`
+        (monotonic); [] if none came."""
+        while not (workers := self.of_role(role, partner)) and time.monotonic() < until:
             await asyncio.sleep(min(0.05, max(0.0, until - time.monotonic())))
         return workers
 
@@ -197,7 +223,24 @@ class WorkerPool:
         if worker.silent_polls:
             worker.incarnation += 1
         worker.take(snapshot)
+        self._judge(worker)
         self._close_breaker(worker)
+
+    def _judge(self, worker: Worker) -> None:
+        """Whether it serves the router's model: said when that changes."""
+        if self.model is None:
+            return
+        differ = ("identity",) if worker.identity is None else worker.identity.model.differences(self.model)
+        if differ == worker.incompatible:
+            return
+        worker.incompatible = differ
+        if differ:
+            log.error("worker %s (%s) serves another model than this router's (differing: %s): it gets no work "
+                      "until it serves this one", worker.address, worker.role, ", ".join(differ))
+            self.on_incompatible(worker)
+        else:
+            log.warning("worker %s (%s) serves this router's model again", worker.address, worker.role)
+        self.on_change()
 
     def _silent(self, worker: Worker) -> None:
         worker.silent_polls += 1

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pdserve/scheduler", "pdserve/attention", "pdserve/checkpoint", "pdserve/transfer", "pdserve/admission",
      "pdserve/elastic"),
     # the model and the text
-    ("pdserve/model", "pdserve/tokenizer"),
+    ("pdserve/model", "pdserve/tokenizer", "pdserve/identity"),
     # the model's CPU paths (a transform on it); a model across ranks; the public client
     ("pdserve/cpu", "pdserve/parallel", "pdserve/client"),
     # the in-process engine; the wire's shared parts; the load generator

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import grpc
 
-from pdserve.errors import DuplicateRequestError, EngineFailed, InvalidRequestError, OverloadedError, PeerFault
+from pdserve.errors import (DuplicateRequestError, EngineFailed, IncompatibleError, InvalidRequestError, OverloadedError,
+                            PeerFault)
 from pdserve.rpc.convert import WireError
 from pdserve.tokenizer.base import ChatTemplateError
 
@@ -49,6 +50,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ChatTemplateError, grpc.StatusCode.INVALID_ARGUMENT),
     (WireError, grpc.StatusCode.INVALID_ARGUMENT),
     (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (IncompatibleError, grpc.StatusCode.FAILED_PRECONDITION),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (PeerFault, grpc.StatusCode.UNAVAILABLE),
     (EngineFailed, grpc.StatusCode.UNAVAILABLE),

@@ -140,6 +140,11 @@ class Metrics:
             "(no_objective, within, local_within, ttft, tbt, deferred_too_long).",
             ["priority", "verdict", "reason"], registry=r,
         )
+        self.incompatible_workers = Counter(
+            "pdserve_incompatible_workers_total", "Workers found serving another model than the router's, by role "
+            "and by what differs (weights, architecture, tokenizer, identity: none given); each gets no work.",
+            ["role", "field"], registry=r,
+        )
         self.departures = Counter(
             "pdserve_departures_total", "Requests that left a decode worker leaving its role or draining: "
             "kv_kept (departed, KV kept for a move), prefill_again (departed, prefilled again elsewhere), "
@@ -215,6 +220,10 @@ class Metrics:
 
     def count_admission(self, priority: Label, verdict: Label, reason: Label) -> None:
         self.admissions.labels(priority=label(priority), verdict=label(verdict), reason=label(reason)).inc()
+
+    def count_incompatible_worker(self, role: str, fields: tuple[str, ...]) -> None:
+        for name in fields:
+            self.incompatible_workers.labels(role, name).inc()
 
     def count_departure(self, outcome: Label) -> None:
         self.departures.labels(label(outcome)).inc()

@@ -9,7 +9,8 @@ from opentelemetry import trace
 
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.rpc.drain import Drain
-from pdserve.rpc.stats import stats_to_pb
+from pdserve.identity import WorkerIdentity
+from pdserve.rpc.stats import identity_to_pb, stats_to_pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.prefix_probe import cached_prefix
@@ -36,6 +37,7 @@ class CommonWorkerRpcs:
         self.transport = transport
         self.address = ""  # host:port the fleet reaches this worker at: set at start-up, before it serves
         self.roles: RoleState | None = None  # an elastic worker's role, shared by both roles' servicers
+        self.identity: WorkerIdentity | None = None  # what it serves: set at start-up, before it serves
 
     def refuse_unless_serving(self) -> None:
         """New work of this servicer's role: refused while draining, and on an elastic worker
@@ -63,4 +65,11 @@ class CommonWorkerRpcs:
             stats.elastic = True
             stats.next_role = self.roles.next_role or ""
         stats.kv_rank_bytes.extend(self.worker.kv_rank_bytes())
+        if self.identity is not None:
+            stats.identity.CopyFrom(identity_to_pb(self.identity))
         return stats
+
+    @property
+    def kv_identity(self) -> str:
+        """The identity digest its reservations carry and the ones it fills must carry."""
+        return self.identity.kv_digest if self.identity is not None else ""

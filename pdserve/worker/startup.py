@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from pdserve.identity import WorkerIdentity, model_fingerprint
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.registration import Registration
@@ -50,6 +51,7 @@ class Groundwork:
     feed: MetricsFeed  # not started until the worker serves
     channels: ChannelPool
     drainer: Drain
+    identity: WorkerIdentity  # what it serves: in its Stats and its reservations
 
 
 def lay_groundwork(args: argparse.Namespace, config: RuntimeConfig, role: Role) -> Groundwork:
@@ -59,7 +61,9 @@ def lay_groundwork(args: argparse.Namespace, config: RuntimeConfig, role: Role) 
     runtime = build_runtime(config, hold_blocks=role.hold_blocks)
     leases = Leases()
     feed = MetricsFeed(runtime.async_engine, observability.metrics, leases)
-    return Groundwork(security, observability, runtime, leases, feed, ChannelPool(security), Drain())
+    identity = WorkerIdentity(model_fingerprint(config.engine.model), str(runtime.engine.kv.data.dtype),
+                              runtime.block_size, tensor_parallel_size=config.engine.tensor_parallel_size)
+    return Groundwork(security, observability, runtime, leases, feed, ChannelPool(security), Drain(), identity)
 
 
 async def serve(args: argparse.Namespace, ground: Groundwork, role: Role, servicer: CommonWorkerRpcs,
@@ -75,6 +79,8 @@ async def serve_roles(args: argparse.Namespace, ground: Groundwork, registered_a
                       in_flight: Callable[[], int], extra: tuple[ServiceBinding, ...] = ()) -> WorkerService:
     """`serve` for one or more roles' servicers on one server (an elastic worker: both, and its
     WorkerControl in `extra`); it registers as `registered_as`, and `transfers` close at its stop."""
+    for _, servicer in roles:
+        servicer.identity = ground.identity
     bindings = [ServiceBinding(role.add_to_server, servicer, worker_pb2.DESCRIPTOR.services_by_name[role.service].full_name)
                 for role, servicer in roles]
     server = await start_server([*bindings, *extra], args.host, args.port, ground.security.server_credentials(),

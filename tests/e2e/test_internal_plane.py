@@ -172,6 +172,13 @@ def test_kv_rpcs_need_the_reservations_secret_and_valid_fields(fleet):
             request = wpb.PrefillRequest(request=_worker_request("kv-1"), target=target)
             assert _code(lambda: prefill.Prefill(request, metadata=token, timeout=30)) == REFUSED, bad
 
+        foreign = wpb.KVReservation()
+        foreign.CopyFrom(reserved)
+        foreign.identity = "0" * 16  # a decode worker of another model or layout: refused, nothing sent
+        request = wpb.PrefillRequest(request=_worker_request("kv-1"), target=foreign)
+        assert _code(lambda: prefill.Prefill(request, metadata=token, timeout=30)) == \
+            grpc.StatusCode.FAILED_PRECONDITION
+
         request = wpb.PrefillRequest(request=_worker_request("kv-1"), target=reserved)
         events = prefill.Prefill(request, metadata=token, timeout=120)
         done = [e.done for e in events if e.WhichOneof("event") == "done"]

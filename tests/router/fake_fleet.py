@@ -76,7 +76,7 @@ class FakeDecodeClient(DecodeClient):
             return Departure(False, 0, "its KV is still arriving")
         if session.departing is None:
             session.departing, session.keep_kv_s = asyncio.get_running_loop().create_future(), keep_kv_s
-        return Departure(True, await session.departing)
+        return Departure(True, await session.departing, kv_kept=keep_kv_s is not None)
 
     async def move_kv(self, worker_id: str, target: Reservation, timeout_s: float) -> MovedKV:
         w = await self._reachable()

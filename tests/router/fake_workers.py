@@ -23,6 +23,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pdserve.identity import WorkerIdentity
 from pdserve.requests import TokenLogprobs
 from router.clients import Call, FaultKind, WorkerFault, WorkerSnapshot
 
@@ -129,6 +130,8 @@ class FakeWorker:
         self.elastic, self.next_role = False, ""  # an elastic worker's role changes (FakeFleet.set_role)
         self.draining = False  # set by a test: its Stats say it drains
         self.held: dict[str, HeldKV] = {}  # decode: departed requests' KV, by their id here
+        self.identity: WorkerIdentity | None = None  # what its Stats say it serves (set by a test)
+        self.opened = 0  # requests it was given, ever
         self.reserving = asyncio.Event()  # cleared by a test: its reservations (decode) or prefills wait, queued
         self.reserving.set()
 
@@ -183,6 +186,7 @@ class FakeWorker:
         if blocks > self.free:
             raise WorkerFault(FaultKind.OVERLOADED, self.address, f"{self.address}: out of KV blocks")
         self.free -= blocks
+        self.opened += 1
         session = FakeSession(worker_id, blocks, epoch=self.epoch)
         self.sessions[worker_id] = session
         return session
@@ -237,7 +241,7 @@ class FakeWorker:
         return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), self.waiting, self.draining,
                               self.active_blocks,
                               self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s, self.role,
-                              self.next_role, self.elastic)
+                              self.next_role, self.elastic, self.identity)
 
 
 class FakeCall(Call):

@@ -27,16 +27,22 @@ class Harness:
     fleet: FakeFleet
     pool: WorkerPool
     flow: RequestFlow
+    incompatible: list[str]  # workers the pool found serving another model, in order
 
 
 @asynccontextmanager
-async def harness(prefill=PREFILL, decode=DECODE, **flow_kw):
+async def harness(prefill=PREFILL, decode=DECODE, identities=None, model=None, **flow_kw):
+    """`identities`: address -> what that fake worker's Stats say it serves; `model`: the router's."""
     fleet = FakeFleet(FleetConfig())
     for a in prefill:
         fleet.add(a, "prefill")
     for a in decode:
         fleet.add(a, "decode")
-    pool = WorkerPool(fleet, list(prefill), list(decode), PoolConfig(poll_s=0.02, poll_timeout_s=0.05))
+    for a, identity in (identities or {}).items():
+        fleet.workers[a].identity = identity
+    incompatible: list[str] = []
+    pool = WorkerPool(fleet, list(prefill), list(decode), PoolConfig(poll_s=0.02, poll_timeout_s=0.05), model=model,
+                      on_incompatible=lambda w: incompatible.append(w.address))
     await pool.refresh()
     pool.start()
     moves = {k: flow_kw.pop(k) for k in ("move_after_s", "move_check_s", "max_moves", "on_leave", "rebalance_interval_s")
@@ -45,7 +51,7 @@ async def harness(prefill=PREFILL, decode=DECODE, **flow_kw):
                         admission=flow_kw.pop("admission", AdmissionPolicy()), recovery=RecoveryPolicy(**flow_kw),
                         **moves)
     try:
-        yield Harness(fleet, pool, RequestFlow(pool, fleet, config))
+        yield Harness(fleet, pool, RequestFlow(pool, fleet, config), incompatible)
     finally:
         await pool.stop()
 

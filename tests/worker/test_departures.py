@@ -116,7 +116,7 @@ def test_a_request_moves_with_its_kv_and_its_tokens_stay_exact(tiny_llama):
         try:
             reference = await fleet.pair.serve("ref", PROMPT, LONG)
             tokens, departure = await _decode_on_a_then_depart(fleet, "r", after=9)
-            assert departure.departed and departure.generated == len(tokens)
+            assert departure.departed and departure.kv_kept and departure.generated == len(tokens)
             assert len(fleet.a.departures) == 1 and fleet.a.in_flight() == 1  # a drain waits for the move
             moved = await _continue_on_b(fleet, "r", tokens, "r")
             return [reference.first_token, *reference.tokens], moved, len(fleet.a.departures), \
@@ -189,8 +189,8 @@ def test_without_keep_the_kv_is_given_back_at_once(tiny_llama):
         fleet = await _fleet(tiny_llama)
         try:
             _, departure = await _decode_on_a_then_depart(fleet, "r", after=4, keep_s=None)
-            return departure.departed, len(fleet.a.departures), await fleet.engines_idle()
+            return departure.departed, departure.kv_kept, len(fleet.a.departures), await fleet.engines_idle()
         finally:
             await fleet.stop()
 
-    assert asyncio.run(main()) == (True, 0, (0, 0, 0))
+    assert asyncio.run(main()) == (True, False, 0, (0, 0, 0))

@@ -11,7 +11,7 @@ from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.errors import ErrorInterceptor
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.rpc.decode_peer import GrpcDecodePeer
+from pdserve.worker.decode_peer import GrpcDecodePeer
 from pdserve.worker.kv_out import Piece
 
 pytestmark = pytest.mark.timeout(60)

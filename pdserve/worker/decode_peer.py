@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from pdserve.errors import InvalidRequestError, PeerFault
+from pdserve.errors import IncompatibleError, InvalidRequestError, PeerFault
 from pdserve.rpc.bounds import check_address, check_id, check_kv_address
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.kv_ranks import kv_ranks_from_pb
@@ -14,9 +14,14 @@ from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.kv_out import DecodePeer, Piece, Target
 
 
-def target_from_pb(t: wpb.KVReservation, transport: str) -> Target:
-    """The reservation's addresses and transport checked here (`transport`: the only kind this
-    worker's sender can fill); its layout by the sender (pdserve/worker/kv_out.py)."""
+def target_from_pb(t: wpb.KVReservation, transport: str, identity: str) -> Target:
+    """The reservation's addresses, transport and identity checked here (`transport`: the only
+    kind this worker's sender can fill; `identity`: this worker's digest, which the decode
+    worker's must equal: else IncompatibleError, and nothing is sent); its layout by the sender
+    (pdserve/worker/kv_out.py)."""
+    if t.identity != identity:
+        raise IncompatibleError(f"reservation of decode worker {t.decode_endpoint[:64]!r} for KV of another model or "
+                                f"layout (identity {t.identity[:16]!r}, here {identity!r}): refused, nothing sent")
     if t.transport != transport:
         raise InvalidRequestError(f"reservation over transport {t.transport[:32]!r}; this worker sends over "
                                   f"{transport!r}")
