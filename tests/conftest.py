@@ -25,9 +25,11 @@ def pytest_itemcollected(item) -> None:
     whole) whose processes serve the embedded model runs in one process: the session fleet of
     tests/e2e/conftest.py starts once, and no two such fleets run at once (their workers hold about
     2 GB each; two fleets beside the in-process models outgrow a 24 GiB machine). Fleets of the tiny
-    models (the `tiny_model_dirs` fixture) hold little and run beside. Marked as each test is
-    collected, before xdist reads the groups; without xdist the marks change nothing."""
-    fleet = item.get_closest_marker("e2e") is not None and "tiny_model_dirs" not in item.fixturenames
+    models (the `tiny_model_dirs` fixture, or a module marked `tiny_fleet`) hold little and run
+    beside. Marked as each test is collected, before xdist reads the groups; without xdist the
+    marks change nothing."""
+    tiny = "tiny_model_dirs" in item.fixturenames or item.get_closest_marker("tiny_fleet") is not None
+    fleet = item.get_closest_marker("e2e") is not None and not tiny
     item.add_marker(pytest.mark.xdist_group(FLEET_GROUP if fleet else item.nodeid.split("::")[0]))
 
 

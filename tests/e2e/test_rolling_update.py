@@ -23,7 +23,7 @@ from tests.helpers.reference import hf_greedy
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(600)]
 
 PROMPTS = [[(7 * i + k) % 300 + 3 for i in range(20 + 9 * k)] for k in range(12)]
 NEW_TOKENS = 10

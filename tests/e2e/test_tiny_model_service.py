@@ -16,7 +16,7 @@ from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(600)]
 
 PROMPTS = [[5, 17, 33, 2, 9], list(range(3, 40)), [11] * 70]
 NEW_TOKENS = 12

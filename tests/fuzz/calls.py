@@ -17,6 +17,7 @@ ANSWERS = frozenset({
     grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.FAILED_PRECONDITION,  # a reservation of another identity (pdserve/worker/decode_peer.py)
 })
 OVERSIZED_TRAILERS = "Stream removed (received metadata size exceeds"  # the client's words for them
 TINY_DEADLINE_S = 0.05

@@ -110,6 +110,10 @@ def _complete(ids: Ids, reserved: Reserved | None) -> wpb.KVComplete:
     return kv_complete(reserved.target, 1)
 
 
+def _move(ids: Ids, reserved: Reserved | None) -> wpb.MoveKVRequest:
+    return wpb.MoveKVRequest(request_id=ids.next("move"), target=reserved.target)
+
+
 def _abort(ids: Ids, _) -> wpb.WorkerAbortRequest:
     return wpb.WorkerAbortRequest(request_id=ids.next("abort"))
 
@@ -132,6 +136,9 @@ RPCS = (
         max_responses=1, deadline_s=3.0),
     Rpc("decode", PUSH, wpb.KVPiece, _push, needs_reservation=True),
     Rpc("decode", COMPLETE, wpb.KVComplete, _complete, needs_reservation=True),
+    Rpc("decode", "/pdserve.v1.DecodeWorker/Depart", wpb.DepartRequest,
+        lambda ids, _: wpb.DepartRequest(request_id=ids.next("depart"), keep_kv=True)),
+    Rpc("decode", "/pdserve.v1.DecodeWorker/MoveKV", wpb.MoveKVRequest, _move, needs_reservation=True),
     Rpc("decode", "/pdserve.v1.DecodeWorker/Abort", wpb.WorkerAbortRequest, _abort),
     Rpc("decode", "/pdserve.v1.DecodeWorker/Stats", wpb.StatsRequest, lambda ids, _: wpb.StatsRequest()),
 )
