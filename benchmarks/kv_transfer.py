@@ -1,4 +1,6 @@
-"""KV block transfer throughput: memcpy vs in-process vs UCX (two processes) vs gRPC (two processes).
+"""KV block transfer throughput: memcpy vs in-process vs UCX (two processes) vs gRPC (two processes),
+and UCX with the KV checksums on (pdserve/transfer/checksum.py: the sender sums each piece while
+it sends it, the receiver sums each piece once landed; a round ends when both sums are done).
 
 One process copies (the decode side reads the prefill side's pool with CMA), so one thread's
 memcpy is the yardstick; the 2-thread flat memcpy shows what the host's memory allows.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -32,6 +35,7 @@ from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.kv.kv_shape import KVShape  # noqa: E402
 from pdserve.transfer import InProcessFabric, make_transport  # noqa: E402
 from pdserve.transfer.base import pool_bytes  # noqa: E402
+from pdserve.transfer.checksum import blocks_checksum_off_loop  # noqa: E402
 from pdserve.transfer.descriptors import merge_runs  # noqa: E402
 from pdserve.transfer.ucx import UcxConfig  # noqa: E402
 
@@ -51,6 +55,7 @@ class Setup:
     inflight: int
     grpc_message: int
     seed: int = 0
+    checksums: bool = False  # UCX: both sides sum every piece, as the workers do
 
 
 def make_pool(num_blocks: int) -> torch.Tensor:
@@ -99,12 +104,17 @@ def time_flat_memcpy(src: torch.Tensor, dst: torch.Tensor, nbytes: int, threads:
     return elapsed
 
 
-async def send_all(sender, address: bytes, pieces: list[Piece], inflight: int) -> float:
+async def send_all(sender, address: bytes, pieces: list[Piece], inflight: int, pool: torch.Tensor | None = None) -> float:
+    """`pool`: sum each piece's source blocks while it is sent (the sender's checksum)."""
     limit = asyncio.Semaphore(inflight)
 
     async def one(piece: Piece) -> None:
         async with limit:
-            await sender.send(address, piece[0], piece[1], piece[2], 30.0, secret=SECRET)
+            send = sender.send(address, piece[0], piece[1], piece[2], 30.0, secret=SECRET)
+            if pool is None:
+                await send
+            else:
+                await asyncio.gather(send, blocks_checksum_off_loop(pool, [s for s, _ in piece[2]]))
 
     started = time.monotonic()
     await asyncio.gather(*(one(p) for p in pieces))
@@ -143,7 +153,13 @@ async def _ucx_child(conn, setup: Setup) -> None:
     conn.send(receiver.address())
     while (command := await loop.run_in_executor(None, conn.recv))[0] == "round":
         pieces = make_pieces(setup, command[1])
-        expects = [asyncio.ensure_future(receiver.expect(t, s, p, 30.0, secret=SECRET)) for t, s, p in pieces]
+
+        async def landed(t: str, s: int, p: list[tuple[int, int]]) -> None:
+            await receiver.expect(t, s, p, 30.0, secret=SECRET)
+            if setup.checksums:  # the receiver's sum of what landed, before it may be used
+                await blocks_checksum_off_loop(pool, [d for _, d in p])
+
+        expects = [asyncio.ensure_future(landed(t, s, p)) for t, s, p in pieces]
         conn.send("ready")
         await asyncio.gather(*expects)
         conn.send(time.monotonic())
@@ -157,7 +173,7 @@ class UcxBench:
     def __init__(self, src: torch.Tensor, setup: Setup):
         self.conn, self.process = start_child(ucx_child, setup)
         self.sender = make_transport("ucx", ucx=setup.ucx).sender(src)
-        self.setup = setup
+        self.setup, self.src = setup, src
 
     async def round(self, r: int) -> float:
         loop = asyncio.get_running_loop()
@@ -165,7 +181,8 @@ class UcxBench:
             self.address = await loop.run_in_executor(None, self.conn.recv)
         self.conn.send(("round", f"ucx{r}"))
         await loop.run_in_executor(None, self.conn.recv)
-        started = await send_all(self.sender, self.address, make_pieces(self.setup, f"ucx{r}"), self.setup.inflight)
+        started = await send_all(self.sender, self.address, make_pieces(self.setup, f"ucx{r}"), self.setup.inflight,
+                                 self.src if self.setup.checksums else None)
         sent = time.monotonic()
         return max(sent, await loop.run_in_executor(None, self.conn.recv)) - started
 
@@ -293,6 +310,7 @@ async def measure(args: argparse.Namespace) -> None:
           f"after {args.warmup} warm-up, median")
     benches = {"in-process transport": InProcessBench(src, dst, setup),
                "UCX transport (2 processes)": UcxBench(src, setup),
+               "UCX transport, KV checksums on": UcxBench(src, dataclasses.replace(setup, checksums=True)),
                "gRPC unary, 4 MiB (2 processes)": GrpcBench(src, setup)}
     times: dict[str, list[float]] = {}
     for r in range(args.warmup + args.repeats):
@@ -304,6 +322,7 @@ async def measure(args: argparse.Namespace) -> None:
         for name, seconds in measured.items():
             times.setdefault(name, []).extend([seconds] if r >= args.warmup else [])
     remote = await benches["UCX transport (2 processes)"].stop()
+    await benches["UCX transport, KV checksums on"].stop()
     await benches["gRPC unary, 4 MiB (2 processes)"].stop()
     await benches["in-process transport"].stop()
     report(times, nbytes)
@@ -321,6 +340,8 @@ def report(times: dict[str, list[float]], nbytes: int) -> None:
     bound = figures["memcpy (flat, 2 threads: host bound)"]
     print(f"  UCX / memcpy = {ucx / memcpy:.2f} (target >= 0.5)   UCX / gRPC = {ucx / grpc_:.1f} (target >= 8)   "
           f"UCX / 2-thread memcpy = {ucx / bound:.2f}")
+    summed = figures["UCX transport, KV checksums on"]
+    print(f"  UCX with KV checksums / without = {summed / ucx:.2f}")
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from pdserve.errors import InvalidRequestError
 from pdserve.parallel.kv_ranks import RanksSender
 from pdserve.worker.commands import submit
 from pdserve.worker.kv_out import DecodePeer, Piece, Target, check_target, send_piece
+from pdserve.worker.kv_sums import KVSums
 from pdserve.worker.leases import Lease, LeaseKind, Leases
 
 log = logging.getLogger(__name__)
@@ -47,15 +48,16 @@ class _Departure:
 
 class Departures:
     def __init__(self, engine: AsyncEngine, sender: RanksSender | None, peer: DecodePeer | None, block_size: int,
-                 block_nbytes: int, leases: Leases):
+                 block_nbytes: int, leases: Leases, sums: KVSums | None = None):
         """`sender` and `peer`: None on a worker that sends no KV (its requests cannot move; they
-        are prefilled again elsewhere)."""
+        are prefilled again elsewhere). `sums`: how it sums what it sends (None: no checksums)."""
         self.engine = engine
         self.sender = sender
         self.peer = peer
         self.block_size = block_size
         self.block_nbytes = block_nbytes
         self.leases = leases
+        self.sums = sums
         self._waiting: dict[str, _Departure] = {}  # request id -> its KV, until MoveKV takes it
 
     @property
@@ -108,9 +110,9 @@ class Departures:
             started = time.perf_counter()
             piece = Piece(target.transfer_id, 0, cached, blocks[cached:], departure.keep_s, target.secret,
                           len(self.sender.ports))
-            sent = await send_piece(self.sender, self.peer, target, piece)
+            sent = await send_piece(self.sender, self.peer, target, piece, self.sums)
             await self.peer.complete_kv(target.decode_endpoint, target.transfer_id, 1, detached.output_token_ids[-1],
-                                        target.secret)
+                                        target.secret, (sent.checksum,) if self.sums is not None else ())
             seconds = time.perf_counter() - started
         finally:
             lease.end()

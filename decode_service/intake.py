@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdserve.errors import InvalidRequestError
 from pdserve.transfer import CancelResult, TransferError, settled_all
+from pdserve.transfer.checksum import NONE, ChecksumMismatch
 from pdserve.worker.leases import Lease
 
 
@@ -47,6 +49,8 @@ class Intake:
     pieces: dict[int, asyncio.Task] = field(default_factory=dict)
     announced: set[int] = field(default_factory=set)  # indexes into block_ids of announced pieces
     cached_blocks: int = 0
+    landed: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq -> the blocks its data goes to
+    sums: dict[int, asyncio.Future] = field(default_factory=dict)  # seq -> the sum of its blocks as landed
 
     def announce(self, seq: int, block_index: int, count: int) -> tuple[int, ...]:
         """The reserved blocks of a new piece [block_index, block_index + count), recorded as
@@ -64,7 +68,8 @@ class Intake:
         if not self.announced.isdisjoint(span):
             raise InvalidRequestError(f"{where} overlap an announced piece")
         self.announced.update(span)
-        return self.block_ids[block_index:end]
+        self.landed[seq] = self.block_ids[block_index:end]
+        return self.landed[seq]
 
     def check_complete(self, num_pieces: int) -> None:
         """InvalidRequestError unless exactly pieces 0..num_pieces-1 were announced (at least
@@ -75,6 +80,17 @@ class Intake:
         if len(self.announced) != len(self.block_ids) - self.cached_blocks:
             raise InvalidRequestError(f"{self.transfer_id}: pieces cover {len(self.announced)} of the "
                                       f"{len(self.block_ids) - self.cached_blocks} reserved blocks to write")
+
+    async def check_sums(self, checksums: Sequence[int]) -> None:
+        """ChecksumMismatch unless each piece's blocks, as landed, sum to its sender's sum.
+        InvalidRequestError for a list that is not one sum per piece."""
+        if len(checksums) != len(self.pieces):
+            raise InvalidRequestError(f"{self.transfer_id}: {len(checksums)} checksums for {len(self.pieces)} pieces")
+        for seq, expected in enumerate(checksums):
+            got = await self.sums[seq]
+            if expected != NONE and got != expected:
+                raise ChecksumMismatch(f"{self.transfer_id}: piece {seq} landed with KV checksum {got:016x}, its "
+                                       f"sender's is {expected:016x}: none of it is used")
 
     def failures(self) -> list[TransferError]:
         """Pieces that ended with a transfer error (their own deadline, a bad layout)."""

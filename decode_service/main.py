@@ -12,6 +12,7 @@ from pdserve.parallel.kv_ranks import RanksReceiver, RanksSender, open_receiver,
 from pdserve.worker.decode_peer import GrpcDecodePeer
 from pdserve.transfer import make_transport
 from pdserve.v1 import worker_pb2_grpc
+from pdserve.worker.kv_sums import KVSums
 from pdserve.worker.runtime import RuntimeConfig, WorkerRuntime
 from pdserve.worker.service import WorkerService
 from pdserve.worker.startup import Groundwork, Role, lay_groundwork, serve_roles
@@ -44,10 +45,12 @@ async def decode_parts(args: argparse.Namespace, ground: Groundwork, releases_ho
             sender = await open_sender(make_transport("ucx").sender(kv.data), runtime.engine.loaded.ranks,
                                        kv.shape.num_kv_heads)
             ends = (receiver, sender)
+    checksums = args.kv_checksums == "on"
+    sums = KVSums.of(checksums, kv.data, len(sender.ports)) if sender is not None else None
     departures = Departures(runtime.async_engine, sender, GrpcDecodePeer(ground.channels) if sender is not None else None,
-                            runtime.block_size, runtime.block_nbytes, ground.leases)
+                            runtime.block_size, runtime.block_nbytes, ground.leases, sums)
     worker = DecodeWorker(runtime.async_engine, receiver, ground.leases, args.quarantine_timeout_s, releases_holds,
-                          departures)
+                          departures, checksums)
     servicer = DecodeServicer(worker, ground.observability.tracing.tracer(), ground.drainer, args.transport,
                               receiver.address() if receiver else b"", runtime.block_size, runtime.block_nbytes,
                               kv.num_blocks, receiver.ends if receiver else ())

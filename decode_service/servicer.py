@@ -105,7 +105,8 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
 
     async def CompleteKV(self, request: wpb.KVComplete, context) -> wpb.KVCompleteAck:
         self._authorize(request.transfer_id, request.kv_secret)
-        await self.worker.complete_kv(request.transfer_id, request.num_pieces, request.first_token_id)
+        await self.worker.complete_kv(request.transfer_id, request.num_pieces, request.first_token_id,
+                                      tuple(request.piece_checksums))
         return wpb.KVCompleteAck()
 
     def _authorize(self, transfer_id: str, secret: bytes) -> None:

@@ -46,6 +46,7 @@ from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.rpc.errors import Withdrawn
 from pdserve.transfer import KVReceiver
+from pdserve.transfer.checksum import ChecksumMismatch, blocks_checksum_off_loop, summable
 from pdserve.worker.commands import submit
 from pdserve.worker.events import Departed, Finished, Preempted, Reserved, Tokens
 from pdserve.worker.kv_out import Target
@@ -99,11 +100,13 @@ class _Live:
 class DecodeWorker:
     def __init__(self, engine: AsyncEngine, receiver: KVReceiver | RanksReceiver | None, leases: Leases,
                  quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s, releases_holds: bool = True,
-                 departures: Departures | None = None):
+                 departures: Departures | None = None, checksums: bool = True):
         """`receiver`: every rank's (a plain KVReceiver: this worker has one rank; None: no
         remote KV). `quarantine_timeout_s`: the longest blocks stay quarantined when the
         transport never says the withdrawn receive that may write them is over. `departures`:
-        how its requests leave with their KV (None: they cannot; Depart gives their KV back)."""
+        how its requests leave with their KV (None: they cannot; Depart gives their KV back).
+        `checksums`: check the sums senders send with their KV (where this worker can: one rank,
+        a host pool)."""
         self.engine = engine
         self.receiver = receiver if receiver is None or isinstance(receiver, RanksReceiver) else RanksReceiver.alone(
             receiver, engine.engine.kv.shape.num_kv_heads)
@@ -116,6 +119,8 @@ class DecodeWorker:
         # engine (an elastic worker) that one does, since some are its sends'.
         self.releases_holds = releases_holds
         self.departures = departures if departures is not None else Departures(engine, None, None, 0, 0, leases)
+        pool = engine.engine.kv.data
+        self.verifies = checksums and self.receiver is not None and len(self.receiver.ports) == 1 and summable(pool)
         engine.add_listener(self.on_step)
 
     async def open(self, job: DecodeJob) -> Session:
@@ -156,11 +161,14 @@ class DecodeWorker:
         intake.lease.renew(intake.kv_timeout_s)
         task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s, secret=intake.secret,
                                                           senders=senders))
-        task.add_done_callback(lambda t: self._piece_done(intake, t))
+        task.add_done_callback(lambda t: self._piece_done(intake, seq, t))
         intake.pieces[seq] = task
 
-    async def complete_kv(self, transfer_id: str, num_pieces: int, first_token: int) -> None:
-        """Decode once every piece landed. InvalidRequestError, with nothing changed, unless the
+    async def complete_kv(self, transfer_id: str, num_pieces: int, first_token: int,
+                          checksums: Sequence[int] = ()) -> None:
+        """Decode once every piece landed, and summed as its sender did (`checksums`, one per
+        piece; empty: unchecked): else ChecksumMismatch, and the request fails here before a
+        step could read its blocks. InvalidRequestError, with nothing changed, unless the
         announced pieces are exactly 0..num_pieces-1, cover the reservation, and first_token is
         in the vocabulary."""
         intake = self._intake_of(transfer_id)
@@ -174,6 +182,15 @@ class DecodeWorker:
         if (error := intake.first_failure()) is not None:
             raise error
         live = self.live[intake.request_id]
+        if checksums and self.verifies:
+            try:
+                await intake.check_sums(checksums)
+            except ChecksumMismatch as mismatch:
+                log.error("request %s: %s", intake.request_id, mismatch)
+                self.live.fail(live, mismatch)
+                raise
+            if self.intakes.get(transfer_id) is not intake:
+                raise InvalidRequestError(f"transfer {transfer_id!r} was withdrawn (the request ended here)")
         self._retire(live, intake)
         live.received = True
         await submit(self.engine, lambda e: e.mark_received(intake.request_id, first_token))
@@ -232,8 +249,13 @@ class DecodeWorker:
         self.intakes.pop(intake.transfer_id, None)
         intake.lease.end()
 
-    def _piece_done(self, intake: Intake, task: asyncio.Task) -> None:
-        if task.cancelled() or task.exception() is None or self.intakes.get(intake.transfer_id) is not intake:
+    def _piece_done(self, intake: Intake, seq: int, task: asyncio.Task) -> None:
+        if task.cancelled() or self.intakes.get(intake.transfer_id) is not intake:
+            return
+        if task.exception() is None:
+            if self.verifies:  # summed as landed, off the loop, while later pieces arrive
+                intake.sums[seq] = asyncio.ensure_future(
+                    blocks_checksum_off_loop(self.engine.engine.kv.data, intake.landed[seq]))
             return
         self.live.fail(self.live[intake.request_id], task.exception())
 

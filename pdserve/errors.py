@@ -27,6 +27,11 @@ class IncompatibleError(RuntimeError):
     FAILED_PRECONDITION; the router places the request on a compatible pair)."""
 
 
+class CorruptKV(RuntimeError):
+    """KV this worker sent arrived other than it summed it (the receiver's checksums differ):
+    this worker's fault (maps to DATA_LOSS; the router retries the request elsewhere)."""
+
+
 class EngineFailed(RuntimeError):
     """The engine of this process stopped (a fault in a step, or shutdown): nothing more can run
     here, so callers retry on another worker (maps to UNAVAILABLE)."""

@@ -39,6 +39,7 @@ from pdserve.transfer import KVSender
 from pdserve.validation import validate_resumed
 from pdserve.worker.events import Chunk, FirstToken
 from pdserve.worker.kv_out import DecodePeer, Piece, Target, check_target, send_piece
+from pdserve.worker.kv_sums import KVSums
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.session import Session
@@ -64,14 +65,16 @@ class PrefillJob:
     failed: bool = False  # ended here: nothing more of it is sent
     request: Request | None = None  # the engine's (LiveRequest): an earlier one's steps never reach this job
     first_logprobs: TokenLogprobs | None = None  # the first token's, once sampled (if the request asked)
+    checksums: list[int] = field(default_factory=list)  # each piece's sum as sent, in order (none: unsummed)
     chain: asyncio.Future | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
 class PrefillWorker:
     def __init__(self, engine: AsyncEngine, sender: KVSender | RanksSender, peer: DecodePeer, block_size: int,
-                 block_nbytes: int, leases: Leases):
-        """`sender`: every rank's (a plain KVSender: this worker has one rank)."""
+                 block_nbytes: int, leases: Leases, sums: KVSums | None = None):
+        """`sender`: every rank's (a plain KVSender: this worker has one rank). `sums`: how it sums
+        the pieces it sends (None: it sends no checksums)."""
         self.engine = engine
         self.sender = sender if isinstance(sender, RanksSender) else RanksSender.alone(
             sender, engine.engine.kv.shape.num_kv_heads)
@@ -80,6 +83,7 @@ class PrefillWorker:
         self.block_nbytes = block_nbytes
         self.live: LiveRequests[PrefillJob] = LiveRequests(engine, self._end)
         self.leases = leases
+        self.sums = sums
         engine.add_listener(self.on_step)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
@@ -181,12 +185,13 @@ class PrefillWorker:
 
     async def _complete(self, job: PrefillJob, first_token: int) -> None:
         await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token,
-                                    job.target.secret)
+                                    job.target.secret, job.checksums if self.sums is not None else ())
         job.session.push(FirstToken(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
                                      job.kv_descriptors, job.kv_seconds, job.queue_seconds, job.first_logprobs))
 
     async def _send_piece(self, job: PrefillJob, piece: Piece) -> None:
-        sent = await send_piece(self.sender, self.peer, job.target, piece)
+        sent = await send_piece(self.sender, self.peer, job.target, piece, self.sums)
+        job.checksums.append(sent.checksum)
         job.kv_bytes += sent.nbytes
         job.kv_descriptors += sent.descriptors
         job.kv_seconds += sent.seconds

@@ -35,11 +35,12 @@ class FaultKind(enum.Enum):
     TIMEOUT = "timeout"  # a deadline passed (the client's, or the KV transfer's)
     WITHDRAWN = "withdrawn"  # the worker gave the request back (it leaves that role): elsewhere, nobody charged
     INCOMPATIBLE = "incompatible"  # the worker refused KV of another model or layout: another pair, nobody charged
+    CORRUPT = "corrupt"  # KV landed other than its sender summed it: the sender is charged, the request goes elsewhere
 
 
 class Culprit(enum.Enum):
     SELF = "self"  # the worker that was called
-    PEER = "peer"  # the decode worker a prefill worker was writing into
+    PEER = "peer"  # the decode worker a prefill worker was writing into (CORRUPT: the worker that sent the KV)
     NOBODY = "nobody"
 
 

@@ -219,6 +219,10 @@ class RequestFlow:
                 yield event
             self.pool.credit(prefill.address)
         except WorkerFault as fault:
+            if fault.kind == FaultKind.CORRUPT:  # its KV landed corrupt (seen by either stream): the prefill worker's
+                fault = WorkerFault(FaultKind.CORRUPT, prefill.address, fault.message)
+                self._blame(state, fault, "prefill", prefill.address)
+                raise fault from None
             if fault.culprit == Culprit.PEER:  # the decode worker's fault, seen through the prefill stream
                 state.avoid["prefill"][prefill.address] = self.pool.incarnation(prefill.address)  # (not charged)
                 raise WorkerFault(FaultKind.GONE, decode.address, fault.message) from None

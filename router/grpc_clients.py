@@ -7,7 +7,7 @@ import grpc
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.stats import identity_from_pb
 from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, sampling_to_pb
-from pdserve.rpc.errors import FAULT_METADATA, NOBODY  # what a worker names as a failure's cause
+from pdserve.rpc.errors import FAULT_METADATA, NOBODY, SENDER  # what a worker names as a failure's cause
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
@@ -34,6 +34,7 @@ _KIND_OF = {
     grpc.StatusCode.FAILED_PRECONDITION: FaultKind.INCOMPATIBLE,
     grpc.StatusCode.OUT_OF_RANGE: FaultKind.REFUSED,
     grpc.StatusCode.RESOURCE_EXHAUSTED: FaultKind.OVERLOADED,
+    grpc.StatusCode.DATA_LOSS: FaultKind.CORRUPT,
 }
 
 
@@ -46,6 +47,8 @@ def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
         return WorkerFault(FaultKind.GONE, address, message, Culprit.PEER)
     if NOBODY in named:  # the worker gave the request back (it leaves its role): elsewhere, uncharged
         return WorkerFault(FaultKind.WITHDRAWN, address, message)
+    if SENDER in named:  # KV landed here other than its sender summed it: the sender's fault
+        return WorkerFault(FaultKind.CORRUPT, address, message, Culprit.PEER)
     kind = _KIND_OF.get(exc.code(), FaultKind.FAILED)
     return WorkerFault(kind, address, message, Culprit.NOBODY if kind == FaultKind.TIMEOUT else Culprit.SELF)
 

@@ -9,7 +9,8 @@ decided here too, by `charged_to`.
     client's deadline passed                fail DEADLINE_EXCEEDED  (same)
     REFUSED by the worker (bad request)     fail INVALID_ARGUMENT   (same)
     every token already out                 -                       complete (LENGTH / STOP)
-    GONE, TIMEOUT of the KV, OVERLOADED     retry elsewhere         resume elsewhere (or fail)
+    GONE, TIMEOUT of the KV, OVERLOADED,    retry elsewhere         resume elsewhere (or fail)
+    CORRUPT KV, INCOMPATIBLE, WITHDRAWN
     FAILED on two different workers         fail INTERNAL: the request is poison, no worker is charged
     attempts used up                        fail with the last fault's status
 """
@@ -85,9 +86,10 @@ class RecoveryPolicy:
 
 
 def charged_to(fault: WorkerFault) -> str | None:
-    """The worker whose breaker counts this fault: only a worker found gone is charged. An
-    internal error belongs to one request, a refusal to the request, a deadline to the client."""
-    if fault.kind != FaultKind.GONE or fault.culprit != Culprit.SELF:
+    """The worker whose breaker counts this fault: a worker found gone, or one whose KV landed
+    corrupt. An internal error belongs to one request, a refusal to the request, a deadline to
+    the client."""
+    if fault.kind not in (FaultKind.GONE, FaultKind.CORRUPT) or fault.culprit != Culprit.SELF:
         return None
     return fault.address
 

@@ -86,6 +86,8 @@ class RequestTrace:
                                       "pdserve.local_prefill.reason": attrs.get("pdserve.local_prefill.reason", "")})
             if attrs.get("pdserve.local_prefill.reason") != MOVED_KV:
                 self.metrics.count_prefill_placement(attrs.get("pdserve.local_prefill.reason", "remote"))
+        if attrs.get("pdserve.fault_kind") == "corrupt":
+            self.metrics.count_corrupt_kv()
         if event.name == "departed":
             self.metrics.count_departure("kv_kept" if attrs.get("pdserve.kv_kept") else "prefill_again")
         elif event.name == "kv_move":

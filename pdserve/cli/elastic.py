@@ -26,7 +26,7 @@ async def start_elastic(args: argparse.Namespace, runtime_config: RuntimeConfig,
     if args.transport != "ucx":
         raise SystemExit("an elastic worker sends and receives KV: it needs --transport ucx")
     ground = lay_groundwork(args, runtime_config, ELASTIC)
-    prefill, sender = await prefill_parts(ground)
+    prefill, sender = await prefill_parts(ground, args.kv_checksums == "on")
     decode, ends = await decode_parts(args, ground, releases_holds=False, sender=sender)  # the prefill worker releases
     roles = RoleState(role)
     prefill.roles = decode.roles = roles

@@ -54,6 +54,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                        help="router internal host:port,... (its --internal-port) to register with (heartbeat)")
         p.add_argument("--quarantine-timeout-s", type=float, default=deadlines.quarantine_timeout_s,
                        help="decode: longest that KV blocks a withdrawn receive may write stay out of use")
+        p.add_argument("--kv-checksums", default="on", choices=["on", "off"],
+                       help="sum every KV piece sent (xxh3-64) and check it where it lands before it is used "
+                            "(one rank, KV in host memory); off: neither")
     p.set_defaults(run=run, role=name)
 
 

@@ -56,6 +56,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--on-leave", default="move", choices=["move", "prefill", "finish"],
                    help="router: a request decoding on a worker that leaves (drain, role change) moves its KV to "
                         "another decode worker, is prefilled again there, or finishes where it is")
+    p.add_argument("--kv-checksums", default="on", choices=["on", "off"],
+                   help="workers: sum every KV piece sent and check it where it lands")
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--drain-timeout-s", type=float, default=deadlines.drain_timeout_s,
                    help="on SIGTERM: how long the router, then each worker, may finish work in flight")
@@ -88,6 +90,7 @@ def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     if args.elastic:
         argv.append("--elastic")
+    argv += ["--kv-checksums", args.kv_checksums]
     return argv
 
 

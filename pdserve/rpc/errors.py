@@ -15,14 +15,16 @@ from typing import NamedTuple
 
 import grpc
 
-from pdserve.errors import (DuplicateRequestError, EngineFailed, IncompatibleError, InvalidRequestError, OverloadedError,
-                            PeerFault)
+from pdserve.errors import (CorruptKV, DuplicateRequestError, EngineFailed, IncompatibleError, InvalidRequestError,
+                            OverloadedError, PeerFault)
 from pdserve.rpc.convert import WireError
+from pdserve.transfer.checksum import ChecksumMismatch
 from pdserve.tokenizer.base import ChatTemplateError
 
 log = logging.getLogger(__name__)
 FAULT_METADATA = "pdserve-fault"  # trailing metadata naming the peer that caused a failure
 NOBODY = "nobody"  # FAULT_METADATA of a request given back (Withdrawn): no one is charged
+SENDER = "sender"  # FAULT_METADATA of KV that landed other than its sender summed it: the sender is charged
 RETRY_METADATA = "grpc-retry-pushback-ms"  # when to try again (gRFC A6's server pushback), milliseconds
 
 
@@ -51,6 +53,8 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (WireError, grpc.StatusCode.INVALID_ARGUMENT),
     (OverloadedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (IncompatibleError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ChecksumMismatch, grpc.StatusCode.DATA_LOSS),
+    (CorruptKV, grpc.StatusCode.DATA_LOSS),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (PeerFault, grpc.StatusCode.UNAVAILABLE),
     (EngineFailed, grpc.StatusCode.UNAVAILABLE),
@@ -98,7 +102,8 @@ def failure_of(exc: Exception) -> Failure:
     if code == grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-    peer = exc.peer if isinstance(exc, PeerFault) else NOBODY if isinstance(exc, Withdrawn) else None
+    peer = exc.peer if isinstance(exc, PeerFault) else NOBODY if isinstance(exc, Withdrawn) else \
+        SENDER if isinstance(exc, ChecksumMismatch) else None
     return Failure(code, details or type(exc).__name__, peer, exc.retry_after_s if isinstance(exc, OverloadedError) else None)
 
 

@@ -145,6 +145,10 @@ class Metrics:
             "and by what differs (weights, architecture, tokenizer, identity: none given); each gets no work.",
             ["role", "field"], registry=r,
         )
+        self.corrupt_kv = Counter(
+            "pdserve_kv_checksum_failures_total", "KV that landed other than its sender summed it (the request "
+            "went to another pair; the sender was charged).", registry=r,
+        )
         self.departures = Counter(
             "pdserve_departures_total", "Requests that left a decode worker leaving its role or draining: "
             "kv_kept (departed, KV kept for a move), prefill_again (departed, prefilled again elsewhere), "
@@ -224,6 +228,9 @@ class Metrics:
     def count_incompatible_worker(self, role: str, fields: tuple[str, ...]) -> None:
         for name in fields:
             self.incompatible_workers.labels(role, name).inc()
+
+    def count_corrupt_kv(self) -> None:
+        self.corrupt_kv.inc()
 
     def count_departure(self, outcome: Label) -> None:
         self.departures.labels(label(outcome)).inc()

@@ -3,9 +3,11 @@ and the calls that fill it (PushKV, CompleteKV) through the decode worker's gRPC
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 
-from pdserve.errors import IncompatibleError, InvalidRequestError, PeerFault
+from pdserve.errors import CorruptKV, IncompatibleError, InvalidRequestError, PeerFault
 from pdserve.rpc.bounds import check_address, check_id, check_kv_address
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.kv_ranks import kv_ranks_from_pb
@@ -47,12 +49,14 @@ class GrpcDecodePeer(DecodePeer):
             raise _peer_fault("PushKV", endpoint, exc) from None
 
     async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
-                          secret: bytes) -> None:
+                          secret: bytes, checksums: Sequence[int] = ()) -> None:
         message = wpb.KVComplete(transfer_id=transfer_id, num_pieces=num_pieces, first_token_id=first_token,
-                                 kv_secret=secret)
+                                 kv_secret=secret, piece_checksums=list(checksums))
         try:
             await self._stub(endpoint).CompleteKV(message, timeout=60.0)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DATA_LOSS:  # what this worker sent arrived other than it summed it
+                raise CorruptKV(f"CompleteKV on decode worker {endpoint}: {exc.details() or ''}") from None
             raise _peer_fault("CompleteKV", endpoint, exc) from None
 
 

@@ -1,8 +1,9 @@
 """KV a worker sends into a decode worker's reservation: a prefill worker's prompt, or a leaving
 decode worker's running request (a move). Both go the same way:
 
-    decode.PushKV(piece: which blocks go where)  then  sender.send(blocks)    (per piece, in order)
-    decode.CompleteKV(the token the decode worker feeds first)
+    decode.PushKV(piece: which blocks go where)  then  sender.send(blocks)    (per piece, in order;
+                                                 each summed meanwhile, pdserve/worker/kv_sums.py)
+    decode.CompleteKV(the token the decode worker feeds first, every piece's sum)
 
 `Target` is the reservation as the sender sees it, `check_target` what it must hold before a
 byte is sent, `send_piece` one piece's announcement and data.
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdserve.errors import InvalidRequestError, PeerFault
 from pdserve.parallel.kv_ranks import RankEnd, RanksSender, check_ends
-from pdserve.transfer import TransferError
+from pdserve.transfer import TransferError, TransferResult
+from pdserve.transfer.checksum import NONE
 from pdserve.transfer.wire import check_secret
+from pdserve.worker.kv_sums import KVSums
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class Sent:
     nbytes: int
     descriptors: int
     seconds: float
+    checksum: int = NONE  # the piece's sum as sent (NONE: not summed)
 
 
 class DecodePeer(abc.ABC):
@@ -67,8 +72,10 @@ class DecodePeer(abc.ABC):
 
     @abc.abstractmethod
     async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
-                          secret: bytes) -> None:
-        """Every piece was sent; the decode worker starts decoding after the first token."""
+                          secret: bytes, checksums: Sequence[int] = ()) -> None:
+        """Every piece was sent; the decode worker starts decoding after the first token, once
+        each piece's blocks sum to its `checksums` entry (empty: unchecked). CorruptKV when
+        they do not."""
 
 
 def check_target(target: Target, sender: RanksSender, block_size: int, block_nbytes: int, kv_tokens: int) -> None:
@@ -105,15 +112,21 @@ def _check_blocks(target: Target, needed: int) -> None:
                                   f"{target.num_blocks} blocks")
 
 
-async def send_piece(sender: RanksSender, peer: DecodePeer, target: Target, piece: Piece) -> Sent:
+async def send_piece(sender: RanksSender, peer: DecodePeer, target: Target, piece: Piece,
+                     sums: KVSums | None = None) -> Sent:
     """Announce `piece` to the decode worker, then send its blocks into the reservation's blocks
-    from `piece.block_index` on. PeerFault when the decode worker or the send fails."""
+    from `piece.block_index` on, summed meanwhile when `sums` is given. PeerFault when the decode
+    worker or the send fails."""
     started = time.perf_counter()
     await peer.push_kv(target.decode_endpoint, piece)
     pairs = list(zip(piece.src_block_ids, target.block_ids[piece.block_index:]))
     ends = sender.ends_of(target.ranks, target.kv_address)
-    try:
-        result = await sender.send(ends, piece.transfer_id, piece.seq, pairs, piece.timeout_s, secret=piece.secret)
-    except TransferError as exc:
-        raise PeerFault(f"KV send to {target.decode_endpoint} failed: {exc}") from exc
-    return Sent(result.nbytes, len(result.runs), time.perf_counter() - started)
+
+    async def send() -> TransferResult:
+        try:
+            return await sender.send(ends, piece.transfer_id, piece.seq, pairs, piece.timeout_s, secret=piece.secret)
+        except TransferError as exc:
+            raise PeerFault(f"KV send to {target.decode_endpoint} failed: {exc}") from exc
+
+    result, checksum = await sums.send(piece.src_block_ids, send) if sums is not None else (await send(), NONE)
+    return Sent(result.nbytes, len(result.runs), time.perf_counter() - started, checksum)

@@ -32,7 +32,7 @@ class StuckPeer(DecodePeer):
         await asyncio.Event().wait()
 
     async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
-                          secret: bytes) -> None:
+                          secret: bytes, checksums=()) -> None:
         raise AssertionError("no piece was delivered")
 
 

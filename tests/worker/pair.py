@@ -16,7 +16,8 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.faults import FaultInjector, NoFaults
 from pdserve.requests import Priority, SamplingParams
 from pdserve.transfer import InProcessFabric, KVReceiver, KVSender, make_transport
-from pdserve.errors import PeerFault
+from pdserve.errors import CorruptKV, PeerFault
+from pdserve.transfer.checksum import ChecksumMismatch
 from pdserve.worker.events import Finished, FirstToken, Reserved, Tokens
 from pdserve.worker.leases import Leases
 from pdserve.worker.kv_out import DecodePeer, Piece, Target
@@ -38,10 +39,12 @@ class LocalPeer(DecodePeer):
             raise PeerFault(f"PushKV: {exc}") from exc
 
     async def complete_kv(self, endpoint: str, transfer_id: str, num_pieces: int, first_token: int,
-                          secret: bytes) -> None:
+                          secret: bytes, checksums=()) -> None:
         try:
             assert self.decode.presented(transfer_id, secret)
-            await self.decode.complete_kv(transfer_id, num_pieces, first_token)
+            await self.decode.complete_kv(transfer_id, num_pieces, first_token, checksums)
+        except ChecksumMismatch as exc:  # as the gRPC peer: what the sender sent landed corrupt
+            raise CorruptKV(f"CompleteKV: {exc}") from exc
         except Exception as exc:
             raise PeerFault(f"CompleteKV: {exc}") from exc
 
