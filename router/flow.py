@@ -24,11 +24,11 @@ from pdserve.admission import Verdict
 from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 from router.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
 from router.admitting import Admitter, Plan, admission_attributes, defer, refusal
-from router.flow_types import MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens, OnLeave
+from router.flow_types import MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
+from router.departing import Departer, Leaving, LeftFor
 from router.observed import Observed
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
-from router.rebalancing import Rebalancer
 from router.recovery import Action, Decision, charged_to
 from router.stream import Pumped
 from router.workers import Worker, WorkerPool
@@ -44,7 +44,7 @@ class RequestFlow:
         self.observed = Observed()
         self.placer = Placer(pool, clients, config, self.observed)
         self.admitter = Admitter(self.placer.predictor, config.admission, config.local_prefill)
-        self.rebalancer = Rebalancer(config.rebalance_interval_s)
+        self.departer = Departer(pool, clients, self.placer, config, self.observed, self._blame)
 
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
         state = FlowState(RequestProtocol(job.request_id))
@@ -87,7 +87,7 @@ class RequestFlow:
         departed, state.departed = state.departed, None
         if departed is not None:  # its decode worker left, keeping its KV: it moves to the next one
             decode, _ = await self.placer.decode(job, state)
-            local = False
+            local = state.local_prefill = False
         else:
             decode, plan = None, None
             async for event in self._admitted(job, state):
@@ -124,7 +124,7 @@ class RequestFlow:
             state.protocol.advance(Signal.MOVE, f"{decode.address} -> {moved.target}")
             yield Milestone("moved", {"pdserve.from": decode.address, "pdserve.to": moved.target,
                                       "pdserve.waited_s": moved.waited_s})
-        except _Departed as left:
+        except LeftFor as left:
             state.move_to = left.target
             state.departed = (decode.address, worker_job.request_id) if left.kept_kv else None
             state.avoid["decode"][decode.address] = self.pool.incarnation(decode.address)
@@ -301,41 +301,27 @@ class RequestFlow:
 
     async def _move_kv(self, job: Job, state: FlowState, call: Pumped, decode: Worker, departed: tuple[str, str],
                        opened: float) -> AsyncIterator[FlowEvent]:
-        """The decode worker the request departed from sends its KV into this one's reservation.
-        A failure of the move is the departed worker's (GONE: charged) or nobody's (its KV was
-        given back): the request resumes through the prefill pool; the new worker's is its own."""
-        source, source_id = departed
+        """The decode worker the request departed from sends its KV into this one's reservation
+        (router/departing.py); a failure resumes the request through the prefill pool."""
         reservation = await self._reservation(job, state, call, decode, opened)
         if not isinstance(reservation, Reservation):
             raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "
                                                                 f"(sent {type(reservation).__name__} first)")
         self.observed.reserved(decode.address, time.monotonic() - opened, reservation.block_size)
         state.decode_cached_tokens = reservation.cached_blocks * reservation.block_size
-        state.protocol.advance(Signal.MOVE_KV, source)
-        try:
-            moved = await call.unless_failed(self.clients.decode(source).move_kv(source_id, reservation,
-                                                                                 self.config.kv_timeout_s))
-        except WorkerFault as fault:
-            if fault.address != source:
-                raise
-            if fault.culprit == Culprit.PEER:  # the new worker failed, seen through the move
-                raise WorkerFault(FaultKind.GONE, decode.address, fault.message) from None
-            self._blame(state, fault, "decode", source)
-            if fault.kind == FaultKind.GONE:
-                raise
-            raise WorkerFault(FaultKind.WITHDRAWN, source, f"the KV move from {source} failed: {fault.message}",
-                              Culprit.NOBODY) from None
+        state.protocol.advance(Signal.MOVE_KV, departed[0])
+        moved = await self.departer.move_kv(state, call, decode, departed, reservation)
         state.protocol.advance(Signal.KV_MOVED)
         state.kv_bytes += moved.kv_bytes
-        yield Milestone("kv_move", {"pdserve.from": source, "bytes": moved.kv_bytes, "blocks": moved.kv_blocks,
+        yield Milestone("kv_move", {"pdserve.from": departed[0], "bytes": moved.kv_bytes, "blocks": moved.kv_blocks,
                                     "seconds": moved.kv_seconds})
 
     async def _relay(self, job: Job, state: FlowState, call: Pumped, decode: Worker,
                      worker_id: str) -> AsyncIterator[FlowEvent]:
         """The decode worker's tokens to the end. While that worker is leaving (draining or
         changing role), or under memory pressure, the request departs for another decode
-        worker: raises _Departed once every token it generated there is out."""
-        leaving = _Leaving(decode)
+        worker: raises LeftFor once every token it generated there is out."""
+        leaving = Leaving()
         while True:
             try:
                 async with asyncio.timeout(self.config.move_check_s):
@@ -362,69 +348,14 @@ class RequestFlow:
                 if event.generated != len(state.generated) or leaving.target is None:
                     raise WorkerFault(FaultKind.FAILED, decode.address, f"departed after {event.generated} tokens, "
                                       f"{len(state.generated)} received") from None
-                raise _Departed(leaving.target, leaving.kept_kv)
-            if leaving.target is None and self._departs(state, decode) and leaving.may_ask():
-                await self._depart(job, state, decode, worker_id, leaving)
-
-    def _departs(self, state: FlowState, decode: Worker) -> bool:
-        """Its decode worker leaves, or is under memory pressure while another has room (router/rebalancing.py)."""
-        if self.pool.leaving(decode.address):
-            return True
-        return self.config.on_leave is OnLeave.MOVE_KV and self.rebalancer.due(decode, state.protocol.departures)
-
-    async def _depart(self, job: Job, state: FlowState, decode: Worker, worker_id: str, leaving: _Leaving) -> None:
-        """Ask the decode worker to let the request go, if another one could take it now (else it
-        goes on there). A worker that does not answer is left to the stream's fault."""
-        policy = self.config.on_leave
-        if policy is OnLeave.FINISH:
-            return
-        target = self.placer.roomier_decode(job, state, decode, self.observed.block_size(decode.address))
-        if target is None:
-            return
-        keep = self.config.kv_timeout_s if policy is OnLeave.MOVE_KV else None
-        try:
-            answer = await self.clients.decode(decode.address).depart(worker_id, keep, self.config.probe_timeout_s)
-        except WorkerFault as fault:
-            log.info("request %s: Depart on %s failed: %s", job.request_id, decode.address, fault)
-            return
-        if answer.departed:
-            leaving.target, leaving.kept_kv = target.address, answer.kv_kept
-            if not self.pool.leaving(decode.address):
-                self.rebalancer.departed(decode)
-        else:
-            log.debug("request %s stays on %s for now: %s", job.request_id, decode.address, answer.reason)
-
-
-@dataclass
-class _Leaving:
-    """A request's view of its decode worker leaving: when it last asked to depart, and where to."""
-
-    decode: Worker
-    asked_at: float = -1e9
-    target: str | None = None  # set once the worker let the request depart
-    kept_kv: bool = False
-    ask_every_s: float = 1.0
-
-    def may_ask(self) -> bool:
-        now = time.monotonic()
-        if now - self.asked_at < self.ask_every_s:
-            return False
-        self.asked_at = now
-        return True
-
+                raise LeftFor(leaving.target, leaving.kept_kv)
+            if self.departer.wants(state, decode, leaving):
+                await self.departer.ask(job, state, decode, worker_id, leaving)
 
 @dataclass(frozen=True)
 class _Admitted:
     decode: Worker
     plan: Plan
-
-
-class _Departed(Exception):
-    """The request left its leaving decode worker for `target`; `kept_kv`: its KV waits there."""
-
-    def __init__(self, target: str, kept_kv: bool):
-        super().__init__(f"departed for {target}")
-        self.target, self.kept_kv = target, kept_kv
 
 
 class _MovedPrefill(Exception):
