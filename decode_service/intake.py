@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pdserve.errors import InvalidRequestError
+from pdserve.errors import ChecksumMismatch, InvalidRequestError
 from pdserve.transfer import CancelResult, TransferError, settled_all
-from pdserve.transfer.checksum import NONE, ChecksumMismatch
+from pdserve.transfer.checksum import NONE
 from pdserve.worker.leases import Lease
 
 

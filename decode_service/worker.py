@@ -38,7 +38,7 @@ from decode_service.intake import Intake, Unsafe
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.config import DeadlineConfig
-from pdserve.errors import InvalidRequestError
+from pdserve.errors import ChecksumMismatch, InvalidRequestError
 from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.kv import BlockHold
 from pdserve.parallel.kv_ranks import RanksReceiver
@@ -46,7 +46,7 @@ from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.rpc.errors import Withdrawn
 from pdserve.transfer import KVReceiver
-from pdserve.transfer.checksum import ChecksumMismatch, blocks_checksum_off_loop, summable
+from pdserve.transfer.checksum import blocks_checksum_off_loop, summable
 from pdserve.worker.commands import submit
 from pdserve.worker.events import Departed, Finished, Preempted, Reserved, Tokens
 from pdserve.worker.kv_out import Target

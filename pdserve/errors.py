@@ -27,6 +27,11 @@ class IncompatibleError(RuntimeError):
     FAILED_PRECONDITION; the router places the request on a compatible pair)."""
 
 
+class ChecksumMismatch(RuntimeError):
+    """KV landed other than its sender summed it (pdserve/transfer/checksum.py): nothing of it may
+    be used (maps to DATA_LOSS, naming the sender as the cause)."""
+
+
 class CorruptKV(RuntimeError):
     """KV this worker sent arrived other than it summed it (the receiver's checksums differ):
     this worker's fault (maps to DATA_LOSS; the router retries the request elsewhere)."""

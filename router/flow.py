@@ -20,12 +20,14 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from pdserve.admission import Verdict
+from pdserve.admission import Admission, Verdict
+from pdserve.rpc.errors import Unavailable
 from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 from router.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
 from router.admitting import Admitter, Plan, admission_attributes, defer, refusal
 from router.flow_types import MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
 from router.departing import Departer, Leaving, LeftFor
+from router.local_prefill import LocalPrefillDecision
 from router.observed import Observed
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
@@ -72,6 +74,8 @@ class RequestFlow:
         state.faults.append(fault)
         decision = self.config.recovery.decide(fault, state.faults, state.generated, job.sampling,
                                                state.protocol.faulted_attempts, job.deadline)
+        if job.pinned and decision.action in (Action.RETRY, Action.RESUME):  # a canary tries its pair alone
+            decision = Decision(Action.FAIL, Unavailable(f"on the pinned pair {job.pin}: {fault.message}"))
         signal = {Action.RETRY: Signal.RETRY, Action.RESUME: Signal.RESUME, Action.COMPLETE: Signal.COMPLETE,
                   Action.FAIL: Signal.FAIL}[decision.action]
         log.warning("request %s in %s: %s -> %s", job.request_id, state.protocol.phase.value, fault,
@@ -139,7 +143,13 @@ class RequestFlow:
 
     async def _admitted(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent | _Admitted]:
         """Placement judged by admission: deferred (BATCH) until admitted, refused with a status,
-        or admitted: ends with _Admitted (the decode worker and the plan)."""
+        or admitted: ends with _Admitted (the decode worker and the plan). A pinned job (a canary)
+        goes to its pair as it is, or fails at once when that pair is not usable."""
+        if job.pin is not None:
+            decode, prefill = self.placer.pinned(job.pin)
+            yield _Admitted(decode, Plan(LocalPrefillDecision(False, "pinned"), prefill,
+                                         Admission(Verdict.ADMIT, "pinned", None)))
+            return
         deferred_at: float | None = None
         while True:
             decode, cached = await self.placer.decode(job, state)

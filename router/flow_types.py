@@ -29,6 +29,11 @@ class Job:
     deadline: float | None = None  # time.monotonic() at which the client stops waiting
     tenant: str = "anonymous"
     accepted: float = field(default_factory=time.monotonic)  # when the router took it (time.monotonic())
+    pin: tuple[str, str] | None = None  # (prefill, decode): a canary runs on this pair alone, once
+
+    @property
+    def pinned(self) -> bool:
+        return self.pin is not None
 
     def age_s(self) -> float:
         """How long ago the router accepted it: a retry or resume keeps its place in workers' queues."""

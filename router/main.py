@@ -20,6 +20,7 @@ from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_p
 from pdserve.worker.observability import Observability, start_observability
 from router.discovery import DnsDiscovery, RegistryServicer
 from router.flow import RequestFlow
+from router.canary import CANARY_TEXT, Canaries, CanaryConfig
 from router.flow_types import FlowConfig, OnLeave
 from router.frontend import Frontend
 from router.grpc_clients import GrpcWorkerClients
@@ -49,6 +50,7 @@ class RouterService:
     internal: RunningServer | None = None  # Registry and health, on --internal-port
     http: HttpServer | None = None  # the OpenAI-compatible API, on --http-port
     planner: Planner | None = None  # role changes of elastic workers (--planner)
+    canaries: Canaries | None = None  # a fixed prompt through every pair (--canary-interval-s)
 
     @property
     def port(self) -> int:
@@ -76,6 +78,8 @@ class RouterService:
             discovery.stop()
         if self.planner is not None:
             await self.planner.stop()
+        if self.canaries is not None:
+            await self.canaries.stop()
         await self.pool.stop()
         if self.http is not None:
             await self.http.stop()
@@ -126,7 +130,11 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     discoveries = _dns(pool, args)
     pool.start()
     planner = _planner(pool, clients, obs, flow.config, args)
-    return RouterService(server, pool, channels, obs, gateway, drainer, discoveries, internal, http, planner)
+    canaries = Canaries(pool, flow, tuple(frontend.tokenizer.encode(CANARY_TEXT)),
+                        CanaryConfig(interval_s=args.canary_interval_s or None), obs.metrics.count_canary)
+    canaries.start()
+    return RouterService(server, pool, channels, obs, gateway, drainer, discoveries, internal, http, planner,
+                         canaries)
 
 
 def _planner(pool: WorkerPool, clients: GrpcWorkerClients, obs, config: FlowConfig,

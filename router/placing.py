@@ -30,7 +30,7 @@ class Placer:
 
     async def decode(self, job: Job, state: FlowState) -> tuple[Worker, int]:
         """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
-        workers = await self.pool.wait_usable("decode", self.wait_until(job))
+        workers = await self.pool.wait_usable("decode", self.wait_until(job), paired=not self.config.colocated)
         prompt = (*job.prompt, *state.generated)
         local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
         moved_to, state.move_to = next((w for w in workers if w.address == state.move_to), None), None
@@ -45,6 +45,16 @@ class Placer:
         except NoWorker as exc:
             raise Unavailable(str(exc)) from None
         return decode, cached.get(decode.address, 0)
+
+    def pinned(self, pin: tuple[str, str]) -> tuple[Worker, Worker]:
+        """The (decode, prefill) workers of a pinned pair, while both are usable and pair; else
+        Unavailable at once (a canary of a pair tries that pair or nothing)."""
+        prefill_address, decode_address = pin
+        decode = next((w for w in self.pool.of_role("decode") if w.address == decode_address), None)
+        prefill = next((w for w in self.pool.of_role("prefill") if w.address == prefill_address), None)
+        if decode is None or prefill is None or not prefill.pairs_with(decode):
+            raise Unavailable(f"the pair {prefill_address} -> {decode_address} is not usable now")
+        return decode, prefill
 
     async def local_prefill(self, job: Job, state: FlowState, decode: Worker, cached: int) -> LocalPrefillDecision:
         """Colocated, or the policy's call over the prompt and the tokens out so far; a remote
@@ -70,6 +80,8 @@ class Placer:
     async def prefill(self, job: Job, state: FlowState, decode: Worker, planned: Worker | None) -> Worker:
         """`planned` (chosen at admission) while it is still usable; else the earliest predicted
         first token among the usable prefill workers now (router/predicting.py)."""
+        if job.pin is not None:
+            return self.pinned(job.pin)[1]
         workers = await self.pool.wait_usable("prefill", self.wait_until(job), decode)
         if planned is not None and any(w is planned for w in workers) and planned.address not in state.avoided("prefill", workers):
             return planned

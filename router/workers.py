@@ -96,6 +96,7 @@ class WorkerPool:
         self.config = config
         self.model = model
         self.on_incompatible = on_incompatible
+        self.quarantined: set[tuple[str, str]] = set()  # (prefill, decode) pairs a canary found wrong
         self.workers: dict[str, Worker] = {}
         self.on_change = on_change
         self._task: asyncio.Task | None = None
@@ -105,21 +106,43 @@ class WorkerPool:
             self.add(address, "decode")
 
     def of_role(self, role: str, partner: Worker | None = None) -> list[Worker]:
-        """The usable workers of `role` (that pair with `partner`, when given)."""
+        """The usable workers of `role` (that pair with `partner`, when given, in a pair no canary
+        found wrong)."""
         now = time.monotonic()
         return [w for w in self.workers.values()
-                if w.role == role and w.usable(now) and (partner is None or w.pairs_with(partner))]
+                if w.role == role and w.usable(now) and (partner is None or self.pair_ok(w, partner))]
+
+    def pair_ok(self, a: Worker, b: Worker) -> bool:
+        """Their identities agree and no canary found the pair wrong (whichever role each has)."""
+        return a.pairs_with(b) and (a.address, b.address) not in self.quarantined \
+            and (b.address, a.address) not in self.quarantined
+
+    def quarantine_pair(self, prefill: str, decode: str, wrong: bool) -> None:
+        """A canary found the pair wrong (it gets no work) or right again."""
+        (self.quarantined.add if wrong else self.quarantined.discard)((prefill, decode))
+        self.on_change()
 
     @property
     def ready(self) -> bool:
         """A usable prefill worker pairs with a usable decode worker."""
         decode = self.of_role("decode")
-        return any(p.pairs_with(d) for p in self.of_role("prefill") for d in decode)
+        return any(self.pair_ok(p, d) for p in self.of_role("prefill") for d in decode)
 
-    async def wait_usable(self, role: str, until: float, partner: Worker | None = None) -> list[Worker]:
-        """The usable workers of `role` (pairing with `partner`), waiting for one until `until`
-        (monotonic); [] if none came."""
-        while not (workers := self.of_role(role, partner)) and time.monotonic() < until:
+    def paired(self, workers: list[Worker]) -> list[Worker]:
+        """The decode workers among `workers` that some usable prefill worker pairs with (all of
+        them while no prefill worker is usable: they prefill themselves)."""
+        prefill = self.of_role("prefill")
+        return [d for d in workers if any(self.pair_ok(p, d) for p in prefill)] if prefill else workers
+
+    async def wait_usable(self, role: str, until: float, partner: Worker | None = None,
+                          paired: bool = False) -> list[Worker]:
+        """The usable workers of `role` (pairing with `partner`; `paired`: decode workers some
+        prefill worker pairs with), waiting for one until `until` (monotonic); [] if none came."""
+        def usable() -> list[Worker]:
+            workers = self.of_role(role, partner)
+            return self.paired(workers) if paired else workers
+
+        while not (workers := usable()) and time.monotonic() < until:
             await asyncio.sleep(min(0.05, max(0.0, until - time.monotonic())))
         return workers
 

@@ -26,10 +26,13 @@ def pytest_itemcollected(item) -> None:
     tests/e2e/conftest.py starts once, and no two such fleets run at once (their workers hold about
     2 GB each; two fleets beside the in-process models outgrow a 24 GiB machine). Fleets of the tiny
     models (the `tiny_model_dirs` fixture, or a module marked `tiny_fleet`) hold little and run
-    beside. Marked as each test is collected, before xdist reads the groups; without xdist the
-    marks change nothing."""
-    tiny = "tiny_model_dirs" in item.fixturenames or item.get_closest_marker("tiny_fleet") is not None
-    fleet = item.get_closest_marker("e2e") is not None and not tiny
+    beside, and so do the few modules marked `small_fleet` (one fleet of at most three small
+    workers at a time, about 5 GB: with the largest fleet of the group it stays within the
+    machine), so the two processes end together. Marked as each test is collected, before xdist
+    reads the groups; without xdist the marks change nothing."""
+    beside = "tiny_model_dirs" in item.fixturenames or any(
+        item.get_closest_marker(mark) is not None for mark in ("tiny_fleet", "small_fleet"))
+    fleet = item.get_closest_marker("e2e") is not None and not beside
     item.add_marker(pytest.mark.xdist_group(FLEET_GROUP if fleet else item.nodeid.split("::")[0]))
 
 

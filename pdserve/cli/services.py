@@ -93,6 +93,9 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="a request decoding on a worker that drains or changes role, when another decode worker "
                         "could take it: move its KV there (move), prefill it again there (prefill), or let it "
                         "finish where it is (finish)")
+    p.add_argument("--canary-interval-s", type=float, default=60.0,
+                   help="a fixed greedy prompt through every prefill-decode pair at start and this often; a pair "
+                        "answering other than the others leaves rotation (0: no canaries)")
     p.add_argument("--rebalance-interval-s", type=float, default=flow.rebalance_interval_s,
                    help="a request decoding on a worker where requests wait for blocks moves, KV and all, to one "
                         "with room: at most one per worker this often (0: never; only with --on-leave move)")

@@ -15,10 +15,9 @@ from typing import NamedTuple
 
 import grpc
 
-from pdserve.errors import (CorruptKV, DuplicateRequestError, EngineFailed, IncompatibleError, InvalidRequestError,
-                            OverloadedError, PeerFault)
+from pdserve.errors import (ChecksumMismatch, CorruptKV, DuplicateRequestError, EngineFailed, IncompatibleError,
+                            InvalidRequestError, OverloadedError, PeerFault)
 from pdserve.rpc.convert import WireError
-from pdserve.transfer.checksum import ChecksumMismatch
 from pdserve.tokenizer.base import ChatTemplateError
 
 log = logging.getLogger(__name__)

@@ -145,6 +145,10 @@ class Metrics:
             "and by what differs (weights, architecture, tokenizer, identity: none given); each gets no work.",
             ["role", "field"], registry=r,
         )
+        self.canaries = Counter(
+            "pdserve_canaries_total", "Canaries through prefill-decode pairs, by outcome: agree, differ (the pair "
+            "leaves rotation), failed (a fault), unjudged (no reference yet).", ["outcome"], registry=r,
+        )
         self.corrupt_kv = Counter(
             "pdserve_kv_checksum_failures_total", "KV that landed other than its sender summed it (the request "
             "went to another pair; the sender was charged).", registry=r,
@@ -228,6 +232,9 @@ class Metrics:
     def count_incompatible_worker(self, role: str, fields: tuple[str, ...]) -> None:
         for name in fields:
             self.incompatible_workers.labels(role, name).inc()
+
+    def count_canary(self, outcome: Label) -> None:
+        self.canaries.labels(label(outcome)).inc()
 
     def count_corrupt_kv(self) -> None:
         self.corrupt_kv.inc()

@@ -2,7 +2,7 @@
 
 The sender computes it over the blocks it sends and announces it with the piece (PushKV); the
 receiver computes it again over the blocks the data landed in, once the piece is in and before
-the request may decode from them, and a piece whose sums differ fails (`ChecksumMismatch`). Both
+the request may decode from them, and a piece whose sums differ fails (pdserve.errors.ChecksumMismatch). Both
 read a block as one contiguous byte range of a block-major pool (`pool_bytes`); the hash runs on
 a thread of its own (xxhash releases the GIL), never on the event loop.
 
@@ -18,13 +18,9 @@ from collections.abc import Sequence
 import torch
 import xxhash
 
-from pdserve.transfer.base import TransferError, pool_bytes
+from pdserve.transfer.base import pool_bytes
 
 NONE = 0  # "no checksum" on the wire: a sum that happens to be 0 is sent as 1 (see blocks_checksum)
-
-
-class ChecksumMismatch(TransferError):
-    """A piece's blocks hold other bytes than its sender summed: nothing of it may be used."""
 
 
 def summable(pool: torch.Tensor) -> bool:
@@ -43,13 +39,3 @@ def blocks_checksum(pool: torch.Tensor, blocks: Sequence[int]) -> int:
 
 async def blocks_checksum_off_loop(pool: torch.Tensor, blocks: Sequence[int]) -> int:
     return await asyncio.to_thread(blocks_checksum, pool, tuple(blocks))
-
-
-def verify(pool: torch.Tensor, blocks: Sequence[int], expected: int, where: str) -> None:
-    """ChecksumMismatch unless the blocks sum to `expected` (NONE: nothing to check)."""
-    if expected == NONE:
-        return
-    got = blocks_checksum(pool, blocks)
-    if got != expected:
-        raise ChecksumMismatch(f"{where}: KV checksum {got:016x}, the sender's {expected:016x}: the piece's bytes "
-                               "differ from what was sent; none of it is used")

@@ -22,7 +22,7 @@ from tests.helpers.outcomes import outcome
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.small_fleet, pytest.mark.timeout(900)]
 
 ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--token-budget", "256",
           "--max-chunk-tokens", "128"]

@@ -60,7 +60,7 @@ class FakeDecodeClient(DecodeClient):
                 session.departing.set_result(index)
                 w.fleet.fire(w, session, "departed")
                 return
-            yield Tokens((token_at(job.prompt, index),), logprobs_at(job.prompt, index, job.sampling.logprobs))
+            yield Tokens((token_at(job.prompt, index) + w.skew,), logprobs_at(job.prompt, index, job.sampling.logprobs))
         await w.step(session, "last")
         yield Finished(FinishReason.LENGTH, 0, 0)
 

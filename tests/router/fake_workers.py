@@ -132,6 +132,7 @@ class FakeWorker:
         self.held: dict[str, HeldKV] = {}  # decode: departed requests' KV, by their id here
         self.identity: WorkerIdentity | None = None  # what its Stats say it serves (set by a test)
         self.opened = 0  # requests it was given, ever
+        self.skew = 0  # added to every token it generates (set by a test: a worker that computes wrong)
         self.reserving = asyncio.Event()  # cleared by a test: its reservations (decode) or prefills wait, queued
         self.reserving.set()
 

@@ -16,8 +16,7 @@ from pdserve.engine.engine import Engine
 from pdserve.engine.faults import FaultInjector, NoFaults
 from pdserve.requests import Priority, SamplingParams
 from pdserve.transfer import InProcessFabric, KVReceiver, KVSender, make_transport
-from pdserve.errors import CorruptKV, PeerFault
-from pdserve.transfer.checksum import ChecksumMismatch
+from pdserve.errors import ChecksumMismatch, CorruptKV, PeerFault
 from pdserve.worker.events import Finished, FirstToken, Reserved, Tokens
 from pdserve.worker.leases import Leases
 from pdserve.worker.kv_out import DecodePeer, Piece, Target

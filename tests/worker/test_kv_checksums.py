@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
-from pdserve.errors import CorruptKV
+from pdserve.errors import ChecksumMismatch, CorruptKV
 from pdserve.requests import Priority
-from pdserve.transfer.checksum import ChecksumMismatch, blocks_checksum
+from pdserve.transfer.checksum import blocks_checksum
 from pdserve.worker.events import FirstToken, Reserved, Tokens
 from pdserve.worker.kv_sums import CorruptTrigger, KVSums
 from tests.worker.pair import GREEDY, make_pair, settle
