@@ -15,6 +15,7 @@ import socket
 
 from pdserve.errors import InvalidRequestError, OverloadedError
 from pdserve.rpc.bounds import check_address
+from pdserve.rpc.stats import identity_from_pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from router.workers import WorkerPool
@@ -71,6 +72,9 @@ class RegistryServicer(worker_pb2_grpc.RegistryServicer):
 
     async def Register(self, request: wpb.RegisterRequest, context) -> wpb.RegisterResponse:
         self.admit(request.address, request.role)
+        identity = identity_from_pb(request.identity)
+        if identity is not None:
+            self.pool.introduce(request.address, identity)
         return wpb.RegisterResponse(heartbeat_s=self.heartbeat_s)
 
     def admit(self, address: str, role: str) -> None:

@@ -249,6 +249,13 @@ class WorkerPool:
         self._judge(worker)
         self._close_breaker(worker)
 
+    def introduce(self, address: str, identity: WorkerIdentity) -> None:
+        """What a registering worker says it serves, judged before its first poll (which says it again)."""
+        worker = self.workers.get(address)
+        if worker is not None and worker.identity is None:
+            worker.identity = identity
+            self._judge(worker)
+
     def _judge(self, worker: Worker) -> None:
         """Whether it serves the router's model: said when that changes."""
         if self.model is None:

@@ -16,10 +16,11 @@ log = logging.getLogger(__name__)
 
 
 class Registration:
-    def __init__(self, channels: ChannelPool, routers: list[str], address: str, role: str, period_s: float = 2.0):
+    def __init__(self, channels: ChannelPool, routers: list[str], address: str, role: str, period_s: float = 2.0,
+                 identity: wpb.WorkerIdentity | None = None):
         self.channels = channels
         self.routers = routers
-        self.request = wpb.RegisterRequest(address=address, role=role)
+        self.request = wpb.RegisterRequest(address=address, role=role, identity=identity)
         self.period_s = period_s
         self._task: asyncio.Task | None = None
 

@@ -19,6 +19,7 @@ from pdserve.identity import WorkerIdentity, model_fingerprint
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.registration import Registration
+from pdserve.rpc.stats import identity_to_pb
 from pdserve.rpc.security import Security, security_from_args
 from pdserve.rpc.server import ServiceBinding, start_server
 from pdserve.v1 import worker_pb2
@@ -88,7 +89,8 @@ async def serve_roles(args: argparse.Namespace, ground: Groundwork, registered_a
     address = f"{args.advertise_host or args.host}:{server.port}"
     for _, servicer in roles:
         servicer.address = address
-    registration = Registration(ground.channels, split_addresses(args.register_with), address, registered_as)
+    registration = Registration(ground.channels, split_addresses(args.register_with), address, registered_as,
+                                identity=identity_to_pb(ground.identity))
     ground.feed.start()
     registration.start()
     await server.set_serving(True)

@@ -75,3 +75,22 @@ def test_a_registered_worker_that_stops_answering_leaves_and_its_channel_is_clos
             await channels.close()
 
     assert asyncio.run(main())
+
+
+def test_a_worker_registering_with_another_model_is_incompatible_before_its_first_poll():
+    from pdserve.identity import ModelFingerprint, WorkerIdentity
+    from pdserve.rpc.stats import identity_to_pb
+    from pdserve.v1 import worker_pb2 as wpb
+
+    model = ModelFingerprint("w", "a", "t")
+    found = []
+    pool = WorkerPool(GrpcWorkerClients(ChannelPool()), [], [], model=model, on_incompatible=found.append)
+    registry = RegistryServicer(pool, 4)
+    other = WorkerIdentity(ModelFingerprint("w2", "a", "t"), "torch.float32", 16)
+    same = WorkerIdentity(model, "torch.float32", 16)
+    for address, identity in (("10.0.0.1:50061", other), ("10.0.0.2:50061", same)):
+        request = wpb.RegisterRequest(address=address, role="decode", identity=identity_to_pb(identity))
+        asyncio.run(registry.Register(request, None))
+    assert pool.workers["10.0.0.1:50061"].incompatible == ("weights",)
+    assert pool.workers["10.0.0.2:50061"].incompatible == ()
+    assert [w.address for w in found] == ["10.0.0.1:50061"]
