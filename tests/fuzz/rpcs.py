@@ -8,6 +8,7 @@ the decode worker frees its blocks whatever the fuzzed call did.
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,12 +28,14 @@ GREEDY = pb.SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, mi
 
 @dataclass
 class Ids:
-    """Fresh request ids, so that no example meets an earlier one's request."""
+    """Fresh request ids, so that no example meets an earlier one's request, nor one of an earlier
+    test on the same fleet that is still ending there (each Ids draws its own prefix)."""
 
     counter: Iterator[int] = field(default_factory=itertools.count)
+    prefix: str = field(default_factory=lambda: secrets.token_hex(3))
 
     def next(self, kind: str) -> str:
-        return f"fuzz-{kind}-{next(self.counter):06d}"
+        return f"fuzz-{kind}-{self.prefix}-{next(self.counter):06d}"
 
 
 @dataclass(frozen=True)
