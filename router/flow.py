@@ -4,7 +4,11 @@
     RESERVING      D reserves KV blocks                       (colocated / resume: LOCAL_PREFILL on D)
     PREFILLING     choose a prefill worker P --open(reservation)--> chunks ... (KV_IN_FLIGHT)
     DECODING       P's first token -> client; D streams the following tokens until Finished
+    depart         D leaves (drains, changes role) or is short of blocks: the request departs
+                   (router/departing.py), is placed on D', and D moves its KV there (MOVING_KV)
     a WorkerFault in any phase -> router/recovery.py: retry, resume, complete, or fail
+
+A pinned request (a canary, router/canary.py) runs on its pair alone: no admission, no retry.
 
 Every call of an attempt is closed when the attempt ends, however it ends: closing ends the
 request on that worker, which frees what it holds there. The decode call is read in the
