@@ -1,7 +1,7 @@
 """Requests leaving a decode worker with their KV, for another decode worker (a move).
 
-    router --Depart(id, keep)--> detach()   engine, between two steps: a hold on the request's KV,
-                                            and the request ends here (Engine.detach)
+    router --Depart(id, keep)--> keep()     after the engine let it go between two steps (Engine.detach:
+                                            a hold on the request's KV; the request ends there)
     router --MoveKV(id, the new decode worker's reservation)--> move()
         decode'.PushKV + the held blocks sent, then decode'.CompleteKV(the last token generated)
 
@@ -22,7 +22,6 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.outputs import Detached
 from pdserve.errors import InvalidRequestError
 from pdserve.parallel.kv_ranks import RanksSender
-from pdserve.worker.commands import submit
 from pdserve.worker.kv_out import DecodePeer, Piece, Target, check_target, send_piece
 from pdserve.worker.kv_sums import KVSums
 from pdserve.worker.leases import Lease, LeaseKind, Leases
@@ -64,16 +63,12 @@ class Departures:
     def can_move(self) -> bool:
         return self.sender is not None and self.peer is not None
 
-    async def detach(self, request_id: str, keep_s: float | None) -> Detached | None:
-        """Take the request out of the engine between two steps, its KV held for a move for at
-        most `keep_s` (None, or a worker that cannot send: given back at once). None, and
-        nothing changed, when it is not decoding now."""
-        detached = await submit(self.engine, lambda e: e.detach(request_id))
-        if detached is None:
-            return None
+    def keep(self, request_id: str, detached: Detached, keep_s: float | None) -> bool:
+        """A request the engine let go (Engine.detach): its KV held for a move for at most
+        `keep_s`, or given back at once (None, or a worker that cannot send). Whether it is kept."""
         if keep_s is None or not self.can_move:
             self.engine.release_nowait(detached.hold)
-            return detached
+            return False
         self.forget(request_id)  # an earlier departure under this id (never moved) ends now
         departure: _Departure | None = None
 
@@ -84,7 +79,7 @@ class Departures:
 
         lease = self.leases.grant(LeaseKind.HOLD, f"move of {request_id}", len(detached.hold.blocks), keep_s, reclaim)
         departure = self._waiting[request_id] = _Departure(detached, lease, keep_s)
-        return detached
+        return True
 
     def forget(self, request_id: str) -> None:
         """Give back a departure's KV now (its request will not move after all)."""

@@ -68,7 +68,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
                 decode_endpoint=self.address, kv_secret=event.secret, num_blocks=self.num_blocks,
                 cached_blocks=event.cached_blocks, ranks=self.kv_ranks, identity=self.kv_identity))
         if isinstance(event, Departed):
-            return wpb.DecodeEvent(departed=wpb.DecodeDeparted(generated=event.generated))
+            return wpb.DecodeEvent(departed=wpb.DecodeDeparted(generated=event.generated, kv_kept=event.kv_kept))
         if isinstance(event, Finished):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(
                 finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,

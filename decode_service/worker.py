@@ -208,22 +208,32 @@ class DecodeWorker:
     async def depart(self, request_id: str, keep_kv_s: float | None) -> Departure:
         """Stop a decoding request here between two steps: its stream gets every token generated
         so far, then Departed, and ends; its KV is kept for `move_kv` at most `keep_kv_s` (None:
-        given back now). Refused (departed False, the request goes on) when it is not decoding."""
+        given back now). Refused (departed False, the request goes on) when it is not decoding.
+        NOTE: once asked of the engine, the departure completes whatever cancels the caller (a
+        Depart that timed out): the engine's answer is settled by a callback, never lost."""
         live = self.live.get(request_id)
         if live is None:
             return Departure(False, 0, f"no request {request_id!r} is running here")
         if not (live.received or live.job.local_prefill):
             return Departure(False, 0, "its KV is still arriving")
-        detached = await self.departures.detach(request_id, keep_kv_s)
+        answer: asyncio.Future[Departure] = asyncio.get_running_loop().create_future()
+        detaching = submit(self.engine, lambda e: e.detach(request_id))
+        detaching.add_done_callback(lambda f: answer.set_result(self._departed(live, request_id, f, keep_kv_s)))
+        return await asyncio.shield(answer)
+
+    def _departed(self, live: _Live, request_id: str, detaching: asyncio.Future, keep_kv_s: float | None) -> Departure:
+        """On the loop, as soon as the engine answered: keep or give back the KV, end the stream."""
+        detached = None if detaching.cancelled() or detaching.exception() is not None else detaching.result()
         if detached is None:
             return Departure(False, 0, "it is not decoding now (queued, preempted or swapped out)")
         generated = len(detached.output_token_ids)
         if self.live.get(request_id) is not live:  # its stream ended meanwhile: nobody will move it
-            self.departures.forget(request_id)
-        else:
-            live.session.push(Departed(generated))
-            self.live.end(live, abort=False)
-        return Departure(True, generated, kv_kept=self.departures.waiting(request_id))
+            self.departures.keep(request_id, detached, None)
+            return Departure(True, generated)
+        kept = self.departures.keep(request_id, detached, keep_kv_s)
+        live.session.push(Departed(generated, kept))
+        self.live.end(live, abort=False)
+        return Departure(True, generated, kv_kept=kept)
 
     async def move_kv(self, request_id: str, target: Target) -> Moved:
         """Send a departed request's KV into another decode worker's reservation."""

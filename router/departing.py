@@ -40,9 +40,10 @@ class Leaving:
 
 
 class LeftFor(Exception):
-    """The request left its decode worker for `target`; `kept_kv`: its KV waits there for the move."""
+    """The request left its decode worker for `target` (None: to be placed anew); `kept_kv`: its
+    KV waits there for the move."""
 
-    def __init__(self, target: str, kept_kv: bool):
+    def __init__(self, target: str | None, kept_kv: bool):
         super().__init__(f"departed for {target}")
         self.target, self.kept_kv = target, kept_kv
 
@@ -58,10 +59,10 @@ class Departer:
         self.blame = blame
         self.rebalancer = Rebalancer(config.rebalance_interval_s)
 
-    def wants(self, state: FlowState, decode: Worker, leaving: Leaving) -> bool:
-        """Whether to ask now: not yet let go, its worker leaves or is under memory pressure while
-        another has room, and not asked within the last second."""
-        if leaving.target is not None:
+    def wants(self, job: Job, state: FlowState, decode: Worker, leaving: Leaving) -> bool:
+        """Whether to ask now: not yet let go, not pinned to its pair (a canary), its worker leaves
+        or is under memory pressure while another has room, and not asked within the last second."""
+        if leaving.target is not None or job.pinned:
             return False
         due = self.pool.leaving(decode.address) or (
             self.config.on_leave is OnLeave.MOVE_KV and self.rebalancer.due(decode, state.protocol.departures))

@@ -358,12 +358,12 @@ class RequestFlow:
                 state.preemptions += event.preemptions
                 yield state.done(event.reason, event.cached_tokens)
                 return
-            elif isinstance(event, Departed):
-                if event.generated != len(state.generated) or leaving.target is None:
+            elif isinstance(event, Departed):  # (target None: its Depart call failed, yet it left)
+                if event.generated != len(state.generated):
                     raise WorkerFault(FaultKind.FAILED, decode.address, f"departed after {event.generated} tokens, "
                                       f"{len(state.generated)} received") from None
-                raise LeftFor(leaving.target, leaving.kept_kv)
-            if self.departer.wants(state, decode, leaving):
+                raise LeftFor(leaving.target, event.kv_kept)
+            if self.departer.wants(job, state, decode, leaving):
                 await self.departer.ask(job, state, decode, worker_id, leaving)
 
 @dataclass(frozen=True)

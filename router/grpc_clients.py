@@ -91,7 +91,7 @@ def _decode_event(event: wpb.DecodeEvent):
         p = event.preempted
         return Preempted(p.mode, p.reason, p.phase)
     if kind == "departed":
-        return Departed(event.departed.generated)
+        return Departed(event.departed.generated, event.departed.kv_kept)
     f = event.finished
     return Finished(finish_from_pb(f.finish_reason), f.cached_tokens, f.preemptions)
 

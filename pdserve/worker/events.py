@@ -41,9 +41,10 @@ class Finished:
 @dataclass(frozen=True)
 class Departed:
     """The request left this decode worker (Depart) after `generated` tokens, all streamed
-    before this event; its KV waits there for MoveKV. Ends the stream."""
+    before this event; `kv_kept`: its KV waits there for MoveKV. Ends the stream."""
 
     generated: int
+    kv_kept: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Sampling defaults are the gRPC API's (max_tokens 256, temperature 1.0, ...), so both doors
 answer a request alike. pdserve's own settings are extra body fields, as vLLM takes them:
 `top_k`, `min_p`, `ignore_eos`, `priority` ("vip", "normal", "batch"), `request_id`,
-`stop_token_ids`. The `x-pdserve-priority` header, set by a gateway, wins over the body's.
+`stop_token_ids`, `repetition_penalty`, `min_tokens`. The `x-pdserve-priority` header, set by a gateway, wins over the body's.
 Sizes (messages, token ids, stop strings) are the gateway's to check, as for the gRPC door.
 """
 
@@ -21,7 +21,7 @@ from router.http.fields import Body, boolean, integer, integers, number, string,
 PRIORITY_HEADER = "x-pdserve-priority"
 REQUEST_ID_HEADER = "x-request-id"
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
-_NOT_IMPLEMENTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "tools": [],
+_NOT_IMPLEMENTED = {"tools": [],
                     "functions": [], "response_format": {"type": "text"}, "best_of": 1, "echo": False,
                     "suffix": "", "tool_choice": "none"}
 
@@ -90,7 +90,11 @@ def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | 
         temperature=number(body, "temperature", d.temperature), top_p=number(body, "top_p", d.top_p),
         top_k=integer(body, "top_k", d.top_k), min_p=number(body, "min_p", d.min_p),
         seed=integer(body, "seed", None), stop=stop, stop_token_ids=stop_ids,
-        ignore_eos=boolean(body, "ignore_eos", False), logprobs=logprobs)
+        ignore_eos=boolean(body, "ignore_eos", False), logprobs=logprobs,
+        presence_penalty=number(body, "presence_penalty", d.presence_penalty),
+        frequency_penalty=number(body, "frequency_penalty", d.frequency_penalty),
+        repetition_penalty=number(body, "repetition_penalty", d.repetition_penalty),
+        logit_bias=_logit_bias(body.get("logit_bias")), min_tokens=integer(body, "min_tokens", d.min_tokens))
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidRequestError("stream_options must be an object")
@@ -98,6 +102,22 @@ def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | 
         Ask(prompt, sampling, _priority(body, headers), _request_id(body, headers)), chat,
         string(body, "model", model) or model, boolean(body, "stream", False),
         boolean(options, "include_usage", False), logprobs is not None)
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token ids (as strings) to biases; its values are checked with the rest."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidRequestError("logit_bias must be an object of token ids to numbers")
+    bias = []
+    for key, number_ in value.items():
+        if not (isinstance(key, str) and key.strip().isdigit()):
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key[:32]!r}")
+        if isinstance(number_, bool) or not isinstance(number_, int | float):
+            raise InvalidRequestError(f"logit_bias[{key}] must be a number")
+        bias.append((int(key), float(number_)))
+    return tuple(sorted(bias))
 
 
 def _message(index: int, message) -> ChatMessage:

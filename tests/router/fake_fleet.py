@@ -56,7 +56,7 @@ class FakeDecodeClient(DecodeClient):
             if session.departing is not None:  # Depart: it stops between two tokens, its KV kept
                 if session.keep_kv_s is not None:
                     w.hold(job.request_id, session, token_at(job.prompt, index - 1))
-                yield Departed(index)
+                yield Departed(index, session.keep_kv_s is not None)
                 session.departing.set_result(index)
                 w.fleet.fire(w, session, "departed")
                 return

@@ -194,3 +194,37 @@ def test_without_keep_the_kv_is_given_back_at_once(tiny_llama):
             await fleet.stop()
 
     assert asyncio.run(main()) == (True, False, 0, (0, 0, 0))
+
+
+def test_a_depart_cancelled_while_the_engine_answers_still_completes_and_leaks_nothing(tiny_llama):
+    """The router's Depart timed out while the engine was letting the request go: the departure
+    happens all the same (its stream ends Departed, its KV kept), and the kept KV comes back once
+    nobody moves it."""
+    async def main():
+        fleet = await _fleet(tiny_llama)
+        pair = fleet.pair
+        try:
+            session = await fleet.a.open(pair.job("r", PROMPT, LONG))
+            events = session.events()
+            reserved = await anext(events)
+            p_session = await pair.prefill.open("r", PROMPT, LONG, Priority.NORMAL, pair.target(reserved), 10.0)
+            [e async for e in p_session.events()]
+            pair.prefill.live.close(p_session)
+            first = await anext(events)  # decoding
+            asking = asyncio.ensure_future(fleet.a.depart("r", 0.3))
+            await asyncio.sleep(0)
+            asking.cancel()  # the caller gives up at once; the engine still answers
+            seen = [first]
+            async for event in events:
+                seen.append(event)
+            fleet.a.live.close(session)
+            departed = seen[-1]
+            kept = len(fleet.a.departures)
+            await asyncio.sleep(0.6)  # the keep time passes: the KV comes back
+            return departed, kept, len(fleet.a.departures), await fleet.engines_idle()
+        finally:
+            await fleet.stop()
+
+    departed, kept, left, idle = asyncio.run(main())
+    assert isinstance(departed, Departed) and departed.kv_kept and kept == 1
+    assert (left, idle) == (0, (0, 0, 0))
