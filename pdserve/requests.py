@@ -55,10 +55,21 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    # Applied to the logits before any token is chosen, greedy too (pdserve/sampling/penalties.py):
+    presence_penalty: float = 0.0  # subtracted from every token already generated
+    frequency_penalty: float = 0.0  # subtracted once per time a token was generated
+    repetition_penalty: float = 1.0  # tokens of the prompt or the output: positive logits / it, negative * it
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids ascending
+    min_tokens: int = 0  # no end of sequence (EOS, stop token ids) before this many tokens
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
 
 
 @dataclass(frozen=True)

@@ -63,13 +63,48 @@ def validate_age(age_s: float) -> float:
 
 def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
     """Raise InvalidSamplingParams on the first bad field; return None when all are valid."""
-    for check in (_max_tokens, _temperature, _top_p, _top_k, _min_p, _stop, _logprobs):
+    for check in (_max_tokens, _temperature, _top_p, _top_k, _min_p, _stop, _logprobs, _penalties, _min_tokens):
         message = check(params)
         if message is not None:
             raise InvalidSamplingParams(message)
     bad_ids = [i for i in params.stop_token_ids if not 0 <= i < vocab_size]
     if bad_ids:
         raise InvalidSamplingParams(f"stop_token_ids {bad_ids} are outside the vocabulary [0, {vocab_size})")
+    if (message := _logit_bias(params, vocab_size)) is not None:
+        raise InvalidSamplingParams(message)
+
+
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
+
+
+def _penalties(p: SamplingParams) -> str | None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(p, name)
+        if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+            return f"{name} must be in [-2, 2], got {value}"
+    if not (math.isfinite(p.repetition_penalty) and 0.0 < p.repetition_penalty <= 10.0):
+        return f"repetition_penalty must be in (0, 10] (1 = off), got {p.repetition_penalty}"
+    return None
+
+
+def _min_tokens(p: SamplingParams) -> str | None:
+    if not 0 <= p.min_tokens <= p.max_tokens:
+        return f"min_tokens must be in [0, max_tokens={p.max_tokens}], got {p.min_tokens}"
+    return None
+
+
+def _logit_bias(p: SamplingParams, vocab_size: int) -> str | None:
+    if len(p.logit_bias) > MAX_LOGIT_BIAS:
+        return f"logit_bias has {len(p.logit_bias)} entries, at most {MAX_LOGIT_BIAS}"
+    ids = [t for t, _ in p.logit_bias]
+    if len(set(ids)) != len(ids):
+        return "logit_bias names a token id twice"
+    for token, bias in p.logit_bias:
+        if not 0 <= token < vocab_size:
+            return f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})"
+        if not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
+            return f"logit_bias for token {token} must be in [-100, 100], got {bias}"
+    return None
 
 
 def _max_tokens(p: SamplingParams) -> str | None:

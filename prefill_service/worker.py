@@ -99,7 +99,9 @@ class PrefillWorker:
         check_target(target, self.sender, self.block_size, self.block_nbytes, kv_tokens)
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,
                          sent_blocks=target.cached_blocks, resumed=len(resumed))
-        first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": ()})
+        # the first token only; min_tokens capped with it (what bans an end for that one token stays)
+        first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": (),
+                                       "min_tokens": min(sampling.min_tokens, len(resumed) + 1)})
         return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed, age_s,
                                                                    sends_kv=True))
 

@@ -50,6 +50,8 @@ def _sampling(settings: Mapping[str, object]) -> pb.SamplingParams:
             continue
         if name in ("stop", "stop_token_ids"):
             getattr(message, name).extend([value] if isinstance(value, str) else value)
+        elif name == "logit_bias":  # a mapping (or pairs) of token id -> bias
+            message.logit_bias.update({int(t): float(b) for t, b in dict(value).items()})
         else:
             setattr(message, name, value)
     return message

@@ -14,6 +14,7 @@ from pdserve.kv.kv_cache import KVCache
 from pdserve.engine.engine_model import EngineModel
 from pdserve.parallel.plan import SwapPlan
 from pdserve.sampling.logprobs import TokenLogprobs, token_logprobs
+from pdserve.sampling.penalties import adjust_logits
 from pdserve.sampling.sampler import Sampler
 from pdserve.scheduler.output import SchedulerOutput
 
@@ -57,7 +58,8 @@ class ModelRunner:
         logits = self._logits(batch)  # [S, V] float32 on the host, valid until the next step
         sampling = [c for c in output.chunks if c.samples]
         params = [c.request.sampling for c in sampling]
-        tokens = self.sampler.sample(logits, params, [len(c.request.output_token_ids) for c in sampling],
+        chosen_from = adjust_logits(logits, [c.request for c in sampling])  # biases, penalties, min_tokens
+        tokens = self.sampler.sample(chosen_from, params, [len(c.request.output_token_ids) for c in sampling],
                                      self.generator)
         ids = [c.request.request_id for c in sampling]
         logprobs = token_logprobs(logits, tokens, [p.logprobs for p in params])

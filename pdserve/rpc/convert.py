@@ -62,6 +62,11 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=bool(msg.ignore_eos),
         logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
+        presence_penalty=float(_opt(msg, "presence_penalty", d.presence_penalty)),
+        frequency_penalty=float(_opt(msg, "frequency_penalty", d.frequency_penalty)),
+        repetition_penalty=float(_opt(msg, "repetition_penalty", d.repetition_penalty)),
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in msg.logit_bias.items())),
+        min_tokens=int(_opt(msg, "min_tokens", d.min_tokens)),
     )
 
 
@@ -75,6 +80,10 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
         msg.seed = params.seed
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if params.adjusts_logits:
+        msg.presence_penalty, msg.frequency_penalty = params.presence_penalty, params.frequency_penalty
+        msg.repetition_penalty, msg.min_tokens = params.repetition_penalty, params.min_tokens
+        msg.logit_bias.update(dict(params.logit_bias))
     return msg
 
 

@@ -104,7 +104,9 @@ def test_stop_strings_and_seeds_behave_as_over_grpc(service, client, model):
     ({"messages": CHAT, "n": 2}, 400, "n must be 1"),
     ({"messages": CHAT, "top_p": "high"}, 400, "top_p"),
     ({"messages": CHAT, "stop": ["s"] * 17}, 400, "--max-stop-strings"),
-    ({"messages": CHAT, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"messages": CHAT, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"messages": CHAT, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ({"messages": CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ({"messages": CHAT, "model": "gpt-4o"}, 404, "does not exist"),
     ({"messages": CHAT, "priority": "vip"}, 403, "NORMAL"),
 ])
@@ -216,3 +218,26 @@ def test_logprobs_through_both_endpoints_match_grpc(service, client, model):
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 5
     assert logprobs.text_offset[0] == 0 and all(len(top) <= 2 for top in logprobs.top_logprobs)
     assert client.chat.completions.create(model=model, messages=CHAT, max_tokens=2).choices[0].logprobs is None
+
+
+def test_biases_and_penalties_through_both_doors_equal_the_engine(service, client, model, reference_llm):
+    """logit_bias, presence and frequency penalties (OpenAI's fields) and repetition_penalty and
+    min_tokens (extra fields, as vLLM takes them): the prefill worker applies them to the first
+    token, the decode worker to the rest, and both doors give what one in-process engine gives."""
+    from pdserve.requests import SamplingParams
+
+    prompt = "List the planets of the Solar System, one per line."
+    plain = _grpc(service, prompt, max_tokens=24, temperature=0, ignore_eos=True)
+    bias = {str(plain.token_ids[0]): -100.0, str(plain.token_ids[1]): 3.0}
+    adjusted = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, presence_penalty=0.6,
+                              frequency_penalty=0.8, repetition_penalty=1.3, min_tokens=4,
+                              logit_bias=tuple(sorted((int(t), b) for t, b in bias.items())))
+    expected = list(reference_llm.generate([prompt], adjusted)[0].token_ids)
+    assert expected != list(plain.token_ids)  # the settings changed the answer
+    over_grpc = _grpc(service, prompt, max_tokens=24, temperature=0, ignore_eos=True, presence_penalty=0.6,
+                      frequency_penalty=0.8, repetition_penalty=1.3, min_tokens=4, logit_bias=bias)
+    over_http = client.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0,
+                                          presence_penalty=0.6, frequency_penalty=0.8, logit_bias=bias,
+                                          extra_body={"repetition_penalty": 1.3, "min_tokens": 4, "ignore_eos": True})
+    assert list(over_grpc.token_ids) == expected
+    assert over_http.choices[0].text == reference_llm.tokenizer.decode(expected)

@@ -70,11 +70,20 @@ def _values(field: FieldDescriptor, depth: int, small: bool = False) -> st.Searc
 
     if not field.is_repeated:
         return one(small)
+    if _is_map(field):  # a map of scalars: keys and values as the entry's fields
+        key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+        entries = st.dictionaries(_scalars(key, True), _scalars(value, True), max_size=8)
+        return entries if small else entries | st.dictionaries(_scalars(key, True), _scalars(value, True),
+                                                                min_size=300, max_size=400)
     few = st.lists(one(small), max_size=8)
     if small:
         return few
     counts = (600, 5000) if field.message_type or field.type == FieldDescriptor.TYPE_STRING else HUGE_LISTS
     return few | st.builds(lambda v, n: [v] * n, one(True), st.sampled_from(counts))
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    return field.is_repeated and field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
 @st.composite
@@ -99,7 +108,10 @@ class SetField:
         for parent in parents:
             message = getattr(message, parent)
         field = message.DESCRIPTOR.fields_by_name[name]
-        if field.is_repeated:
+        if _is_map(field):
+            message.ClearField(name)
+            getattr(message, name).update(self.value)
+        elif field.is_repeated:
             message.ClearField(name)
             getattr(message, name).extend(self.value)
         elif field.message_type:

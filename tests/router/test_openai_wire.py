@@ -30,6 +30,14 @@ def test_a_chat_body_becomes_an_ask():
     assert r.ask.priority == Priority.BATCH and r.stream and r.include_usage and r.logprobs and r.chat
 
 
+def test_biases_and_penalties_reach_the_sampling_settings():
+    sampling = _chat({"logit_bias": {"5": 2.5, "3": -1}, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+                      "repetition_penalty": 1.2, "min_tokens": 3}).ask.sampling
+    assert sampling.logit_bias == ((3, -1.0), (5, 2.5))
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -0.25)
+    assert (sampling.repetition_penalty, sampling.min_tokens) == (1.2, 3)
+
+
 def test_defaults_are_the_grpc_defaults():
     s = _chat({}).ask.sampling
     assert (s.max_tokens, s.temperature, s.top_p, s.logprobs) == (256, 1.0, 1.0, None)
@@ -59,6 +67,10 @@ def test_a_completion_prompt_is_text_or_token_ids(prompt, kind):
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
     ({"messages": "hi"}, "messages must be a non-empty list"),
     ({"messages": [3]}, "must be an object"),
+    ({"logit_bias": [1, 2]}, "logit_bias must be an object"),
+    ({"logit_bias": {"x1": 1}}, "logit_bias keys must be token ids"),
+    ({"logit_bias": {"1": "high"}}, r"logit_bias\[1\] must be a number"),
+    ({"presence_penalty": "some"}, "presence_penalty"),
 ])
 def test_malformed_chat_bodies_are_refused_naming_the_field(body, needle):
     with pytest.raises(InvalidRequestError, match=needle):
