@@ -59,13 +59,21 @@ class FileTrigger(FaultInjector):
         self._claimed = path.with_name(f"{path.name}.{os.getpid()}.claimed")
 
     def check(self) -> None:
-        try:
-            os.rename(self.path, self._claimed)
-        except FileNotFoundError:
-            return
-        text = self._claimed.read_text().strip()
-        self._claimed.unlink(missing_ok=True)
-        raise _fault_for(text)
+        text = claim_file(self.path, self._claimed)
+        if text is not None:
+            raise _fault_for(text)
+
+
+def claim_file(path: Path, claimed: Path) -> str | None:
+    """Take the file at `path` if it is there (renamed to `claimed`, read, deleted): its text, or
+    None when there was none. Of several processes watching one path, one claims each file."""
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    text = claimed.read_text().strip()
+    claimed.unlink(missing_ok=True)
+    return text
 
 
 def _fault_for(text: str) -> Exception:

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 import torch
 
+from pdserve.engine.faults import claim_file
 from pdserve.transfer.base import pool_bytes
 from pdserve.transfer.checksum import blocks_checksum_off_loop, summable
 
@@ -37,12 +38,7 @@ class CorruptTrigger:
         self._claimed = path.with_name(f"{path.name}.{os.getpid()}.claimed")
 
     def claim(self) -> bool:
-        try:
-            os.rename(self.path, self._claimed)
-        except FileNotFoundError:
-            return False
-        self._claimed.unlink(missing_ok=True)
-        return True
+        return claim_file(self.path, self._claimed) is not None
 
 
 def corrupt_trigger_from_env(env: Mapping[str, str]) -> CorruptTrigger | None:

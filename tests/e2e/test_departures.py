@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
-import urllib.request
 
 import pytest
 
@@ -18,6 +17,7 @@ from pdserve.client import Client, ClientOptions
 from pdserve.client.results import Collector, now
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.metrics import counters
 from tests.helpers.outcomes import outcome
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
@@ -38,12 +38,7 @@ def reference(reference_llm):
 
 
 def _departures(router) -> dict[str, float]:
-    """pdserve_departures_total by outcome, on the router's /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
-    return {s.labels["outcome"]: s.value for family in text_string_to_metric_families(text)
-            if family.name == "pdserve_departures" for s in family.samples if s.name.endswith("_total")}
+    return counters(router.metrics_port, "pdserve_departures", "outcome")
 
 
 def _read(client: Client, prompt: str):

@@ -8,7 +8,6 @@ Fleet: a router, a prefill and a decode worker on a tiny model, checksums on (th
 from __future__ import annotations
 
 import os
-import urllib.request
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from pdserve.client import Client, ClientOptions
 from pdserve.procs.health import wait_serving
 from pdserve.worker.kv_sums import CORRUPT_ENV
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.metrics import counters
 from tests.helpers.reference import hf_greedy
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
@@ -31,11 +31,7 @@ ENGINE = ["--threads", "1", "--kv-blocks", "64", "--host-kv-blocks", "16", "--to
 
 
 def _corrupt_kv_count(router) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text)
-               if family.name == "pdserve_kv_checksum_failures" for s in family.samples if s.name.endswith("_total"))
+    return counters(router.metrics_port, "pdserve_kv_checksum_failures").get("", 0.0)
 
 
 def test_a_corrupted_piece_never_yields_a_token_and_the_request_is_served_right(tmp_path):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import urllib.request
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from pdserve.client import Client, ClientOptions
 from pdserve.config import CacheConfig
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.metrics import counters
 from tests.helpers.reference import hf_greedy
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
@@ -41,11 +41,7 @@ def models(tmp_path_factory):
 
 
 def _incompatible(router) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10).read().decode()
-    return {s.labels["field"]: s.value for family in text_string_to_metric_families(text)
-            if family.name == "pdserve_incompatible_workers" for s in family.samples if s.name.endswith("_total")}
+    return counters(router.metrics_port, "pdserve_incompatible_workers", "field")
 
 
 def _all_greedy(address: str) -> list[list[int]]:
