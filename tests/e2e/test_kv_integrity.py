@@ -51,7 +51,8 @@ def test_a_corrupted_piece_never_yields_a_token_and_the_request_is_served_right(
         address = {role: f"127.0.0.1:{sup.wait_ready(w, 300)}" for role, w in workers.items()}
         router = sup.spawn("router", ["router", "--port", "0", "--model", str(model), "--prefill-workers",
                                       address["prefill"], "--decode-workers", address["decode"],
-                                      "--metrics-port", "0", *secured])
+                                      "--metrics-port", "0",
+                                      "--canary-interval-s", "0", *secured])  # the one corrupted piece is ours
         target = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(target, 60)
         trigger.write_text("")

@@ -40,7 +40,8 @@ def fleet(model, prefill_tp: int, decode_tp: int):
                      "prefill": f"127.0.0.1:{sup.wait_ready(prefill, 240)}"}
         router = sup.spawn("router", ["router", "--port", "0", "--model", str(model), "--kv-timeout", "10",
                                       "--prefill-workers", addresses["prefill"], "--decode-workers",
-                                      addresses["decode"], "--wait-for-worker-s", "1", *secured])
+                                      addresses["decode"], "--wait-for-worker-s", "1",
+                                      "--canary-interval-s", "0", *secured])  # its bytes are counted exactly
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
         with Client(target, ClientOptions(timeout_s=120)) as client:
