@@ -38,6 +38,26 @@ class PreemptionMode(enum.Enum):
     SWAP = "swap"
 
 
+class ConstraintKind(enum.Enum):
+    """What a structured-output constraint's `spec` holds (pdserve/grammar)."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text: the output is JSON it accepts
+    JSON_OBJECT = "json_object"  # any JSON object (spec empty)
+    REGEX = "regex"  # the whole output matches this regular expression
+    GRAMMAR = "grammar"  # a context-free grammar: Lark syntax, or GBNF (rules written `::=`)
+    CHOICE = "choice"  # the output is exactly one of `choices` (spec empty)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A structured-output constraint: every token sampled keeps the output a prefix of a string
+    the grammar accepts, and the end of sequence comes only where the grammar allows it."""
+
+    kind: ConstraintKind
+    spec: str = ""
+    choices: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Validated sampling settings. `temperature == 0` means greedy.
@@ -61,6 +81,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # tokens of the prompt or the output: positive logits / it, negative * it
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids ascending
     min_tokens: int = 0  # no end of sequence (EOS, stop token ids) before this many tokens
+    constraint: Constraint | None = None  # structured output (pdserve/grammar)
 
     @property
     def greedy(self) -> bool:

@@ -1,5 +1,6 @@
 """Request validation shared by the engine and the router: one set of rules, one message each.
-Pure Python, so the router checks requests without the engine's libraries."""
+No torch, so the router checks requests without the engine's libraries (a structured-output
+constraint is checked by building its grammar, pdserve/grammar, which needs no tokenizer)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.errors import InvalidRequestError
+from pdserve.grammar import check_constraint
 from pdserve.requests import SamplingParams
 
 MAX_LOGPROBS = 20  # the most top logprobs a request may ask for (OpenAI's limit)
@@ -72,6 +74,11 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
         raise InvalidSamplingParams(f"stop_token_ids {bad_ids} are outside the vocabulary [0, {vocab_size})")
     if (message := _logit_bias(params, vocab_size)) is not None:
         raise InvalidSamplingParams(message)
+    if params.constraint is not None:
+        if params.ignore_eos:
+            raise InvalidSamplingParams("ignore_eos cannot go with a structured-output constraint: the output "
+                                        "ends where the constraint is complete")
+        check_constraint(params.constraint)
 
 
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows

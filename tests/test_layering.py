@@ -18,8 +18,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # cache; processes seen from outside; the C kernels and their builder (they import nothing of ours)
     ("pdserve/config.py", "pdserve/errors.py", "pdserve/requests.py", "pdserve/stats.py", "pdserve/kept_file.py",
      "pdserve/procs", "pdserve/native"),
-    # memory and measurement: KV blocks, sampling, the machine's figures, telemetry, request checks
-    ("pdserve/kv", "pdserve/sampling", "pdserve/measurements.py", "pdserve/telemetry", "pdserve/validation.py"),
+    # memory and measurement: KV blocks, sampling, structured output's grammars, the machine's figures,
+    # telemetry
+    ("pdserve/kv", "pdserve/sampling", "pdserve/grammar", "pdserve/measurements.py", "pdserve/telemetry"),
+    # request checks (a constraint's grammar included)
+    ("pdserve/validation.py",),
     # the engine's parts: scheduling, attention, checkpoints read without torch, KV transfer; admission
     # by predicted time to first token and the elastic fleet's planner (policies over numbers, the
     # router's and the simulator's)

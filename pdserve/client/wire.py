@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pdserve.client.types import Chunk, Message, PdserveError, TokenLogprobs, Usage
-from pdserve.requests import SamplingParams
+from pdserve.requests import Constraint, ConstraintKind, SamplingParams
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
 
@@ -52,9 +52,19 @@ def _sampling(settings: Mapping[str, object]) -> pb.SamplingParams:
             getattr(message, name).extend([value] if isinstance(value, str) else value)
         elif name == "logit_bias":  # a mapping (or pairs) of token id -> bias
             message.logit_bias.update({int(t): float(b) for t, b in dict(value).items()})
+        elif name == "constraint":  # a pdserve.requests.Constraint: structured output
+            message.structured_output.CopyFrom(_structured(value))
         else:
             setattr(message, name, value)
     return message
+
+
+def _structured(c: Constraint) -> pb.StructuredOutput:
+    if c.kind is ConstraintKind.JSON_OBJECT:
+        return pb.StructuredOutput(json_object=True)
+    if c.kind is ConstraintKind.CHOICE:
+        return pb.StructuredOutput(choice=pb.Choices(choices=list(c.choices)))
+    return pb.StructuredOutput(**{c.kind.value: c.spec})
 
 
 def chunk_of(response: pb.GenerateResponse) -> Chunk:

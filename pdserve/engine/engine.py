@@ -19,6 +19,7 @@ from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
 from pdserve.engine.start_probes import measure_at_start, with_preemption
 from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
+from pdserve.engine.grammar_masks import GrammarMasks, grammar_backend
 from pdserve.engine.model_runner import ModelRunner, Sampled
 from pdserve.engine.outputs import AbortResult, Detached, RequestOutput, StepResult
 from pdserve.validation import Limits, validate_age, validate_request, validate_resumed
@@ -59,7 +60,8 @@ class Engine:
         self.host_kv = KVCache(shape, config.cache.num_host_blocks, dtype, "cpu",
                                pin_memory=torch.device(config.device).type == "cuda")
         attn = make_attention_backend(config.attention_backend, torch.device(config.device), dtype)
-        self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed)
+        self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed,
+                                  GrammarMasks(lambda: grammar_backend(config.model, self.model_config)))
         self.measured = measure_at_start(config, self.loaded, self.kv, self.host_kv, attn, dtype)
         sched_cfg = with_preemption(config, self.measured)
         self.scheduler = make_scheduler(
@@ -131,9 +133,11 @@ class Engine:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
         validate_request(prompt_token_ids, sampling, self.limits)
         validate_resumed(output_token_ids, sampling, self.limits)
-        return Request(request_id, list(prompt_token_ids), sampling, Priority(priority),
-                       arrival_time=self.clock(), age_s=validate_age(age_s), eos_token_ids=self.eos_token_ids,
-                       output_token_ids=list(output_token_ids))
+        request = Request(request_id, list(prompt_token_ids), sampling, Priority(priority),
+                          arrival_time=self.clock(), age_s=validate_age(age_s), eos_token_ids=self.eos_token_ids,
+                          output_token_ids=list(output_token_ids))
+        self.runner.grammar.admit(request)
+        return request
 
     @property
     def limits(self) -> Limits:

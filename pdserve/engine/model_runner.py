@@ -9,6 +9,7 @@ import torch
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch
 from pdserve.engine.batch_builder import build_forward_batch
+from pdserve.engine.grammar_masks import GrammarMasks
 from pdserve.engine.host_logits import HostLogits
 from pdserve.kv.kv_cache import KVCache
 from pdserve.engine.engine_model import EngineModel
@@ -36,7 +37,8 @@ class StepTimes:
 class ModelRunner:
     """Owns the device KV pool, the host swap pool and the host logits buffer of one worker."""
 
-    def __init__(self, loaded: EngineModel, kv: KVCache, host_kv: KVCache, attn: AttentionBackend, seed: int):
+    def __init__(self, loaded: EngineModel, kv: KVCache, host_kv: KVCache, attn: AttentionBackend, seed: int,
+                 grammar: GrammarMasks):
         self.model = loaded.model
         self.ranks = loaded.ranks  # tensor parallelism: the other ranks repeat every swap
         self.kv = kv
@@ -47,6 +49,7 @@ class ModelRunner:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.swap_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.host_logits = HostLogits(loaded.config.vocab_size, pinned=self.device.type == "cuda")
+        self.grammar = grammar  # structured output: constrained requests' masks
 
     def execute(self, output: SchedulerOutput) -> Sampled:
         """Run the step; return the sampled token of every chunk that samples (and its logprobs
@@ -55,10 +58,13 @@ class ModelRunner:
         if not output.chunks:
             return Sampled()
         batch = build_forward_batch(output.chunks, self.kv.block_size, self.device)
-        logits = self._logits(batch)  # [S, V] float32 on the host, valid until the next step
         sampling = [c for c in output.chunks if c.samples]
+        masks = self.grammar.start([c.request for c in sampling])  # computed while the model runs
+        logits = self._logits(batch)  # [S, V] float32 on the host, valid until the next step
         params = [c.request.sampling for c in sampling]
         chosen_from = adjust_logits(logits, [c.request for c in sampling])  # biases, penalties, min_tokens
+        if masks is not None:
+            chosen_from = self.grammar.apply(chosen_from, masks, logits)
         tokens = self.sampler.sample(chosen_from, params, [len(c.request.output_token_ids) for c in sampling],
                                      self.generator)
         ids = [c.request.request_id for c in sampling]

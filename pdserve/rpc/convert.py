@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
+from pdserve.requests import Constraint, ConstraintKind, FinishReason, Priority, SamplingParams, TokenLogprobs
 from pdserve.v1 import generation_pb2 as pb
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -67,7 +67,31 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         repetition_penalty=float(_opt(msg, "repetition_penalty", d.repetition_penalty)),
         logit_bias=tuple(sorted((int(t), float(b)) for t, b in msg.logit_bias.items())),
         min_tokens=int(_opt(msg, "min_tokens", d.min_tokens)),
+        constraint=constraint_from_pb(msg.structured_output) if msg.HasField("structured_output") else None,
     )
+
+
+def constraint_from_pb(msg: pb.StructuredOutput) -> Constraint:
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        raise WireError("structured_output sets no constraint: set one of json_schema, json_object, regex, "
+                        "grammar or choice")
+    if kind == "json_object":
+        if not msg.json_object:
+            raise WireError("structured_output.json_object must be true when it is the constraint")
+        return Constraint(ConstraintKind.JSON_OBJECT)
+    if kind == "choice":
+        return Constraint(ConstraintKind.CHOICE, choices=tuple(msg.choice.choices))
+    return Constraint(ConstraintKind(kind), getattr(msg, kind))
+
+
+def constraint_to_pb(constraint: Constraint) -> pb.StructuredOutput:
+    kind = constraint.kind
+    if kind is ConstraintKind.JSON_OBJECT:
+        return pb.StructuredOutput(json_object=True)
+    if kind is ConstraintKind.CHOICE:
+        return pb.StructuredOutput(choice=pb.Choices(choices=list(constraint.choices)))
+    return pb.StructuredOutput(**{kind.value: constraint.spec})
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
@@ -84,6 +108,8 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
         msg.presence_penalty, msg.frequency_penalty = params.presence_penalty, params.frequency_penalty
         msg.repetition_penalty, msg.min_tokens = params.repetition_penalty, params.min_tokens
         msg.logit_bias.update(dict(params.logit_bias))
+    if params.constraint is not None:
+        msg.structured_output.CopyFrom(constraint_to_pb(params.constraint))
     return msg
 
 

@@ -69,6 +69,10 @@ class Tokenizer(ABC):
         Raises ChatTemplateError as `render_chat` does.
         """
 
+    def tokenizer_json(self) -> str:
+        """The tokenizer as a `tokenizers` tokenizer.json text (what grammar engines read)."""
+        raise UnsupportedTokenizerError(f"{type(self).__name__} has no tokenizer.json form")
+
     @property
     @abstractmethod
     def vocab_size(self) -> int:

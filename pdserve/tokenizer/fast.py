@@ -37,6 +37,9 @@ class FastTokenizer(Tokenizer):
     def backend(self) -> Backend:
         return self._backend
 
+    def tokenizer_json(self) -> str:
+        return self._backend.to_str()
+
     @property
     def chat_template(self) -> ChatTemplate | None:
         return self._chat_template

@@ -3,7 +3,9 @@
 Sampling defaults are the gRPC API's (max_tokens 256, temperature 1.0, ...), so both doors
 answer a request alike. pdserve's own settings are extra body fields, as vLLM takes them:
 `top_k`, `min_p`, `ignore_eos`, `priority` ("vip", "normal", "batch"), `request_id`,
-`stop_token_ids`, `repetition_penalty`, `min_tokens`. The `x-pdserve-priority` header, set by a gateway, wins over the body's.
+`stop_token_ids`, `repetition_penalty`, `min_tokens`; structured output as OpenAI's `response_format`
+or vLLM's `structured_outputs` and `guided_*` (router/http/structured.py). The `x-pdserve-priority`
+header, set by a gateway, wins over the body's.
 Sizes (messages, token ids, stop strings) are the gateway's to check, as for the gRPC door.
 """
 
@@ -17,12 +19,13 @@ from pdserve.requests import Priority, SamplingParams
 from pdserve.tokenizer import ChatMessage
 from router.asks import Ask, AskSizes, ChatPrompt, Prompt, TextPrompt, TokenPrompt, sizes_of
 from router.http.fields import Body, boolean, integer, integers, number, string, strings, unsupported
+from router.http.structured import constraint_of
 
 PRIORITY_HEADER = "x-pdserve-priority"
 REQUEST_ID_HEADER = "x-request-id"
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 _NOT_IMPLEMENTED = {"tools": [],
-                    "functions": [], "response_format": {"type": "text"}, "best_of": 1, "echo": False,
+                    "functions": [], "best_of": 1, "echo": False,
                     "suffix": "", "tool_choice": "none"}
 
 
@@ -94,7 +97,8 @@ def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | 
         presence_penalty=number(body, "presence_penalty", d.presence_penalty),
         frequency_penalty=number(body, "frequency_penalty", d.frequency_penalty),
         repetition_penalty=number(body, "repetition_penalty", d.repetition_penalty),
-        logit_bias=_logit_bias(body.get("logit_bias")), min_tokens=integer(body, "min_tokens", d.min_tokens))
+        logit_bias=_logit_bias(body.get("logit_bias")), min_tokens=integer(body, "min_tokens", d.min_tokens),
+        constraint=constraint_of(body))
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidRequestError("stream_options must be an object")

@@ -13,7 +13,10 @@ EXPECTED_FIELDS = {
         "max_tokens": 1, "temperature": 2, "top_p": 3, "top_k": 4, "min_p": 5, "seed": 6,
         "stop": 7, "stop_token_ids": 8, "ignore_eos": 9, "logprobs": 10, "presence_penalty": 11,
         "frequency_penalty": 12, "repetition_penalty": 13, "logit_bias": 14, "min_tokens": 15,
+        "structured_output": 16,
     },
+    "StructuredOutput": {"json_schema": 1, "json_object": 2, "regex": 3, "grammar": 4, "choice": 5},
+    "Choices": {"choices": 1},
     "GenerateResponse": {
         "request_id": 1, "token_ids": 2, "text": 3, "finish_reason": 4, "usage": 5, "logprobs": 6,
     },
