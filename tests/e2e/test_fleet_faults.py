@@ -1,20 +1,25 @@
 """The fleet under faults, with separately started workers (1 prefill, 2 decode) and a router:
 Generate racing Abort, one id cancelled and resubmitted, a decode worker killed while it prefills
-a conversation's turn itself, a stalled and a killed decode worker under load. Every stream ends, nothing is lost, and every worker is back to zero active blocks."""
+a conversation's turn itself, a stalled and a killed decode worker under load (plain streams, and
+streams under a JSON schema). Every stream ends, nothing is lost, and every worker is back to
+zero active blocks."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import random
 import signal
 import time
 
+import jsonschema
 import pytest
 
 from pdserve.cli.supervisor import Supervisor
 from pdserve.client import Client, ClientOptions, PdserveError
 from pdserve.procs.health import wait_serving
+from pdserve.requests import Constraint, ConstraintKind
 from pdserve.v1 import worker_pb2 as wpb
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.outcomes import outcome, succeeded
@@ -139,10 +144,10 @@ PROMPTS = [f"Write a short story about a robot named Unit {i}." for i in range(8
 LOAD_TOKENS = 96  # long enough that a decode worker holds several streams at once, however fast it decodes
 
 
-def _run_all(fleet, max_tokens: int, during=None) -> list:
+def _run_all(fleet, max_tokens: int, during=None, sampling=GREEDY) -> list:
     with Client(fleet.target, ClientOptions(timeout_s=300)) as client:
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(outcome, client.generate, p, max_tokens=max_tokens, **GREEDY) for p in PROMPTS]
+            futures = [pool.submit(outcome, client.generate, p, max_tokens=max_tokens, **sampling) for p in PROMPTS]
             if during is not None:
                 during()
             return [f.result() for f in futures]
@@ -208,6 +213,32 @@ def test_a_stalled_decode_worker_is_seen_and_its_streams_resume(fleet):
         os.killpg(victim.process.pid, signal.SIGCONT)
 
     assert _tokens(_run_all(fleet, LOAD_TOKENS, stall)) == baseline
+    assert not any(fleet.wait_idle().values())
+
+
+# Long by construction (forty numbers, each followed by ", " but the last): a stream is mid-way when
+# its decode worker dies, and each ends where the schema does, inside max_tokens.
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 40,
+           "maxItems": 40}
+CONSTRAINED = {"temperature": 0, "constraint": Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(NUMBERS))}
+
+
+def test_constrained_streams_keep_their_grammar_across_a_killed_decode_worker(fleet):
+    """The resumed streams' matchers are rebuilt from the tokens they bring (the prefill worker's
+    first, the dead worker's): every output equals the no-fault run's and validates."""
+    baseline = _tokens(_run_all(fleet, 400, sampling=CONSTRAINED))
+    assert len(baseline) == len(PROMPTS)
+    killed = []
+
+    def kill():
+        killed.append(_decode_worker_holding_two(fleet))
+        os.killpg(fleet.children[killed[0]].process.pid, signal.SIGKILL)
+
+    results = _run_all(fleet, 400, kill, sampling=CONSTRAINED)
+    assert _tokens(results) == baseline
+    for result in results:
+        jsonschema.validate(json.loads(result.text), NUMBERS)
+    fleet.restart(killed[0])
     assert not any(fleet.wait_idle().values())
 
 
