@@ -3,7 +3,7 @@ router/servicer.py, HTTP in router/http/) convert to and from these, and router/
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,6 +31,7 @@ class ChatPrompt:
     """Rendered with the model's chat template; special tokens inside contents are plain text."""
 
     messages: Sequence[ChatMessage]
+    tools: Sequence[Mapping[str, object]] = ()  # functions the model may call, stated by the template
 
 
 Prompt = TextPrompt | TokenPrompt | ChatPrompt

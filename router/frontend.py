@@ -8,7 +8,8 @@ loop: one long prompt does not stall the other streams. Sizes are checked before
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from pdserve.errors import InvalidRequestError
@@ -32,14 +33,16 @@ class Frontend:
         self.inputs.check_text(len(text))
         return await self._off_loop(self.tokenizer.encode, text)
 
-    async def chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    async def chat(self, messages: Sequence[ChatMessage], tools: Sequence[Mapping[str, object]] = ()) -> list[int]:
+        """`tools`: functions the model may call (the template states them)."""
         if not messages:
             raise InvalidRequestError("the chat has no messages")
         for i, m in enumerate(messages):
             if not m.role:
                 raise InvalidRequestError(f"chat message {i} has no role")
-        self.inputs.check_chat([m.role for m in messages], sum(len(m.content) for m in messages))
-        return await self._off_loop(self.tokenizer.apply_chat_template, list(messages))
+        chars = sum(len(m.content) + sum(len(c.name) + len(c.arguments) for c in m.tool_calls) for m in messages)
+        self.inputs.check_chat([m.role for m in messages], chars + (len(json.dumps(list(tools))) if tools else 0))
+        return await self._off_loop(self.tokenizer.apply_chat_template, list(messages), True, tools)
 
     def check(self, prompt: list[int], sampling: SamplingParams) -> None:
         validate_request(prompt, sampling, self.limits)

@@ -159,7 +159,7 @@ class Gateway:
         if isinstance(prompt, TokenPrompt):
             return list(prompt.ids)
         if isinstance(prompt, ChatPrompt):
-            return await self.frontend.chat(prompt.messages)
+            return await self.frontend.chat(prompt.messages, prompt.tools)
         raise InvalidRequestError("no prompt: set one of text, token_ids or messages")
 
     def _refuse_if_taken(self, request_id: str, tenant: Tenant) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pdserve.errors import InvalidRequestError
 from router.asks import AskSizes
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # tool: a function's result (OpenAI's tool messages)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import os
 from pdserve.tokenizer.base import (
     ChatMessage,
     ChatTemplateError,
+    ToolCall,
     Tokenizer,
     UnsupportedTokenizerError,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "IncrementalDetokenizer",
     "StopResult",
     "StopStringMatcher",
+    "ToolCall",
     "Tokenizer",
     "UnsupportedTokenizerError",
     "embedded_gguf_path",

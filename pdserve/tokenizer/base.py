@@ -8,11 +8,26 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call an assistant turn made: `arguments` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One turn of a conversation, as the chat template sees it."""
+    """One turn of a conversation, as the chat template sees it: an assistant turn may carry the
+    function calls it made, a `tool` turn the id of the call whose result it is."""
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+Tools = Sequence[Mapping[str, object]]  # OpenAI's tools: {"type": "function", "function": {name, description, parameters}}
 
 
 MessageLike = ChatMessage | Mapping[str, object]
@@ -44,8 +59,11 @@ class Tokenizer(ABC):
         """Text of `ids`; invalid UTF-8 byte runs come out as U+FFFD."""
 
     @abstractmethod
-    def render_chat(self, messages: Sequence[MessageLike], add_generation_prompt: bool = True) -> str:
-        """The conversation as prompt text, through the model's chat template.
+    def render_chat(self, messages: Sequence[MessageLike], add_generation_prompt: bool = True,
+                    tools: Tools = ()) -> str:
+        """The conversation as prompt text, through the model's chat template; `tools`, the
+        functions the model may call, through the template's own tool section, or where it has
+        none stated in a system message (pdserve/tokenizer/tool_prompt.py).
 
         Raises ChatTemplateError for a malformed message, a template error (including the
         template's own `raise_exception`), or a model without a chat template: there is no
@@ -57,7 +75,7 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def apply_chat_template(
-        self, messages: Sequence[MessageLike], add_generation_prompt: bool = True
+        self, messages: Sequence[MessageLike], add_generation_prompt: bool = True, tools: Tools = ()
     ) -> list[int]:
         """Token ids of the conversation through the chat template.
 

@@ -19,7 +19,7 @@ comes back as typed, even where the template changes the text around it (`| uppe
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -42,8 +42,21 @@ class PromptPart:
 class EscapedChat:
     """Messages ready for the template. `marker` is None when no message held a special string."""
 
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, object], ...]
     marker: str | None
+    tools: tuple[dict[str, object], ...] = ()  # the functions named, escaped alike
+
+
+def _strings(value) -> Iterable[str]:
+    """Every string inside `value` (nested dicts and lists)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
 
 
 def _free_marker(texts: Iterable[str]) -> str:
@@ -63,18 +76,27 @@ class SpecialStrings:
         alternatives = "|".join(re.escape(s) for s in self.strings)
         self._pattern = re.compile(alternatives or "(?!)")
 
-    def escape(self, messages: Sequence[MessageLike], template_source: str) -> EscapedChat:
-        """The messages, validated, with their special-token strings escaped."""
+    def escape(self, messages: Sequence[MessageLike], template_source: str,
+               tools: Sequence[Mapping[str, object]] = ()) -> EscapedChat:
+        """The messages (validated) and the tools, with their special-token strings escaped."""
         dicts = [message_dict(m, i) for i, m in enumerate(messages)]
-        fields = [value for d in dicts for value in d.values()]
+        tool_dicts = [dict(t) for t in tools]
+        fields = list(_strings([dicts, tool_dicts]))
         if not any(self._pattern.search(value) for value in fields):
-            return EscapedChat(tuple(dicts), None)
+            return EscapedChat(tuple(dicts), None, tuple(tool_dicts))
         marker = _free_marker([template_source, *self.strings, *fields])
-        escaped = ({key: self._escape(value, marker) for key, value in d.items()} for d in dicts)
-        return EscapedChat(tuple(escaped), marker)
+        return EscapedChat(tuple(self._escape(d, marker) for d in dicts), marker,
+                           tuple(self._escape(t, marker) for t in tool_dicts))
 
-    def _escape(self, text: str, marker: str) -> str:
-        return self._pattern.sub(lambda m: f"{marker}{self._index[m.group()]}{marker}", text)
+    def _escape(self, value, marker: str):
+        """Every string in `value` (a message's fields, its tool calls' names and arguments) escaped."""
+        if isinstance(value, str):
+            return self._pattern.sub(lambda m: f"{marker}{self._index[m.group()]}{marker}", value)
+        if isinstance(value, dict):
+            return {key: self._escape(item, marker) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self._escape(item, marker) for item in value]
+        return value
 
     def split(self, rendered: str, chat: EscapedChat) -> tuple[PromptPart, ...]:
         """`rendered` (the template's output for `chat.messages`) as parts, escapes restored."""

@@ -2,7 +2,10 @@
 
 The environment follows the conventions model authors write templates for: blocks trimmed,
 `loopcontrols` enabled, `raise_exception(msg)`, `strftime_now(fmt)` and a `tojson` that keeps
-non-ASCII characters. Variables: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+non-ASCII characters. Variables: `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
+and `tools` when the request names functions (each message as transformers passes it: `role`,
+`content`, an assistant's `tool_calls` as [{"id", "type": "function", "function": {"name",
+"arguments": an object}}], a tool turn's `tool_call_id`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pdserve.tokenizer.base import ChatMessage, ChatTemplateError, MessageLike
@@ -44,12 +48,14 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def message_dict(message: MessageLike, index: int) -> dict[str, str]:
+def message_dict(message: MessageLike, index: int) -> dict[str, object]:
     """A message as the template indexes it; ChatTemplateError when role or content is bad."""
     if isinstance(message, ChatMessage):
         role, content = message.role, message.content
+        extra = _tool_fields(message)
     elif isinstance(message, Mapping):
         role, content = message.get("role"), message.get("content")
+        extra = {k: message[k] for k in ("tool_calls", "tool_call_id") if message.get(k) is not None}
     else:
         kind = type(message).__name__
         raise ChatTemplateError(f"message {index}: expected a ChatMessage or a mapping, got {kind}")
@@ -57,7 +63,25 @@ def message_dict(message: MessageLike, index: int) -> dict[str, str]:
         raise ChatTemplateError(f"message {index}: 'role' must be a non-empty string, got {role!r}")
     if not isinstance(content, str):
         raise ChatTemplateError(f"message {index}: 'content' must be a string, got {type(content).__name__}")
-    return {"role": role, "content": content}
+    return {"role": role, "content": content, **extra}
+
+
+def _tool_fields(message: ChatMessage) -> dict[str, object]:
+    extra: dict[str, object] = {}
+    if message.tool_calls:
+        extra["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
+                                "arguments": _arguments(c.arguments)}} for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        extra["tool_call_id"] = message.tool_call_id
+    return extra
+
+
+def _arguments(text: str) -> object:
+    """A call's arguments as templates index them: the object its JSON text holds, else the text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 class ChatTemplate:
@@ -69,6 +93,9 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as exc:
             raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
         self.source = source
+        # Whether the template has a tool section of its own (reads `tools`); without one, tools are
+        # stated in a system message (pdserve/tokenizer/tool_prompt.py).
+        self.handles_tools = "tools" in jinja2.meta.find_undeclared_variables(_environment().parse(source))
 
     def render(
         self,
@@ -76,6 +103,7 @@ class ChatTemplate:
         add_generation_prompt: bool,
         bos_token: str,
         eos_token: str,
+        tools: Sequence[Mapping[str, object]] = (),
     ) -> str:
         """The conversation as prompt text. Raises ChatTemplateError on any failure."""
         if not messages:
@@ -87,6 +115,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=bos_token,
                 eos_token=eos_token,
+                **({"tools": [dict(t) for t in tools]} if tools else {}),
             )
         except _TemplateRaised as exc:
             raise ChatTemplateError(f"chat template rejected the conversation: {exc}") from exc

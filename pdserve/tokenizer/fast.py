@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer as Backend
 
-from pdserve.tokenizer.base import ChatTemplateError, MessageLike, Tokenizer
+from pdserve.tokenizer.base import ChatTemplateError, MessageLike, Tokenizer, Tools
 from pdserve.tokenizer.chat_specials import SpecialStrings
 from pdserve.tokenizer.chat_template import ChatTemplate
 from pdserve.tokenizer.parts_encoder import PartsEncoder
+from pdserve.tokenizer.tool_prompt import plain_messages
 
 
 @dataclass(frozen=True)
@@ -50,23 +51,33 @@ class FastTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: Sequence[MessageLike], add_generation_prompt: bool = True) -> str:
-        if self._chat_template is None:
-            raise ChatTemplateError("this model has no chat template: send a plain-text prompt instead")
-        return self._chat_template.render(
+    def render_chat(self, messages: Sequence[MessageLike], add_generation_prompt: bool = True,
+                    tools: Tools = ()) -> str:
+        template = self._template()
+        if not template.handles_tools:
+            messages, tools = plain_messages(messages, tools), ()
+        return template.render(
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self._token_text(self.bos_token_id),
             eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None),
+            tools=tools,
         )
 
     def apply_chat_template(
-        self, messages: Sequence[MessageLike], add_generation_prompt: bool = True
+        self, messages: Sequence[MessageLike], add_generation_prompt: bool = True, tools: Tools = ()
     ) -> list[int]:
-        source = self._chat_template.source if self._chat_template else ""
-        chat = self._special_strings.escape(messages, source)
-        rendered = self.render_chat(chat.messages, add_generation_prompt)
+        template = self._template()
+        if not template.handles_tools:
+            messages, tools = plain_messages(messages, tools), ()
+        chat = self._special_strings.escape(messages, template.source, tools)
+        rendered = self.render_chat(chat.messages, add_generation_prompt, chat.tools)
         return self._parts_encoder.encode(self._special_strings.split(rendered, chat))
+
+    def _template(self) -> ChatTemplate:
+        if self._chat_template is None:
+            raise ChatTemplateError("this model has no chat template: send a plain-text prompt instead")
+        return self._chat_template
 
     def _token_text(self, token_id: int | None) -> str:
         if token_id is None:

@@ -81,7 +81,8 @@ class HttpApi:
         except Exception as exc:
             return error_response(exc)
         openai = source.parsed()
-        reply = Reply(generation.request_id, openai.model, openai.chat, self.token_text, openai.logprobs)
+        reply = Reply(generation.request_id, openai.model, openai.chat, self.token_text, openai.logprobs,
+                      tools=openai.tools.names if openai.tools else None)
         if openai.stream:
             return await self._stream(request, generation, reply, openai.include_usage)
         try:

@@ -4,7 +4,9 @@ Sampling defaults are the gRPC API's (max_tokens 256, temperature 1.0, ...), so 
 answer a request alike. pdserve's own settings are extra body fields, as vLLM takes them:
 `top_k`, `min_p`, `ignore_eos`, `priority` ("vip", "normal", "batch"), `request_id`,
 `stop_token_ids`, `repetition_penalty`, `min_tokens`; structured output as OpenAI's `response_format`
-or vLLM's `structured_outputs` and `guided_*` (router/http/structured.py). The `x-pdserve-priority`
+or vLLM's `structured_outputs` and `guided_*` (router/http/structured.py); a chat's `tools`,
+`tool_choice` and `parallel_tool_calls`, and its messages' tool calls and results
+(router/http/tools.py). The `x-pdserve-priority`
 header, set by a gateway, wins over the body's.
 Sizes (messages, token ids, stop strings) are the gateway's to check, as for the gRPC door.
 """
@@ -15,18 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdserve.errors import InvalidRequestError
-from pdserve.requests import Priority, SamplingParams
+from pdserve.requests import Constraint, Priority, SamplingParams
 from pdserve.tokenizer import ChatMessage
 from router.asks import Ask, AskSizes, ChatPrompt, Prompt, TextPrompt, TokenPrompt, sizes_of
 from router.http.fields import Body, boolean, integer, integers, number, string, strings, unsupported
 from router.http.structured import constraint_of
+from router.http.tools import ToolUse, tool_message, tool_use
 
 PRIORITY_HEADER = "x-pdserve-priority"
 REQUEST_ID_HEADER = "x-request-id"
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
-_NOT_IMPLEMENTED = {"tools": [],
-                    "functions": [], "best_of": 1, "echo": False,
-                    "suffix": "", "tool_choice": "none"}
+_NOT_IMPLEMENTED = {"functions": [], "best_of": 1, "echo": False, "suffix": ""}
+_NOT_FOR_COMPLETIONS = {"tools": [], "tool_choice": "none"}  # tools are a chat's
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class OpenAIRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     logprobs: bool = False
+    tools: ToolUse | None = None  # the functions the model may call (chat), router/http/tools.py
 
 
 class ParsedAsk:
@@ -68,21 +71,26 @@ def chat_request(body: Body, headers, model: str) -> OpenAIRequest:
     if top is not None and not logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true")
     max_tokens = integer(body, "max_completion_tokens", integer(body, "max_tokens", None))
-    prompt = ChatPrompt([_message(i, m) for i, m in enumerate(messages)])
-    return _request(body, headers, model, prompt, max_tokens, (top or 0) if logprobs else None, chat=True)
+    tools = tool_use(body)
+    prompt = ChatPrompt([_message(i, m) for i, m in enumerate(messages)], tools.tools if tools else ())
+    return _request(body, headers, model, prompt, max_tokens, (top or 0) if logprobs else None, chat=True,
+                    tools=tools)
 
 
 def completion_request(body: Body, headers, model: str) -> OpenAIRequest:
+    if isinstance(body, dict):
+        unsupported(body, _NOT_FOR_COMPLETIONS)
     logprobs = integer(body, "logprobs", None)
     return _request(body, headers, model, _completion_prompt(body.get("prompt")),
                     integer(body, "max_tokens", None), logprobs, chat=False)
 
 
 def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | None,
-             logprobs: int | None, chat: bool) -> OpenAIRequest:
+             logprobs: int | None, chat: bool, tools: ToolUse | None = None) -> OpenAIRequest:
     if not isinstance(body, dict):
         raise InvalidRequestError("the body must be a JSON object")
     unsupported(body, _NOT_IMPLEMENTED)
+    constraint = _one_constraint(constraint_of(body), tools.constraint if tools else None)
     if integer(body, "n", 1) != 1:
         raise InvalidRequestError("n must be 1: one choice per request")
     stop = strings(body, "stop")
@@ -98,14 +106,21 @@ def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | 
         frequency_penalty=number(body, "frequency_penalty", d.frequency_penalty),
         repetition_penalty=number(body, "repetition_penalty", d.repetition_penalty),
         logit_bias=_logit_bias(body.get("logit_bias")), min_tokens=integer(body, "min_tokens", d.min_tokens),
-        constraint=constraint_of(body))
+        constraint=constraint)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidRequestError("stream_options must be an object")
     return OpenAIRequest(
         Ask(prompt, sampling, _priority(body, headers), _request_id(body, headers)), chat,
         string(body, "model", model) or model, boolean(body, "stream", False),
-        boolean(options, "include_usage", False), logprobs is not None)
+        boolean(options, "include_usage", False), logprobs is not None, tools)
+
+
+def _one_constraint(asked: Constraint | None, calls: Constraint | None) -> Constraint | None:
+    if asked is not None and calls is not None:
+        raise InvalidRequestError("tool_choice required or named constrains the output to calls: "
+                                  "it cannot go with response_format or structured_outputs")
+    return asked or calls
 
 
 def _logit_bias(value) -> tuple[tuple[int, float], ...]:
@@ -130,7 +145,7 @@ def _message(index: int, message) -> ChatMessage:
     role = message.get("role")
     if not isinstance(role, str):
         raise InvalidRequestError(f"messages[{index}].role must be a string")
-    return ChatMessage(ROLE_ALIASES.get(role, role), _content(index, message.get("content")))
+    return tool_message(index, ROLE_ALIASES.get(role, role), _content(index, message.get("content")), message)
 
 
 def _content(index: int, content) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pdserve.requests import FinishReason
 from router.asks import Output, Usage
+from router.http.tool_calls import Call, Parsed, StreamedCalls, parse
 
 TokenText = Callable[[int], str]
 FLOOR = -9999.0  # OpenAI's stand-in for a log-probability of -inf (JSON has no infinities)
@@ -40,6 +41,12 @@ class Reply:
     offset: int = 0  # characters of text so far (completions' text_offset)
     finish: str | None = None
     usage: Usage | None = None
+    tools: frozenset[str] | None = None  # the functions the model may call: its calls are read off its text
+    _calls: StreamedCalls | None = None
+
+    def __post_init__(self) -> None:
+        if self.tools:
+            self._calls = StreamedCalls(self.tools)
 
     @property
     def id(self) -> str:
@@ -50,8 +57,12 @@ class Reply:
         self._take(output)
         choice: dict = {"index": 0, "finish_reason": self.finish, "logprobs": self._logprobs(output.logprobs)}
         if self.chat:
-            delta = {"role": "assistant", "content": output.text} if first else {"content": output.text}
-            choice["delta"] = delta if output.text or first else {}
+            text, calls = self._streamed(output)
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            if calls:
+                delta["tool_calls"] = [c.json(i) for i, c in enumerate(calls)]
+                choice["finish_reason"] = self._finish_with(calls)
+            choice["delta"] = delta if text or calls or first else {}
         else:
             choice["text"] = output.text
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
@@ -70,12 +81,30 @@ class Reply:
         logprobs = self._logprobs(tuple(self.entries), offset=0)
         choice: dict = {"index": 0, "finish_reason": self.finish, "logprobs": logprobs}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            parsed = parse(text, self.tools) if self.tools else Parsed(text, ())
+            choice["message"] = {"role": "assistant", "content": parsed.content}
+            if parsed.calls:
+                choice["message"]["tool_calls"] = [c.json() for c in parsed.calls]
+                choice["finish_reason"] = self._finish_with(parsed.calls)
         else:
             choice["text"] = text
         body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
         body["usage"] = usage_json(self.usage) if self.usage else None
         return body
+
+    def _streamed(self, output: Output) -> tuple[str, tuple[Call, ...]]:
+        """The text to send now and, at the end, the calls (text that may begin a call held)."""
+        if self._calls is None:
+            return output.text, ()
+        text = self._calls.feed(output.text)
+        if output.finish is None:
+            return text, ()
+        parsed = self._calls.finish()
+        return text + (parsed.content or ""), parsed.calls
+
+    def _finish_with(self, calls: tuple[Call, ...]) -> str | None:
+        """OpenAI's reason for an answer that made calls: tool_calls, unless it was cut short."""
+        return "tool_calls" if calls and self.finish == "stop" else self.finish
 
     def _take(self, output: Output) -> None:
         self.text.append(output.text)

@@ -63,3 +63,18 @@ def client(service):
     """pdserve.client on the service's router, each call with a deadline of CALL_TIMEOUT_S."""
     with Client(service["target"], ClientOptions(timeout_s=CALL_TIMEOUT_S)) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def sdk(service):
+    """The official openai client on the service's HTTP door."""
+    import openai
+
+    with openai.OpenAI(base_url=f"{service['http']}/v1", api_key="unused", max_retries=0, timeout=300) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def model(sdk) -> str:
+    """The name the service serves its model by."""
+    return sdk.models.list().data[0].id

@@ -32,17 +32,6 @@ ASK = [{"role": "user", "content": "Give me a simple recipe."}]
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "recipe", "schema": RECIPE, "strict": True}}
 
 
-@pytest.fixture(scope="module")
-def sdk(service):
-    with openai.OpenAI(base_url=f"{service['http']}/v1", api_key="unused", max_retries=0, timeout=300) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(sdk) -> str:
-    return sdk.models.list().data[0].id
-
-
 def _recipe(text: str) -> dict:
     value = json.loads(text)
     jsonschema.validate(value, RECIPE)

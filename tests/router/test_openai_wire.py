@@ -62,7 +62,7 @@ def test_a_completion_prompt_is_text_or_token_ids(prompt, kind):
     ({"n": 3}, "n must be 1"),
     ({"stop": [1]}, "stop must be a string"),
     ({"top_logprobs": 2}, "needs logprobs"),
-    ({"tools": [{"type": "function"}]}, "tools is not supported"),
+    ({"tools": [{"type": "function"}]}, r"tools\[0\] must be"),
     ({"priority": "gold"}, "priority"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
     ({"messages": "hi"}, "messages must be a non-empty list"),
