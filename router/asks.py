@@ -37,12 +37,43 @@ class ChatPrompt:
 Prompt = TextPrompt | TokenPrompt | ChatPrompt
 
 
+MAX_SAMPLES = 16
+
+
+@dataclass(frozen=True)
+class SampleCount:
+    """How many samples to draw and to return (a door checks it with `check_count`)."""
+
+    n: int = 1
+    best_of: int | None = None  # draw this many, return the n best (None: n)
+
+    @property
+    def drawn(self) -> int:
+        return self.best_of or self.n
+
+    @property
+    def ranked(self) -> bool:
+        return self.drawn > self.n
+
+
+def check_count(count: SampleCount, stream: bool) -> str | None:
+    """Why `count` cannot be served (None when it can)."""
+    if not 1 <= count.n <= MAX_SAMPLES:
+        return f"n must be in [1, {MAX_SAMPLES}], got {count.n}"
+    if count.best_of is not None and not count.n <= count.best_of <= MAX_SAMPLES:
+        return f"best_of must be in [n={count.n}, {MAX_SAMPLES}], got {count.best_of}"
+    if stream and count.ranked:
+        return "best_of greater than n cannot be streamed: the best are known only at the end"
+    return None
+
+
 @dataclass(frozen=True)
 class Ask:
     prompt: Prompt
     sampling: SamplingParams = field(default_factory=SamplingParams)
     priority: Priority = Priority.NORMAL
     request_id: str = ""  # empty: the gateway makes one
+    count: SampleCount = field(default_factory=SampleCount)  # n samples (best_of drawn), router/samples.py
 
 
 @dataclass(frozen=True)
@@ -89,3 +120,4 @@ class Output:
     text: str
     logprobs: tuple[TokenLogprobs, ...] = ()
     finish: Finish | None = None
+    index: int = 0  # which sample (choice) of the request, for n > 1

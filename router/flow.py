@@ -148,11 +148,18 @@ class RequestFlow:
     async def _admitted(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent | _Admitted]:
         """Placement judged by admission: deferred (BATCH) until admitted, refused with a status,
         or admitted: ends with _Admitted (the decode worker and the plan). A pinned job (a canary)
-        goes to its pair as it is, or fails at once when that pair is not usable."""
+        goes to its pair as it is, or fails at once when that pair is not usable; a later sample of
+        n goes to its first sample's decode worker while that is usable, prefilled there."""
         if job.pin is not None:
             decode, prefill = self.placer.pinned(job.pin)
             yield _Admitted(decode, Plan(LocalPrefillDecision(False, "pinned"), prefill,
                                          Admission(Verdict.ADMIT, "pinned", None)))
+            return
+        beside = self.placer.beside(job.beside) if job.beside is not None and not state.faults else None
+        if beside is not None:  # a sample of n: its prompt's KV is on that worker already
+            state.local_prefill = True
+            yield _Admitted(beside, Plan(LocalPrefillDecision(True, "sample"), None,
+                                         Admission(Verdict.ADMIT, "sample", None)))
             return
         deferred_at: float | None = None
         while True:

@@ -30,6 +30,9 @@ class Job:
     tenant: str = "anonymous"
     accepted: float = field(default_factory=time.monotonic)  # when the router took it (time.monotonic())
     pin: tuple[str, str] | None = None  # (prefill, decode): a canary runs on this pair alone, once
+    # A sample of n (router/samples.py) after the first: its first attempt runs on this decode
+    # worker, which prefills it from its prefix cache (the first sample's KV); a retry is placed anew.
+    beside: str | None = None
 
     @property
     def pinned(self) -> bool:

@@ -20,21 +20,23 @@ its blocks on every worker.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.text_stream import TextStream
 from pdserve.requests import FinishReason
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import Unauthenticated, status_of
-from router.asks import Ask, AskSource, ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
+from router.asks import Ask, AskSource, ChatPrompt, Finish, Output, SampleCount, TextPrompt, TokenPrompt, Usage
 from router.flow import RequestFlow
 from router.flow_types import Done, Job, NewTokens
 from router.frontend import Frontend
 from router.limits import InputLimits
+from router.samples import Samples, best
 from router.telemetry import RequestTrace
 from router.tenants import ANONYMOUS, Tenant, Tenants, open_tenants
 from router.tombstones import AbortOutcome, RecentIds, TombstoneConfig
@@ -46,10 +48,13 @@ TraceFactory = Callable[[Metadata], RequestTrace]
 
 @dataclass
 class Generation:
-    """An admitted request: stream it once."""
+    """An admitted request: stream it once. `count`: its samples (router/samples.py); `logprobs`:
+    whether the caller asked for them (best_of asks for them on its own account)."""
 
     job: Job
     trace: RequestTrace
+    count: SampleCount = field(default_factory=SampleCount)
+    logprobs: bool = True
 
     @property
     def request_id(self) -> str:
@@ -81,11 +86,15 @@ class Gateway:
         try:
             tenant = self._caller(metadata)
             self.inputs.check(source.sizes())
-            job = await self._job(tenant, source.ask(), trace, remaining_s)
+            ask = source.ask()
+            job = await self._job(tenant, ask, trace, remaining_s)
         except Exception as exc:
             trace.fail(exc, status_of(exc).name)
             raise
-        return Generation(job, trace)
+        if ask.count.ranked and job.sampling.logprobs is None:  # ranked by their tokens' log-probabilities
+            return Generation(dataclasses.replace(job, sampling=dataclasses.replace(job.sampling, logprobs=0)),
+                              trace, ask.count, logprobs=False)
+        return Generation(job, trace, ask.count)
 
     async def stream(self, generation: Generation) -> AsyncIterator[Output]:
         """The request's outputs until it ends; closing this early (or cancelling the task
@@ -97,12 +106,19 @@ class Gateway:
             yield _last(job, Done(FinishReason.ABORT, 0, 0), 0)
             return
         events: asyncio.Queue = asyncio.Queue()
-        task = asyncio.ensure_future(_pump(self.flow, job, events))
+        samples = None
+        if generation.count.drawn == 1:
+            task = asyncio.ensure_future(_pump(self.flow, job, events))
+        else:
+            samples = Samples(self.flow, job, generation.count, lambda i, e: events.put_nowait((i, e)))
+            task = asyncio.ensure_future(samples.run())
         task.add_done_callback(lambda t: t.cancelled() and events.put_nowait(asyncio.CancelledError()))
         mine = _Active(task, asyncio.current_task(), job.tenant)
         self.active[job.request_id] = mine
         try:
-            async for output in self._outputs(job, events, trace):
+            outputs = (self._outputs(job, events, trace) if samples is None
+                       else self._sample_outputs(generation, samples, events))
+            async for output in outputs:
                 yield output
         except BaseException as exc:
             trace.fail(exc, status_of(exc).name if isinstance(exc, Exception) else "CANCELLED")
@@ -198,14 +214,78 @@ class Gateway:
                 return
 
 
+    async def _sample_outputs(self, generation: Generation, samples: Samples,
+                              events: asyncio.Queue) -> AsyncIterator[Output]:
+        """Every sample's outputs, each tagged with its index, as they come (ranked: the n best
+        samples' whole outputs once all ended, indexed in their order)."""
+        job, trace, count = generation.job, generation.trace, generation.count
+        texts = {i: TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop) for i in range(count.drawn)}
+        completion = dict.fromkeys(range(count.drawn), 0)
+        kept: dict[int, list[Output]] = {i: [] for i in range(count.drawn)}
+        while kept.keys() - _ended(kept):
+            item = await events.get()
+            if isinstance(item, BaseException):  # the whole run was cancelled (an Abort)
+                for i in sorted(kept.keys() - _ended(kept)):
+                    kept[i].append(_last(job, Done(FinishReason.ABORT, 0, 0), completion[i], index=i))
+                    if not count.ranked:
+                        yield kept[i][-1]
+                break
+            index, event = item
+            if index in _ended(kept) or event is None:
+                continue
+            if isinstance(event, BaseException):
+                if not isinstance(event, asyncio.CancelledError):
+                    raise event
+                event = Done(FinishReason.ABORT, 0, 0)
+            if index == 0:
+                trace.on_event(event)
+            output = self._sample_output(job, index, event, texts[index], completion, samples)
+            if output is not None:
+                kept[index].append(output)
+                if not count.ranked:
+                    yield _without_logprobs(output, generation.logprobs)
+        trace.finish(kept[0][-1].finish.reason, sum(completion.values()))
+        if count.ranked:
+            for rank, i in enumerate(best({i: _logprob(o) for i, o in kept.items()}, count.n)):
+                for output in kept[i]:
+                    yield _without_logprobs(dataclasses.replace(output, index=rank), generation.logprobs)
+
+    def _sample_output(self, job: Job, index: int, event, text: TextStream, completion: dict[int, int],
+                       samples: Samples) -> Output | None:
+        """One sample's event as its output (None: nothing for the caller); a stop string ends it."""
+        if isinstance(event, NewTokens):
+            completion[index] += len(event.token_ids)
+            delta = text.push(event.token_ids)
+            if delta.stopped:
+                samples.stop(index)
+                return _last(job, Done(FinishReason.STOP, 0, 0), completion[index], event.token_ids, delta.text,
+                             tuple(event.logprobs), index)
+            return Output(tuple(event.token_ids), delta.text, tuple(event.logprobs), index=index)
+        if isinstance(event, Done):
+            return _last(job, event, completion[index], text=text.finish(), index=index)
+        return None
+
+
+def _ended(kept: dict[int, list[Output]]) -> set[int]:
+    return {i for i, outputs in kept.items() if outputs and outputs[-1].finish is not None}
+
+
+def _logprob(outputs: list[Output]) -> float:
+    return sum(entry.logprob for output in outputs for entry in output.logprobs)
+
+
+def _without_logprobs(output: Output, asked: bool) -> Output:
+    return output if asked or not output.logprobs else dataclasses.replace(output, logprobs=())
+
+
 def _last(job: Job, done: Done, completion: int, ids: Sequence[int] = (), text: str = "",
-          logprobs: tuple = ()) -> Output:
+          logprobs: tuple = (), index: int = 0) -> Output:
     by_mode = done.preemptions_by_mode or {}
     usage = Usage(prompt_tokens=len(job.prompt), completion_tokens=completion, cached_tokens=done.cached_tokens,
                   preemptions=done.preemptions, recompute_preemptions=by_mode.get("recompute", 0),
                   swap_preemptions=by_mode.get("swap", 0), kv_transfer_bytes=done.kv_bytes,
                   decode_cached_tokens=done.decode_cached_tokens, local_prefill=done.local_prefill)
-    return Output(tuple(ids), text, logprobs, Finish(done.reason, usage))
+    return Output(tuple(ids), text, logprobs, Finish(done.reason, usage), index)
 
 
 @dataclass(frozen=True)

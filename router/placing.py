@@ -56,6 +56,10 @@ class Placer:
             raise Unavailable(f"the pair {prefill_address} -> {decode_address} is not usable now")
         return decode, prefill
 
+    def beside(self, address: str) -> Worker | None:
+        """The decode worker at `address` while it is usable (a sample placed beside its first)."""
+        return next((w for w in self.pool.of_role("decode") if w.address == address), None)
+
     async def local_prefill(self, job: Job, state: FlowState, decode: Worker, cached: int) -> LocalPrefillDecision:
         """Colocated, or the policy's call over the prompt and the tokens out so far; a remote
         prefill first waits for a usable prefill worker (no decode blocks are reserved while none

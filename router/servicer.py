@@ -7,7 +7,8 @@ from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.tokenizer import ChatMessage
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
-from router.asks import Ask, AskSizes, ChatPrompt, Output, Prompt, TextPrompt, TokenPrompt
+from router.asks import (Ask, AskSizes, ChatPrompt, Output, Prompt, SampleCount, TextPrompt, TokenPrompt,
+                         check_count)
 from router.gateway import Gateway
 from router.tombstones import AbortOutcome
 
@@ -44,7 +45,10 @@ class WireAsk:
 
     def ask(self) -> Ask:
         r = self.request
-        return Ask(_prompt(r), sampling_from_pb(r.sampling), priority_from_pb(r.priority), r.request_id)
+        count = SampleCount(r.n if r.HasField("n") else 1, r.best_of if r.HasField("best_of") else None)
+        if (message := check_count(count, stream=False)) is not None:  # best_of: sent once all ended
+            raise InvalidRequestError(message)
+        return Ask(_prompt(r), sampling_from_pb(r.sampling), priority_from_pb(r.priority), r.request_id, count)
 
 
 def _prompt(request: pb.GenerateRequest) -> Prompt:
@@ -59,7 +63,8 @@ def _prompt(request: pb.GenerateRequest) -> Prompt:
 
 
 def response_to_pb(request_id: str, output: Output) -> pb.GenerateResponse:
-    response = pb.GenerateResponse(request_id=request_id, token_ids=list(output.token_ids), text=output.text)
+    response = pb.GenerateResponse(request_id=request_id, token_ids=list(output.token_ids), text=output.text,
+                                   index=output.index)
     for entry in output.logprobs:
         response.logprobs.add(token_id=entry.token_id, logprob=entry.logprob,
                               top=[pb.TopLogprob(token_id=t, logprob=lp) for t, lp in entry.top])

@@ -45,6 +45,13 @@ class Stream(Iterator[Chunk]):
             collector.add(chunk, now())
         return collector.completion
 
+    def collect_samples(self) -> list[Completion]:
+        """Reads the stream to its end: one Completion per sample (a request's `n`), by index."""
+        started, samples = now(), {}
+        for chunk in self:
+            samples.setdefault(chunk.index, Collector(started)).add(chunk, now())
+        return [samples[i].completion for i in sorted(samples)]
+
     def __enter__(self) -> Stream:
         return self
 
@@ -84,6 +91,13 @@ class AsyncStream(AsyncIterator[Chunk]):
         async for chunk in self:
             collector.add(chunk, now())
         return collector.completion
+
+    async def collect_samples(self) -> list[Completion]:
+        """Reads the stream to its end: one Completion per sample (a request's `n`), by index."""
+        started, samples = now(), {}
+        async for chunk in self:
+            samples.setdefault(chunk.index, Collector(started)).add(chunk, now())
+        return [samples[i].completion for i in sorted(samples)]
 
     async def __aenter__(self) -> AsyncStream:
         return self

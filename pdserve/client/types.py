@@ -21,6 +21,7 @@ class Chunk:
     logprobs: tuple[TokenLogprobs, ...] = ()
     finish_reason: str | None = None
     usage: Usage | None = None
+    index: int = 0  # which sample of the request (n > 1: each ends with its own finish_reason)
 
 
 @dataclass

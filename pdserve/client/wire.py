@@ -21,13 +21,16 @@ _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.
 def request_of(prompt: str | None, messages: Sequence[Message | Mapping] | None, token_ids: Sequence[int] | None,
                priority: str | None, request_id: str | None, sampling: Mapping[str, object]) -> pb.GenerateRequest:
     """Exactly one of prompt (raw text), messages (chat) or token_ids; sampling: SamplingParams'
-    field names (max_tokens, temperature, ...), unset ones take the server's defaults."""
+    field names (max_tokens, temperature, ...), unset ones take the server's defaults, and `n`,
+    `best_of` (samples: each chunk names its `index`)."""
     if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
         raise ValueError("give exactly one of prompt, messages or token_ids")
+    sampling = dict(sampling)
+    counts = {k: sampling.pop(k) for k in ("n", "best_of") if sampling.get(k) is not None}  # samples, not settings
     unknown = set(sampling) - SAMPLING_FIELDS
     if unknown:
         raise TypeError(f"unknown sampling settings: {', '.join(sorted(unknown))}")
-    request = pb.GenerateRequest(sampling=_sampling(sampling), request_id=request_id or "")
+    request = pb.GenerateRequest(sampling=_sampling(sampling), request_id=request_id or "", **counts)
     if priority is not None:
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
@@ -71,12 +74,12 @@ def chunk_of(response: pb.GenerateResponse) -> Chunk:
     logprobs = tuple(TokenLogprobs(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top))
                      for e in response.logprobs)
     if not response.finish_reason:
-        return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs)
+        return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs, index=response.index)
     u = response.usage
     usage = Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.preemptions, u.recompute_preemptions,
                   u.swap_preemptions, u.kv_transfer_bytes, u.decode_cached_tokens, u.local_prefill)
     return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs,
-                 _FINISH.get(response.finish_reason, "unknown"), usage)
+                 _FINISH.get(response.finish_reason, "unknown"), usage, response.index)
 
 
 RETRY_PUSHBACK = "grpc-retry-pushback-ms"  # the server's hint of when to try again (gRFC A6)

@@ -105,13 +105,10 @@ class HttpApi:
                 return error_response(exc)
             async with sse_response(request, allow_all_methods=True) as events:  # POST, as OpenAI streams
                 try:
-                    first = True
                     if first_output is not None:
-                        await events.send(json.dumps(reply.chunk(first_output, first)))
-                        first = False
+                        await events.send(json.dumps(reply.chunk(first_output)))
                     async for output in outputs:
-                        await events.send(json.dumps(reply.chunk(output, first)))
-                        first = False
+                        await events.send(json.dumps(reply.chunk(output)))
                     if include_usage:
                         await events.send(json.dumps(reply.usage_chunk()))
                 except Exception as exc:  # the headers are out: the error is the stream's last event

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pdserve.errors import InvalidRequestError
 from pdserve.requests import Constraint, Priority, SamplingParams
 from pdserve.tokenizer import ChatMessage
-from router.asks import Ask, AskSizes, ChatPrompt, Prompt, TextPrompt, TokenPrompt, sizes_of
+from router.asks import (Ask, AskSizes, ChatPrompt, Prompt, SampleCount, TextPrompt, TokenPrompt, check_count,
+                         sizes_of)
 from router.http.fields import Body, boolean, integer, integers, number, string, strings, unsupported
 from router.http.structured import constraint_of
 from router.http.tools import ToolUse, tool_message, tool_use
@@ -27,7 +28,7 @@ from router.http.tools import ToolUse, tool_message, tool_use
 PRIORITY_HEADER = "x-pdserve-priority"
 REQUEST_ID_HEADER = "x-request-id"
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
-_NOT_IMPLEMENTED = {"functions": [], "best_of": 1, "echo": False, "suffix": ""}
+_NOT_IMPLEMENTED = {"functions": [], "echo": False, "suffix": ""}
 _NOT_FOR_COMPLETIONS = {"tools": [], "tool_choice": "none"}  # tools are a chat's
 
 
@@ -91,8 +92,9 @@ def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | 
         raise InvalidRequestError("the body must be a JSON object")
     unsupported(body, _NOT_IMPLEMENTED)
     constraint = _one_constraint(constraint_of(body), tools.constraint if tools else None)
-    if integer(body, "n", 1) != 1:
-        raise InvalidRequestError("n must be 1: one choice per request")
+    count = SampleCount(integer(body, "n", 1), integer(body, "best_of", None))
+    if (message := check_count(count, boolean(body, "stream", False))) is not None:
+        raise InvalidRequestError(message)
     stop = strings(body, "stop")
     stop_ids = integers(body, "stop_token_ids")
     d = SamplingParams()
@@ -111,7 +113,7 @@ def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | 
     if not isinstance(options, dict):
         raise InvalidRequestError("stream_options must be an object")
     return OpenAIRequest(
-        Ask(prompt, sampling, _priority(body, headers), _request_id(body, headers)), chat,
+        Ask(prompt, sampling, _priority(body, headers), _request_id(body, headers), count), chat,
         string(body, "model", model) or model, boolean(body, "stream", False),
         boolean(options, "include_usage", False), logprobs is not None, tools)
 

@@ -7,6 +7,7 @@ pdserve/sampling/logprobs.py); tokens are shown as their decoded text.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,23 @@ def usage_json(usage: Usage) -> dict:
 
 
 @dataclass
+class _Choice:
+    """One sample's answer so far."""
+
+    index: int
+    text: list[str] = field(default_factory=list)
+    entries: list = field(default_factory=list)  # TokenLogprobs of every token so far
+    offset: int = 0  # characters of text so far (completions' text_offset)
+    finish: str | None = None
+    usage: Usage | None = None
+    calls: StreamedCalls | None = None  # its calls, read off its text (tools)
+    said_role: bool = False  # a chat stream's first chunk of this choice says the role
+
+
+@dataclass
 class Reply:
-    """One request's answer in OpenAI's shape; feed it the gateway's outputs in order."""
+    """One request's answer in OpenAI's shape, one choice per sample (`Output.index`); feed it
+    the gateway's outputs in order."""
 
     request_id: str
     model: str
@@ -36,33 +52,25 @@ class Reply:
     token_text: TokenText
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
-    text: list[str] = field(default_factory=list)
-    entries: list = field(default_factory=list)  # TokenLogprobs of every token so far
-    offset: int = 0  # characters of text so far (completions' text_offset)
-    finish: str | None = None
-    usage: Usage | None = None
     tools: frozenset[str] | None = None  # the functions the model may call: its calls are read off its text
-    _calls: StreamedCalls | None = None
-
-    def __post_init__(self) -> None:
-        if self.tools:
-            self._calls = StreamedCalls(self.tools)
+    choices: dict[int, _Choice] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
         return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.request_id}"
 
-    def chunk(self, output: Output, first: bool) -> dict:
-        """The streamed chunk for `output` (the first one also says the role, for chat)."""
-        self._take(output)
-        choice: dict = {"index": 0, "finish_reason": self.finish, "logprobs": self._logprobs(output.logprobs)}
+    def chunk(self, output: Output) -> dict:
+        """The streamed chunk for `output` (a chat choice's first one also says the role)."""
+        c = self._take(output)
+        choice: dict = {"index": c.index, "finish_reason": c.finish, "logprobs": self._logprobs(c, output.logprobs)}
         if self.chat:
-            text, calls = self._streamed(output)
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            text, calls = self._streamed(c, output)
+            delta = {"content": text} if c.said_role else {"role": "assistant", "content": text}
             if calls:
-                delta["tool_calls"] = [c.json(i) for i, c in enumerate(calls)]
-                choice["finish_reason"] = self._finish_with(calls)
-            choice["delta"] = delta if text or calls or first else {}
+                delta["tool_calls"] = [call.json(i) for i, call in enumerate(calls)]
+                choice["finish_reason"] = _finish_with(c, calls)
+            choice["delta"] = delta if text or calls or not c.said_role else {}
+            c.said_role = True
         else:
             choice["text"] = output.text
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
@@ -70,58 +78,70 @@ class Reply:
     def usage_chunk(self) -> dict:
         """stream_options.include_usage: a last chunk with no choices and the usage."""
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage_json(self.usage) if self.usage else None
+        body["usage"] = self._usage()
         return body
 
     def whole(self, outputs: list[Output]) -> dict:
         """The non-streamed response, from every output."""
         for output in outputs:
             self._take(output)
-        text = "".join(self.text)
-        logprobs = self._logprobs(tuple(self.entries), offset=0)
-        choice: dict = {"index": 0, "finish_reason": self.finish, "logprobs": logprobs}
-        if self.chat:
-            parsed = parse(text, self.tools) if self.tools else Parsed(text, ())
-            choice["message"] = {"role": "assistant", "content": parsed.content}
-            if parsed.calls:
-                choice["message"]["tool_calls"] = [c.json() for c in parsed.calls]
-                choice["finish_reason"] = self._finish_with(parsed.calls)
-        else:
-            choice["text"] = text
-        body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        body["usage"] = usage_json(self.usage) if self.usage else None
+        choices = [self._whole_choice(c) for _, c in sorted(self.choices.items())]
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = self._usage()
         return body
 
-    def _streamed(self, output: Output) -> tuple[str, tuple[Call, ...]]:
+    def _whole_choice(self, c: _Choice) -> dict:
+        text = "".join(c.text)
+        choice: dict = {"index": c.index, "finish_reason": c.finish,
+                        "logprobs": self._logprobs(c, tuple(c.entries), offset=0)}
+        if not self.chat:
+            choice["text"] = text
+            return choice
+        parsed = parse(text, self.tools) if self.tools else Parsed(text, ())
+        choice["message"] = {"role": "assistant", "content": parsed.content}
+        if parsed.calls:
+            choice["message"]["tool_calls"] = [call.json() for call in parsed.calls]
+            choice["finish_reason"] = _finish_with(c, parsed.calls)
+        return choice
+
+    def _usage(self) -> dict | None:
+        """The request's usage: the prompt once, every sample's completion tokens."""
+        usages = [c.usage for _, c in sorted(self.choices.items()) if c.usage is not None]
+        if not usages:
+            return None
+        return usage_json(dataclasses.replace(usages[0], completion_tokens=sum(u.completion_tokens for u in usages)))
+
+    def _streamed(self, c: _Choice, output: Output) -> tuple[str, tuple[Call, ...]]:
         """The text to send now and, at the end, the calls (text that may begin a call held)."""
-        if self._calls is None:
+        if c.calls is None:
             return output.text, ()
-        text = self._calls.feed(output.text)
+        text = c.calls.feed(output.text)
         if output.finish is None:
             return text, ()
-        parsed = self._calls.finish()
+        parsed = c.calls.finish()
         return text + (parsed.content or ""), parsed.calls
 
-    def _finish_with(self, calls: tuple[Call, ...]) -> str | None:
-        """OpenAI's reason for an answer that made calls: tool_calls, unless it was cut short."""
-        return "tool_calls" if calls and self.finish == "stop" else self.finish
-
-    def _take(self, output: Output) -> None:
-        self.text.append(output.text)
-        self.entries.extend(output.logprobs)
+    def _take(self, output: Output) -> _Choice:
+        c = self.choices.get(output.index)
+        if c is None:
+            c = self.choices[output.index] = _Choice(output.index, calls=StreamedCalls(self.tools) if self.tools
+                                                     else None)
+        c.text.append(output.text)
+        c.entries.extend(output.logprobs)
         if output.finish is not None:
-            self.finish = FINISH[output.finish.reason]
-            self.usage = output.finish.usage
+            c.finish = FINISH[output.finish.reason]
+            c.usage = output.finish.usage
+        return c
 
     def _envelope(self, kind: str, choices: list) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def _logprobs(self, entries, offset: int | None = None) -> dict | None:
+    def _logprobs(self, c: _Choice, entries, offset: int | None = None) -> dict | None:
         if not self.logprobs:
             return None
         if self.chat:
             return {"content": [self._chat_entry(e) for e in entries]}
-        return self._completion_logprobs(entries, self.offset if offset is None else offset)
+        return self._completion_logprobs(c, entries, c.offset if offset is None else offset)
 
     def _chat_entry(self, entry) -> dict:
         token = self.token_text(entry.token_id)
@@ -129,17 +149,22 @@ class Reply:
                 "top_logprobs": [{"token": (t := self.token_text(i)), "logprob": _finite(lp), "bytes": list(t.encode())}
                                  for i, lp in entry.top]}
 
-    def _completion_logprobs(self, entries, offset: int) -> dict:
+    def _completion_logprobs(self, c: _Choice, entries, offset: int) -> dict:
         tokens = [self.token_text(e.token_id) for e in entries]
         offsets = []
         for token in tokens:
             offsets.append(offset)
             offset += len(token)
-        if offset > self.offset:
-            self.offset = offset
+        if offset > c.offset:
+            c.offset = offset
         return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries],
                 "top_logprobs": [{self.token_text(i): _finite(lp) for i, lp in e.top} for e in entries],
                 "text_offset": offsets}
+
+
+def _finish_with(c: _Choice, calls: tuple[Call, ...]) -> str | None:
+    """OpenAI's reason for an answer that made calls: tool_calls, unless it was cut short."""
+    return "tool_calls" if calls and c.finish == "stop" else c.finish
 
 
 def _finite(logprob: float) -> float:

@@ -242,6 +242,23 @@ def test_constrained_streams_keep_their_grammar_across_a_killed_decode_worker(fl
     assert not any(fleet.wait_idle().values())
 
 
+def test_samples_of_one_prompt_survive_their_decode_worker_killed(fleet):
+    """n = 3: the later samples run beside the first on one decode worker; it is killed mid-way and
+    each sample resumes on its own, its tokens equal to the no-fault run's."""
+    def samples():
+        with Client(fleet.target, ClientOptions(timeout_s=300)) as client:
+            return client.stream(PROMPTS[1], n=3, max_tokens=LOAD_TOKENS, **GREEDY).collect_samples()
+
+    baseline = [s.token_ids for s in samples()]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(samples)
+        victim = _decode_worker_holding_two(fleet)
+        os.killpg(fleet.children[victim].process.pid, signal.SIGKILL)
+        assert [s.token_ids for s in running.result()] == baseline
+    fleet.restart(victim)
+    assert not any(fleet.wait_idle().values())
+
+
 def test_a_killed_decode_worker_under_load_loses_nothing_and_is_taken_back(fleet):
     baseline = _tokens(_run_all(fleet, LOAD_TOKENS))
     killed = []

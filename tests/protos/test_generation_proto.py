@@ -4,7 +4,8 @@ from pdserve.v1 import generation_pb2 as pb
 
 EXPECTED_FIELDS = {
     "GenerateRequest": {
-        "request_id": 1, "text": 2, "token_ids": 3, "messages": 4, "sampling": 5, "priority": 6,
+        "request_id": 1, "text": 2, "token_ids": 3, "messages": 4, "sampling": 5, "priority": 6, "n": 7,
+        "best_of": 8,
     },
     "TokenIds": {"ids": 1},
     "ChatMessages": {"messages": 1},
@@ -18,7 +19,7 @@ EXPECTED_FIELDS = {
     "StructuredOutput": {"json_schema": 1, "json_object": 2, "regex": 3, "grammar": 4, "choice": 5},
     "Choices": {"choices": 1},
     "GenerateResponse": {
-        "request_id": 1, "token_ids": 2, "text": 3, "finish_reason": 4, "usage": 5, "logprobs": 6,
+        "request_id": 1, "token_ids": 2, "text": 3, "finish_reason": 4, "usage": 5, "logprobs": 6, "index": 7,
     },
     "TopLogprob": {"token_id": 1, "logprob": 2},
     "TokenLogprobs": {"token_id": 1, "logprob": 2, "top": 3},

@@ -64,7 +64,7 @@ def test_a_good_request_is_admitted(servicer):
     (pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(stop_token_ids=[1] * 65)), "--max-stop-token-ids"),
     (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="a")] * 513)),
      "--max-messages"),
-    (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="tool", content="a")])), "role"),
+    (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="robot", content="a")])), "role"),
     (pb.GenerateRequest(messages=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="a" * 100_001)])),
      "--max-prompt-chars"),
 ])

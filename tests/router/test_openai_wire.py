@@ -59,7 +59,9 @@ def test_a_completion_prompt_is_text_or_token_ids(prompt, kind):
     ({"temperature": "hot"}, "temperature must be a number"),
     ({"max_tokens": 1.5}, "max_tokens must be an integer"),
     ({"stream": "yes"}, "stream must be true or false"),
-    ({"n": 3}, "n must be 1"),
+    ({"n": 0}, r"n must be in \[1, 16\]"),
+    ({"n": 2, "best_of": 1}, "best_of must be in"),
+    ({"n": 1, "best_of": 3, "stream": True}, "cannot be streamed"),
     ({"stop": [1]}, "stop must be a string"),
     ({"top_logprobs": 2}, "needs logprobs"),
     ({"tools": [{"type": "function"}]}, r"tools\[0\] must be"),
@@ -107,7 +109,7 @@ def test_a_whole_chat_reply_has_openai_shape_and_logprobs():
 
 def test_streamed_completion_chunks_carry_offsets_and_a_usage_chunk():
     reply = Reply("r2", "m", chat=False, token_text=_text, logprobs=True)
-    chunks = [reply.chunk(o, i == 0) for i, o in enumerate(_outputs())]
+    chunks = [reply.chunk(o) for o in _outputs()]
     assert [c["choices"][0]["text"] for c in chunks] == ["He", "llo"]
     assert [c["choices"][0]["logprobs"]["text_offset"] for c in chunks] == [[0], [2]]
     assert chunks[1]["choices"][0]["logprobs"]["top_logprobs"] == [{"llo": -0.7, "He": -0.9}]
@@ -117,6 +119,6 @@ def test_streamed_completion_chunks_carry_offsets_and_a_usage_chunk():
 
 def test_a_chat_stream_says_the_role_first_and_nothing_without_logprobs():
     reply = Reply("r3", "m", chat=True, token_text=_text)
-    first, last = (reply.chunk(o, i == 0) for i, o in enumerate(_outputs()))
+    first, last = (reply.chunk(o) for o in _outputs())
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "He"}
     assert last["choices"][0]["delta"] == {"content": "llo"} and last["choices"][0]["logprobs"] is None
