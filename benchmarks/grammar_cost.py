@@ -4,7 +4,8 @@ decode step unconstrained and constrained, the part of the constrained step the 
 spends on structured output (the matchers catching up and the masks started before the forward
 pass; waiting for them and masking the logits after it: the masks themselves are computed on a
 thread while the model runs), and the ratio of the steps. The issue's bound: at batch 64, masks
-cost at most 10% of the step.
+cost at most 10% of the step. Then what rebuilding a matcher from the tokens so far costs (the
+handoff's alternative to sending the grammar's state).
 
 Both runs decode the same prompts for the same number of steps with every request in the batch:
 the unconstrained one ignores EOS, the constrained one's schema cannot be complete in fewer.
@@ -75,6 +76,27 @@ def _decode_steps(engine: Engine, prompts, sampling: SamplingParams, tag: str) -
     return steps, masks
 
 
+def _rebuild_ms(engine: Engine, tokenizer, lengths=(100, 1000)) -> dict[int, float]:
+    """A matcher built and brought up to `n` tokens of a valid output (what a decode worker, a
+    resume or a move does instead of receiving the grammar's state): ms, the best of 5."""
+    backend = engine.runner.grammar.backend
+    constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMA))
+    numbers = ", ".join(str(i % 1000) for i in range(2000))
+    tokens = tokenizer.encode('{"title": "t", "values": [' + numbers, add_special_tokens=False)
+    out = {}
+    for n in lengths:
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            matcher = backend.matcher(constraint)
+            for token in tokens[:n]:
+                matcher.consume(token)
+            best = min(best, time.perf_counter() - start)
+            assert matcher.error is None
+        out[n] = best * 1e3
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="1,16,64")
@@ -96,6 +118,8 @@ def main() -> None:
         steps, masks = _decode_steps(engine, prompts, constrained, f"json{batch}")
         b, s, m = statistics.mean(base), statistics.mean(steps), statistics.mean(masks)
         print(f"{batch:>6} {b * 1e3:>9.2f} {s * 1e3:>10.2f} {m * 1e3:>9.2f} {m / s:>10.1%} {s / b:>6.2f}")
+    for n, ms in _rebuild_ms(engine, tokenizer).items():
+        print(f"a matcher rebuilt from {n} tokens of output: {ms:.2f} ms")
 
 
 if __name__ == "__main__":

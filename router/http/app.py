@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp_sse import sse_response
 
 from pdserve.errors import InvalidRequestError
+from router.asks import TextPrompt
 from router.gateway import Gateway, Generation
 from router.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
 from router.http.openai_requests import OpenAIRequest, ParsedAsk, chat_request, completion_request
@@ -82,7 +83,7 @@ class HttpApi:
             return error_response(exc)
         openai = source.parsed()
         reply = Reply(generation.request_id, openai.model, openai.chat, self.token_text, openai.logprobs,
-                      tools=openai.tools.names if openai.tools else None)
+                      tools=openai.tools.names if openai.tools else None, echo=self._echo(openai))
         if openai.stream:
             return await self._stream(request, generation, reply, openai.include_usage)
         try:
@@ -117,6 +118,15 @@ class HttpApi:
             return events
         finally:
             await outputs.aclose()
+
+    def _echo(self, openai: OpenAIRequest) -> str:
+        """A completion's prompt as text, for echo (a prompt of token ids decoded)."""
+        if not openai.echo:
+            return ""
+        prompt = openai.ask.prompt
+        if isinstance(prompt, TextPrompt):
+            return prompt.text
+        return self.gateway.frontend.tokenizer.decode(prompt.ids, skip_special_tokens=False)
 
     def _checked(self, openai: OpenAIRequest) -> OpenAIRequest:
         if openai.model != self.settings.model:

@@ -13,6 +13,7 @@ Sizes (messages, token ids, stop strings) are the gateway's to check, as for the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,8 +29,9 @@ from router.http.tools import ToolUse, tool_message, tool_use
 PRIORITY_HEADER = "x-pdserve-priority"
 REQUEST_ID_HEADER = "x-request-id"
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
-_NOT_IMPLEMENTED = {"functions": [], "echo": False, "suffix": ""}
+_NOT_IMPLEMENTED = {"functions": [], "suffix": ""}
 _NOT_FOR_COMPLETIONS = {"tools": [], "tool_choice": "none"}  # tools are a chat's
+_NOT_FOR_CHATS = {"echo": False}  # echo is a completion's
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class OpenAIRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     logprobs: bool = False
     tools: ToolUse | None = None  # the functions the model may call (chat), router/http/tools.py
+    echo: bool = False  # a completion's text begins with its prompt's
 
 
 class ParsedAsk:
@@ -72,6 +75,7 @@ def chat_request(body: Body, headers, model: str) -> OpenAIRequest:
     if top is not None and not logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true")
     max_tokens = integer(body, "max_completion_tokens", integer(body, "max_tokens", None))
+    unsupported(body, _NOT_FOR_CHATS)
     tools = tool_use(body)
     prompt = ChatPrompt([_message(i, m) for i, m in enumerate(messages)], tools.tools if tools else ())
     return _request(body, headers, model, prompt, max_tokens, (top or 0) if logprobs else None, chat=True,
@@ -82,8 +86,13 @@ def completion_request(body: Body, headers, model: str) -> OpenAIRequest:
     if isinstance(body, dict):
         unsupported(body, _NOT_FOR_COMPLETIONS)
     logprobs = integer(body, "logprobs", None)
-    return _request(body, headers, model, _completion_prompt(body.get("prompt")),
-                    integer(body, "max_tokens", None), logprobs, chat=False)
+    echo = boolean(body, "echo", False) if isinstance(body, dict) else False
+    if echo and logprobs is not None:
+        raise InvalidRequestError("echo with logprobs would need the prompt's log-probabilities, which pdserve "
+                                  "does not compute: ask for one or the other")
+    request = _request(body, headers, model, _completion_prompt(body.get("prompt")),
+                       integer(body, "max_tokens", None), logprobs, chat=False)
+    return dataclasses.replace(request, echo=echo)
 
 
 def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | None,

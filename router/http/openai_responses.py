@@ -38,7 +38,7 @@ class _Choice:
     finish: str | None = None
     usage: Usage | None = None
     calls: StreamedCalls | None = None  # its calls, read off its text (tools)
-    said_role: bool = False  # a chat stream's first chunk of this choice says the role
+    said_role: bool = False  # this choice's first chunk was sent (a chat's says the role, an echo's the prompt)
 
 
 @dataclass
@@ -53,6 +53,7 @@ class Reply:
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     tools: frozenset[str] | None = None  # the functions the model may call: its calls are read off its text
+    echo: str = ""  # a completion's prompt, which each choice's text begins with (echo)
     choices: dict[int, _Choice] = field(default_factory=dict)
 
     @property
@@ -72,7 +73,8 @@ class Reply:
             choice["delta"] = delta if text or calls or not c.said_role else {}
             c.said_role = True
         else:
-            choice["text"] = output.text
+            choice["text"] = (self.echo if c.said_role is False else "") + output.text
+            c.said_role = True
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def usage_chunk(self) -> dict:
@@ -95,7 +97,7 @@ class Reply:
         choice: dict = {"index": c.index, "finish_reason": c.finish,
                         "logprobs": self._logprobs(c, tuple(c.entries), offset=0)}
         if not self.chat:
-            choice["text"] = text
+            choice["text"] = self.echo + text
             return choice
         parsed = parse(text, self.tools) if self.tools else Parsed(text, ())
         choice["message"] = {"role": "assistant", "content": parsed.content}

@@ -216,10 +216,10 @@ def test_a_stalled_decode_worker_is_seen_and_its_streams_resume(fleet):
     assert not any(fleet.wait_idle().values())
 
 
-# Long by construction (forty numbers, each followed by ", " but the last): a stream is mid-way when
+# Long by construction (thirty numbers, each followed by ", " but the last): a stream is mid-way when
 # its decode worker dies, and each ends where the schema does, inside max_tokens.
-NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 40,
-           "maxItems": 40}
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 30,
+           "maxItems": 30}
 CONSTRAINED = {"temperature": 0, "constraint": Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(NUMBERS))}
 
 

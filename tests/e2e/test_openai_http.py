@@ -101,7 +101,7 @@ def test_stop_strings_and_seeds_behave_as_over_grpc(service, client, model):
     ({"messages": []}, 400, "messages"),
     ({"messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": CHAT, "temperature": -1}, 400, "temperature"),
-    ({"messages": CHAT, "n": 2}, 400, "n must be 1"),
+    ({"messages": CHAT, "n": 17}, 400, "n must be in"),
     ({"messages": CHAT, "top_p": "high"}, 400, "top_p"),
     ({"messages": CHAT, "stop": ["s"] * 17}, 400, "--max-stop-strings"),
     ({"messages": CHAT, "presence_penalty": 2.5}, 400, "presence_penalty"),
@@ -241,3 +241,13 @@ def test_biases_and_penalties_through_both_doors_equal_the_engine(service, clien
                                           extra_body={"repetition_penalty": 1.3, "min_tokens": 4, "ignore_eos": True})
     assert list(over_grpc.token_ids) == expected
     assert over_http.choices[0].text == reference_llm.tokenizer.decode(expected)
+
+
+def test_echo_returns_the_prompt_before_the_completion(client, model):
+    prompt = "The capital of Italy is"
+    whole = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0, echo=True)
+    plain = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0)
+    assert whole.choices[0].text == prompt + plain.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt=prompt, max_tokens=4, temperature=0, echo=True, stream=True) if c.choices)
+    assert streamed == whole.choices[0].text

@@ -86,3 +86,13 @@ def test_a_cancelled_or_aborted_request_ends_every_sample_and_frees_its_blocks(s
     ends = {c.index: c.finish_reason for c in stream if c.finish_reason}
     assert ends == {0: "abort", 1: "abort", 2: "abort"}
     wait_no_active_blocks({"prefill": service["prefill"], "decode": service["decode"]})
+
+
+def test_grpcurl_sets_n_and_reads_each_samples_index(service):
+    from tests.helpers.grpcurl import grpcurl
+
+    result = grpcurl(service["target"]).run("pdserve.v1.Generation/Generate", data={
+        "text": "Hello", "n": 2, "sampling": {"max_tokens": 4, "temperature": 0.8}})
+    assert result.returncode == 0, result.stderr
+    ends = [m.get("index", 0) for m in result.messages() if "finish_reason" in m]  # (0 is not printed)
+    assert sorted(ends) == [0, 1]

@@ -122,3 +122,23 @@ def test_a_chat_stream_says_the_role_first_and_nothing_without_logprobs():
     first, last = (reply.chunk(o) for o in _outputs())
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "He"}
     assert last["choices"][0]["delta"] == {"content": "llo"} and last["choices"][0]["logprobs"] is None
+
+
+def test_echo_begins_each_completion_with_its_prompt_whole_and_streamed():
+    request = completion_request({"prompt": "Once", "echo": True}, {}, "m")
+    assert request.echo
+    whole = Reply("r4", "m", chat=False, token_text=_text, echo="Once").whole(_outputs())
+    assert whole["choices"][0]["text"] == "OnceHello"
+    reply = Reply("r5", "m", chat=False, token_text=_text, echo="Once")
+    assert [reply.chunk(o)["choices"][0]["text"] for o in _outputs()] == ["OnceHe", "llo"]
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"prompt": "a", "echo": True, "logprobs": 1}, "echo with logprobs"),
+    ({"prompt": "a", "echo": "yes"}, "echo must be true or false"),
+])
+def test_echo_is_refused_where_it_cannot_be_served(body, needle):
+    with pytest.raises(InvalidRequestError, match=needle):
+        completion_request(body, {}, "m")
+    with pytest.raises(InvalidRequestError, match="echo is not supported"):
+        _chat({"echo": True})
