@@ -213,7 +213,6 @@ class Gateway:
                 yield _last(job, event, completion, text=text.finish())
                 return
 
-
     async def _sample_outputs(self, generation: Generation, samples: Samples,
                               events: asyncio.Queue) -> AsyncIterator[Output]:
         """Every sample's outputs, each tagged with its index, as they come (ranked: the n best

@@ -31,7 +31,7 @@ def _size(c: Constraint) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)  # at most 64 x MAX_SPEC_CHARS held
 def _build(constraint: Constraint) -> str | None:
     """The reason no grammar builds from `constraint`, or None (kept: clients repeat their schemas)."""
     import llguidance
