@@ -17,6 +17,11 @@ _STRUCTURED_OUTPUTS = {"json": ConstraintKind.JSON_SCHEMA, "regex": ConstraintKi
                        "choice": ConstraintKind.CHOICE, "grammar": ConstraintKind.GRAMMAR,
                        "json_object": ConstraintKind.JSON_OBJECT}
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+# vLLM's options beside the constraint in structured_outputs: how its backends build it. pdserve's
+# JSON has no free whitespace and follows the schema's additionalProperties; these are accepted
+# and change nothing.
+_VLLM_OPTIONS = {"disable_fallback", "disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
+                 "backend"}
 
 
 def constraint_of(body: Body) -> Constraint | None:
@@ -53,7 +58,7 @@ def _vllm(body: Body) -> list[Constraint | None]:
             raise InvalidRequestError("structured_outputs must be an object: json, regex, choice, grammar or "
                                       "json_object")
         fields += [(f"structured_outputs.{name}", name, value) for name, value in outputs.items()
-                   if value is not None]
+                   if value is not None and name not in _VLLM_OPTIONS]
     return [_named(field, name, value) for field, name, value in fields]
 
 

@@ -8,7 +8,8 @@ and results (`role: tool` messages with their `tool_call_id`).
               read off its output (router/http/tool_calls.py)
     none      the functions are left out of the prompt: the answer is text
     required  the output is constrained to calls (<tool_call>{"name", "arguments"}</tool_call>,
-              one per line; one only without parallel_tool_calls) of any of the functions
+              one per line, at most MAX_PARALLEL_CALLS; one only without parallel_tool_calls) of
+              any of the functions
     named     the output is one call of the named function
               Each call's arguments are what its function's parameters schema accepts (a Lark
               grammar whose calls are llguidance's %json rules).
@@ -28,6 +29,7 @@ from pdserve.tokenizer.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from router.http.fields import Body
 
 MAX_TOOLS = 128
+MAX_PARALLEL_CALLS = 8  # calls one forced answer may hold (a small model may repeat a call until max_tokens)
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's function names
 NO_PARAMETERS = {"type": "object", "properties": {}}
 
@@ -121,7 +123,7 @@ def _calls_grammar(tools, parallel: bool) -> Constraint:
     """One call (or one per line, `parallel`) of any of `tools`, as a Lark grammar."""
     rules = [f"f{i}: %json {json.dumps(_call_schema(t['function']))}" for i, t in enumerate(tools)]
     alternatives = " | ".join(f"f{i}" for i in range(len(tools)))
-    start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    start = f'start: call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "start: call"
     call = f"call: {json.dumps(TOOL_CALL_OPEN)} ({alternatives}) {json.dumps(TOOL_CALL_CLOSE)}"
     return Constraint(ConstraintKind.GRAMMAR, "\n".join([start, call, *rules]))
 

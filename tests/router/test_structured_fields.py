@@ -31,6 +31,8 @@ def _constraint(body) -> Constraint | None:
     ({"structured_outputs": {"choice": ["a", "b"]}}, Constraint(ConstraintKind.CHOICE, choices=("a", "b"))),
     ({"structured_outputs": {"grammar": "start: \"x\""}}, Constraint(ConstraintKind.GRAMMAR, 'start: "x"')),
     ({"structured_outputs": {"json_object": True}}, Constraint(ConstraintKind.JSON_OBJECT)),
+    ({"structured_outputs": {"regex": "a+", "disable_any_whitespace": True, "backend": "xgrammar"}},
+     Constraint(ConstraintKind.REGEX, "a+")),
     ({"guided_json": SCHEMA}, Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(SCHEMA))),
     ({"guided_regex": "\\d+"}, Constraint(ConstraintKind.REGEX, "\\d+")),
     ({"guided_choice": ["yes", "no"]}, Constraint(ConstraintKind.CHOICE, choices=("yes", "no"))),
