@@ -18,7 +18,8 @@ from pdserve.stats import distribution
 def stream_remote(args: argparse.Namespace) -> int:
     options = ClientOptions(token=os.environ.get("PDSERVE_API_TOKEN") or None, tls_ca=args.tls_ca)
     prompt = {"prompt": args.prompt} if args.raw else {"messages": [Message("user", args.prompt)]}
-    sampling = {k: v for k, v in dataclasses.asdict(sampling_params(args)).items() if v is not None}
+    params = sampling_params(args)  # (its fields as they are: asdict would turn the constraint into a dict)
+    sampling = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if getattr(params, f.name) is not None}
     with Client(args.target, options) as client:
         collector = Collector(time.perf_counter())
         try:

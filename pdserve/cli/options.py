@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pdserve.config import (
@@ -15,7 +16,7 @@ from pdserve.config import (
     PreemptionConfig,
     SchedulerConfig,
 )
-from pdserve.requests import Priority, SamplingParams
+from pdserve.requests import Constraint, ConstraintKind, Priority, SamplingParams
 
 if TYPE_CHECKING:
     from pdserve.worker.runtime import RuntimeConfig
@@ -112,12 +113,37 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=[])
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--priority", default="normal", choices=["vip", "normal", "batch"])
+    s = g.add_mutually_exclusive_group()  # structured output (pdserve/grammar): one constraint
+    s.add_argument("--json-schema", default=None, metavar="SCHEMA", help="a JSON schema, or @FILE holding one")
+    s.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    s.add_argument("--regex", default=None, help="the whole output matches this regular expression")
+    s.add_argument("--grammar", default=None, metavar="GRAMMAR", help="a Lark or GBNF grammar, or @FILE holding one")
+    s.add_argument("--choice", action="append", default=None, help="the output is one of these (repeat the flag)")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
-                          ignore_eos=args.ignore_eos)
+                          ignore_eos=args.ignore_eos, constraint=constraint(args))
+
+
+def constraint(args: argparse.Namespace) -> Constraint | None:
+    """The structured-output flags' constraint (None: none set)."""
+    if args.json_schema is not None:
+        return Constraint(ConstraintKind.JSON_SCHEMA, _text_or_file(args.json_schema))
+    if args.json_object:
+        return Constraint(ConstraintKind.JSON_OBJECT)
+    if args.regex is not None:
+        return Constraint(ConstraintKind.REGEX, args.regex)
+    if args.grammar is not None:
+        return Constraint(ConstraintKind.GRAMMAR, _text_or_file(args.grammar))
+    if args.choice:
+        return Constraint(ConstraintKind.CHOICE, choices=tuple(args.choice))
+    return None
+
+
+def _text_or_file(value: str) -> str:
+    return Path(value[1:]).read_text() if value.startswith("@") else value
 
 
 def priority(args: argparse.Namespace) -> Priority:
