@@ -59,8 +59,9 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
 
     def _event_to_pb(self, event) -> wpb.DecodeEvent:
         if isinstance(event, Tokens):
-            return wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=list(event.token_ids),
-                                                           logprobs=[logprobs_to_pb(lp) for lp in event.logprobs]))
+            return wpb.DecodeEvent(tokens=wpb.DecodeTokens(
+                token_ids=list(event.token_ids), logprobs=[logprobs_to_pb(lp) for lp in event.logprobs],
+                prompt_logprobs=[logprobs_to_pb(lp) for lp in event.prompt_logprobs]))
         if isinstance(event, Reserved):
             return wpb.DecodeEvent(reserved=wpb.KVReservation(
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,

@@ -331,7 +331,7 @@ class DecodeWorker:
         if live is None:
             return
         if out.new_token_ids:
-            live.session.push(Tokens(out.new_token_ids, out.logprobs))
+            live.session.push(Tokens(out.new_token_ids, out.logprobs, out.prompt_logprobs))
         if out.finished:
             r = out.request
             queue_s = max(0.0, (r.first_scheduled_time or r.arrival_time) - r.arrival_time)

@@ -82,6 +82,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids ascending
     min_tokens: int = 0  # no end of sequence (EOS, stop token ids) before this many tokens
     constraint: Constraint | None = None  # structured output (pdserve/grammar)
+    # Each prompt token's log-probability given the tokens before it (the first has none), with the
+    # k most likely (0..20); None: none. Computed where the prompt is, with no prefix-cache hit.
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -143,6 +146,16 @@ class Request:
     # latest admission (victim choice: most recently admitted first).
     arrival_seq: int = -1
     admit_seq: int = -1
+    # sampling.prompt_logprobs: entry j is prompt token j + 1's, from the logits at position j
+    # (a recompute computes those positions again; only the missing ones are kept).
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs_reported: bool = False  # given out with its first token (RequestOutput.prompt_logprobs)
+
+    @property
+    def prompt_logprobs_missing(self) -> bool:
+        """It asks for prompt log-probabilities that are not all computed yet."""
+        return (self.sampling.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
 
     @property
     def all_token_ids(self) -> list[int]:

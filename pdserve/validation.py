@@ -65,7 +65,8 @@ def validate_age(age_s: float) -> float:
 
 def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
     """Raise InvalidSamplingParams on the first bad field; return None when all are valid."""
-    for check in (_max_tokens, _temperature, _top_p, _top_k, _min_p, _stop, _logprobs, _penalties, _min_tokens):
+    for check in (_max_tokens, _temperature, _top_p, _top_k, _min_p, _stop, _logprobs, _prompt_logprobs, _penalties,
+                  _min_tokens):
         message = check(params)
         if message is not None:
             raise InvalidSamplingParams(message)
@@ -82,6 +83,12 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
 
 
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
+
+
+def _prompt_logprobs(p: SamplingParams) -> str | None:
+    if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_LOGPROBS:
+        return f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {p.prompt_logprobs}"
+    return None
 
 
 def _penalties(p: SamplingParams) -> str | None:

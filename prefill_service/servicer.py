@@ -66,7 +66,7 @@ def _event_to_pb(event) -> wpb.PrefillEvent:
     done = wpb.PrefillDone(
         first_token_id=event.token_id, cached_tokens=event.cached_tokens, kv_bytes=event.kv_bytes,
         kv_blocks=event.kv_blocks, kv_descriptors=event.kv_descriptors, kv_seconds=event.kv_seconds,
-        queue_seconds=event.queue_seconds)
+        queue_seconds=event.queue_seconds, prompt_logprobs=[logprobs_to_pb(lp) for lp in event.prompt_logprobs])
     if event.logprobs is not None:
         done.first_token_logprobs.CopyFrom(logprobs_to_pb(event.logprobs))
     return wpb.PrefillEvent(done=done)

@@ -65,6 +65,7 @@ class PrefillJob:
     failed: bool = False  # ended here: nothing more of it is sent
     request: Request | None = None  # the engine's (LiveRequest): an earlier one's steps never reach this job
     first_logprobs: TokenLogprobs | None = None  # the first token's, once sampled (if the request asked)
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # with the first token, if the request asked
     checksums: list[int] = field(default_factory=list)  # each piece's sum as sent, in order (none: unsummed)
     chain: asyncio.Future | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -119,10 +120,12 @@ class PrefillWorker:
     def on_step(self, result: StepResult) -> None:
         unclaimed = dict(result.holds)
         logprobs = {out.request: out.logprobs[0] for out in result.outputs if out.logprobs}
+        prompt = {out.request: out.prompt_logprobs for out in result.outputs if out.prompt_logprobs}
         for chunk in result.chunks:
             job = self.live.owner(chunk.request)
             if job is not None:
                 job.first_logprobs = logprobs.get(chunk.request, job.first_logprobs)
+                job.prompt_logprobs = prompt.get(chunk.request, job.prompt_logprobs)
                 self._on_chunk(job, chunk, unclaimed.pop(chunk.request.request_id, None), result.seconds)
         for hold in unclaimed.values():  # requests that ended without a piece to send
             self.engine.release_nowait(hold)
@@ -189,7 +192,8 @@ class PrefillWorker:
         await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token,
                                     job.target.secret, job.checksums if self.sums is not None else ())
         job.session.push(FirstToken(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
-                                     job.kv_descriptors, job.kv_seconds, job.queue_seconds, job.first_logprobs))
+                                     job.kv_descriptors, job.kv_seconds, job.queue_seconds, job.first_logprobs,
+                                     job.prompt_logprobs))
 
     async def _send_piece(self, job: PrefillJob, piece: Piece) -> None:
         sent = await send_piece(self.sender, self.peer, job.target, piece, self.sums)

@@ -121,3 +121,4 @@ class Output:
     logprobs: tuple[TokenLogprobs, ...] = ()
     finish: Finish | None = None
     index: int = 0  # which sample (choice) of the request, for n > 1
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # on the first output, when asked

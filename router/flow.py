@@ -18,6 +18,7 @@ background from the start, so a decode worker that dies while the prefill runs i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -187,7 +188,8 @@ class RequestFlow:
         new worker feeds first (as a prefill's first token)."""
         worker_id = f"{job.request_id}@{state.protocol.attempts}.{secrets.token_hex(4)}"
         out = tuple(state.generated[:-1] if moving_kv else state.generated)
-        return WorkerJob(worker_id, job.prompt, job.sampling, job.priority, self.config.kv_timeout_s,
+        sampling = dataclasses.replace(job.sampling, prompt_logprobs=None) if out else job.sampling  # sent once
+        return WorkerJob(worker_id, job.prompt, sampling, job.priority, self.config.kv_timeout_s,
                          out, job.metadata, job.timeout_s(), job.age_s())
 
     def _blame(self, state: FlowState, fault: WorkerFault, role: str, address: str) -> None:
@@ -298,7 +300,8 @@ class RequestFlow:
                                                 "descriptors": event.kv_descriptors, "seconds": event.kv_seconds,
                                                 "queue_seconds": event.queue_seconds})
                 state.generated.append(event.token_id)
-                yield NewTokens((event.token_id,), () if event.logprobs is None else (event.logprobs,))
+                yield NewTokens((event.token_id,), () if event.logprobs is None else (event.logprobs,),
+                                event.prompt_logprobs)
                 return
 
     async def _first_prefill_event(self, job: Job, state: FlowState, call: Pumped, decode_call: Pumped,
@@ -355,7 +358,7 @@ class RequestFlow:
             if isinstance(event, Tokens):
                 state.protocol.advance(Signal.TOKENS)
                 state.generated.extend(event.token_ids)
-                yield NewTokens(event.token_ids, event.logprobs)
+                yield NewTokens(event.token_ids, event.logprobs, event.prompt_logprobs)
             elif isinstance(event, Preempted):
                 if event.phase == "preempted":
                     state.by_mode[event.mode] = state.by_mode.get(event.mode, 0) + 1

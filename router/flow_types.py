@@ -51,10 +51,12 @@ class Job:
 class NewTokens:
     """Tokens for the client, each exactly once across retries and resumes. `logprobs`: one per
     token id, in order, when the request set sampling.logprobs (else empty); each computed by
-    the worker that sampled the token and never sent again."""
+    the worker that sampled the token and never sent again. `prompt_logprobs`: with the first
+    token, when the request set sampling.prompt_logprobs."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -205,9 +205,10 @@ class Gateway:
                 logprobs = tuple(event.logprobs)
                 if delta.stopped:
                     trace.finish(FinishReason.STOP, completion)
-                    yield _last(job, Done(FinishReason.STOP, 0, 0), completion, event.token_ids, delta.text, logprobs)
+                    yield dataclasses.replace(_last(job, Done(FinishReason.STOP, 0, 0), completion, event.token_ids,
+                                                    delta.text, logprobs), prompt_logprobs=event.prompt_logprobs)
                     return
-                yield Output(tuple(event.token_ids), delta.text, logprobs)
+                yield Output(tuple(event.token_ids), delta.text, logprobs, prompt_logprobs=event.prompt_logprobs)
             elif isinstance(event, Done):
                 trace.finish(event.reason, completion)
                 yield _last(job, event, completion, text=text.finish())
@@ -257,9 +258,11 @@ class Gateway:
             delta = text.push(event.token_ids)
             if delta.stopped:
                 samples.stop(index)
-                return _last(job, Done(FinishReason.STOP, 0, 0), completion[index], event.token_ids, delta.text,
-                             tuple(event.logprobs), index)
-            return Output(tuple(event.token_ids), delta.text, tuple(event.logprobs), index=index)
+                return dataclasses.replace(_last(job, Done(FinishReason.STOP, 0, 0), completion[index], event.token_ids,
+                                                 delta.text, tuple(event.logprobs), index),
+                                           prompt_logprobs=event.prompt_logprobs)
+            return Output(tuple(event.token_ids), delta.text, tuple(event.logprobs), index=index,
+                          prompt_logprobs=event.prompt_logprobs)
         if isinstance(event, Done):
             return _last(job, event, completion[index], text=text.finish(), index=index)
         return None

@@ -81,7 +81,8 @@ def _decode_event(event: wpb.DecodeEvent):
     kind = event.WhichOneof("event")
     if kind == "tokens":
         t = event.tokens
-        return Tokens(tuple(t.token_ids), tuple(logprobs_from_pb(lp) for lp in t.logprobs))
+        return Tokens(tuple(t.token_ids), tuple(logprobs_from_pb(lp) for lp in t.logprobs),
+                      tuple(logprobs_from_pb(lp) for lp in t.prompt_logprobs))
     if kind == "reserved":
         r = event.reserved
         return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
@@ -103,7 +104,7 @@ def _prefill_event(event: wpb.PrefillEvent):
     d = event.done
     first = logprobs_from_pb(d.first_token_logprobs) if d.HasField("first_token_logprobs") else None
     return FirstToken(d.first_token_id, d.cached_tokens, d.kv_bytes, d.kv_blocks, d.kv_descriptors, d.kv_seconds,
-                      d.queue_seconds, first)
+                      d.queue_seconds, first, tuple(logprobs_from_pb(lp) for lp in d.prompt_logprobs))
 
 
 def _target(r: Reservation) -> wpb.KVReservation:

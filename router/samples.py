@@ -7,6 +7,7 @@
                      shared by reference count, so each computes only the prompt's last partial
                      block and holds its own copy of it from there (where the samples diverge)
     seeds            sample i samples with seed + i (unseeded: each its own stream)
+    prompt logprobs  computed for sample 0 alone (the prompt is one)
     best_of > n      every sample asks for its tokens' log-probabilities; once all end, the n whose
                      tokens' log-probabilities sum highest are the answer, in that order
 
@@ -28,7 +29,7 @@ def sample_job(first: Job, index: int, decode: str | None) -> Job:
     """Sample `index` of `first`'s prompt, beside its decode worker (None: placed as any request)."""
     seed = None if first.sampling.seed is None else first.sampling.seed + index
     return dataclasses.replace(first, request_id=f"{first.request_id}/{index}", beside=decode,
-                               sampling=dataclasses.replace(first.sampling, seed=seed))
+                               sampling=dataclasses.replace(first.sampling, seed=seed, prompt_logprobs=None))
 
 
 class Samples:

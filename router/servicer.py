@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdserve.errors import InvalidRequestError
-from pdserve.rpc.convert import finish_to_pb, priority_from_pb, sampling_from_pb
+from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.tokenizer import ChatMessage
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
@@ -65,9 +65,8 @@ def _prompt(request: pb.GenerateRequest) -> Prompt:
 def response_to_pb(request_id: str, output: Output) -> pb.GenerateResponse:
     response = pb.GenerateResponse(request_id=request_id, token_ids=list(output.token_ids), text=output.text,
                                    index=output.index)
-    for entry in output.logprobs:
-        response.logprobs.add(token_id=entry.token_id, logprob=entry.logprob,
-                              top=[pb.TopLogprob(token_id=t, logprob=lp) for t, lp in entry.top])
+    response.logprobs.extend(logprobs_to_pb(entry) for entry in output.logprobs)
+    response.prompt_logprobs.extend(logprobs_to_pb(entry) for entry in output.prompt_logprobs)
     if output.finish is not None:
         u = output.finish.usage
         response.finish_reason = finish_to_pb(output.finish.reason)

@@ -31,6 +31,7 @@ class Collector:
         c.token_ids.extend(chunk.token_ids)
         c.text += chunk.text
         c.logprobs.extend(chunk.logprobs)
+        c.prompt_logprobs.extend(chunk.prompt_logprobs)
         if chunk.finish_reason is not None:
             c.finish_reason, c.usage = chunk.finish_reason, chunk.usage
         t.total_s = now - self.started

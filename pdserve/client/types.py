@@ -22,6 +22,7 @@ class Chunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     index: int = 0  # which sample of the request (n > 1: each ends with its own finish_reason)
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # on the first chunk, when the request set prompt_logprobs
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Completion:
     finish_reason: str | None = None
     usage: Usage | None = None
     timings: Timings = field(default_factory=Timings)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per prompt token but the first
 
 
 class PdserveError(Exception):

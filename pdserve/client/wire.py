@@ -71,15 +71,20 @@ def _structured(c: Constraint) -> pb.StructuredOutput:
 
 
 def chunk_of(response: pb.GenerateResponse) -> Chunk:
-    logprobs = tuple(TokenLogprobs(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top))
-                     for e in response.logprobs)
+    logprobs = _logprobs(response.logprobs)
+    prompt = _logprobs(response.prompt_logprobs)
     if not response.finish_reason:
-        return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs, index=response.index)
+        return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs, index=response.index,
+                     prompt_logprobs=prompt)
     u = response.usage
     usage = Usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.preemptions, u.recompute_preemptions,
                   u.swap_preemptions, u.kv_transfer_bytes, u.decode_cached_tokens, u.local_prefill)
     return Chunk(response.request_id, tuple(response.token_ids), response.text, logprobs,
-                 _FINISH.get(response.finish_reason, "unknown"), usage, response.index)
+                 _FINISH.get(response.finish_reason, "unknown"), usage, response.index, prompt)
+
+
+def _logprobs(entries) -> tuple[TokenLogprobs, ...]:
+    return tuple(TokenLogprobs(e.token_id, e.logprob, tuple((t.token_id, t.logprob) for t in e.top)) for e in entries)
 
 
 RETRY_PUSHBACK = "grpc-retry-pushback-ms"  # the server's hint of when to try again (gRFC A6)

@@ -15,12 +15,25 @@ def slots_for(block_table: Sequence[int], start: int, end: int, block_size: int)
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
+def prompt_positions(chunk: ScheduledChunk) -> range:
+    """The chunk's positions whose logits give a prompt token's log-probability its request asked
+    for and has not got yet (position j: prompt token j + 1's)."""
+    request = chunk.request
+    if not request.prompt_logprobs_missing:
+        return range(0)
+    start = max(chunk.start, len(request.prompt_logprobs))
+    return range(start, max(start, min(chunk.end, request.num_prompt_tokens - 1)))
+
+
 def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device) -> ForwardBatch:
+    """Logits rows: one per chunk that samples, in order, then the rows of `prompt_positions` of
+    each chunk, in order."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     seqs: list[SeqSpan] = []
     logits_rows: list[int] = []
+    prompt_rows: list[int] = []
     for chunk in chunks:
         query_start = len(ids)
         ids.extend(chunk.request.all_token_ids[chunk.start : chunk.end])
@@ -29,12 +42,13 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
         seqs.append(SeqSpan(query_start, chunk.num_tokens, chunk.end, tuple(chunk.block_table)))
         if chunk.samples:
             logits_rows.append(len(ids) - 1)
+        prompt_rows.extend(query_start + p - chunk.start for p in prompt_positions(chunk))
     return ForwardBatch(
         input_ids=_long(ids, device),
         positions=_long(positions, device),
         slot_mapping=_long(slots, device),
         seqs=tuple(seqs),
-        logits_indices=_long(logits_rows, device),
+        logits_indices=_long(logits_rows + prompt_rows, device),
     )
 
 

@@ -159,6 +159,8 @@ class Engine:
             on_reserved(reserved)
             reserved = ()
         sampled = self.runner.execute(output)
+        for chunk in output.chunks:
+            chunk.request.prompt_logprobs.extend(sampled.prompt_logprobs.get(chunk.request.request_id, ()))
         with self.lock:
             finished = self.scheduler.update(output, sampled.tokens)
             holds = self._holds(output)
@@ -189,7 +191,7 @@ class Engine:
     def _outputs(self, output: SchedulerOutput, sampled: Sampled, finished: list[Request]) -> tuple[RequestOutput, ...]:
         done = {r.request_id for r in finished} | {r.request_id for r in output.finished}
         results = [RequestOutput(c.request, (sampled.tokens[rid],), rid in done,
-                                 (sampled.logprobs[rid],) if rid in sampled.logprobs else ())
+                                 (sampled.logprobs[rid],) if rid in sampled.logprobs else (), _prompt_logprobs(c.request))
                    for c in output.chunks if (rid := c.request.request_id) in sampled.tokens]
         seen = {r.request_id for r in results}
         results += [RequestOutput(r, (), True) for r in (*output.finished, *finished) if r.request_id not in seen]
@@ -222,3 +224,11 @@ class Engine:
 
 def _engine_model(loaded: EngineModel | LoadedModel) -> EngineModel:
     return loaded if isinstance(loaded, EngineModel) else EngineModel.alone(loaded)
+
+
+def _prompt_logprobs(request: Request) -> tuple:
+    """A request's prompt log-probabilities, once: with the first token sampled for it here."""
+    if request.sampling.prompt_logprobs is None or request.prompt_logprobs_reported:
+        return ()
+    request.prompt_logprobs_reported = True
+    return tuple(request.prompt_logprobs)

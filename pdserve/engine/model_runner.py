@@ -8,7 +8,7 @@ import torch
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch
-from pdserve.engine.batch_builder import build_forward_batch
+from pdserve.engine.batch_builder import build_forward_batch, prompt_positions
 from pdserve.engine.grammar_masks import GrammarMasks
 from pdserve.engine.host_logits import HostLogits
 from pdserve.kv.kv_cache import KVCache
@@ -22,10 +22,12 @@ from pdserve.scheduler.output import SchedulerOutput
 
 @dataclass(frozen=True)
 class Sampled:
-    """What one step sampled: request id -> token, and -> its logprobs for requests that asked."""
+    """What one step sampled: request id -> token, and -> its logprobs for requests that asked;
+    request id -> the prompt log-probabilities this step computed (prompt_positions' order)."""
 
     tokens: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ class ModelRunner:
         batch = build_forward_batch(output.chunks, self.kv.block_size, self.device)
         sampling = [c for c in output.chunks if c.samples]
         masks = self.grammar.start([c.request for c in sampling])  # computed while the model runs
-        logits = self._logits(batch)  # [S, V] float32 on the host, valid until the next step
+        rows = self._logits(batch)  # [S + prompt rows, V] float32 on the host, valid until the next step
+        logits = rows[:len(sampling)]  # [S, V]
+        prompt = _prompt_logprobs(rows[len(sampling):], output.chunks)
         params = [c.request.sampling for c in sampling]
         chosen_from = adjust_logits(logits, [c.request for c in sampling])  # biases, penalties, min_tokens
         if masks is not None:
@@ -69,7 +73,7 @@ class ModelRunner:
                                      self.generator)
         ids = [c.request.request_id for c in sampling]
         logprobs = token_logprobs(logits, tokens, [p.logprobs for p in params])
-        return Sampled(dict(zip(ids, tokens)), {ids[row]: lp for row, lp in logprobs.items()})
+        return Sampled(dict(zip(ids, tokens)), {ids[row]: lp for row, lp in logprobs.items()}, prompt)
 
     def _logits(self, batch: ForwardBatch) -> torch.Tensor:
         """The step's logits in the host buffer: written there by a float32 CPU model's lm_head,
@@ -98,3 +102,22 @@ class ModelRunner:
     def _copy_swaps(self, output: SchedulerOutput) -> None:
         self.kv.copy_blocks_to(self.host_kv, list(output.swap_out))
         self.host_kv.copy_blocks_to(self.kv, list(output.swap_in))
+
+
+def _prompt_logprobs(rows: torch.Tensor, chunks) -> dict[str, list[TokenLogprobs]]:
+    """The prompt log-probabilities of `rows` (the logits of every chunk's prompt_positions, in
+    order): request id -> entries, each the next prompt token's."""
+    if not rows.shape[0]:
+        return {}
+    targets, asked, owners = [], [], []
+    for chunk in chunks:
+        request = chunk.request
+        for position in prompt_positions(chunk):
+            targets.append(request.prompt_token_ids[position + 1])
+            asked.append(request.sampling.prompt_logprobs)
+            owners.append(request.request_id)
+    entries = token_logprobs(rows, targets, asked)
+    out: dict[str, list[TokenLogprobs]] = {}
+    for row, owner in enumerate(owners):
+        out.setdefault(owner, []).append(entries[row])
+    return out

@@ -19,6 +19,8 @@ class RequestOutput:
     new_token_ids: tuple[int, ...]
     finished: bool
     logprobs: tuple[TokenLogprobs, ...] = ()
+    # With its first token, when its sampling asked prompt_logprobs: one per prompt token but the first.
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
 
     @property
     def request_id(self) -> str:

@@ -113,6 +113,8 @@ class KVManager:
     def match(self, request: Request) -> MatchResult:
         """Cached prefix of the request. NOTE: the last token is never matched: it must go
         through the model to produce logits."""
+        if request.prompt_logprobs_missing:  # every prompt position's logits are wanted: nothing cached serves
+            return self.prefix.match(TokenView(request, 0))
         return self.prefix.match(TokenView(request, request.num_tokens - 1))
 
     def match_prompt(self, request: Request) -> MatchResult:

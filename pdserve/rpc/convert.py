@@ -68,6 +68,7 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         logit_bias=tuple(sorted((int(t), float(b)) for t, b in msg.logit_bias.items())),
         min_tokens=int(_opt(msg, "min_tokens", d.min_tokens)),
         constraint=constraint_from_pb(msg.structured_output) if msg.HasField("structured_output") else None,
+        prompt_logprobs=int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs") else None,
     )
 
 
@@ -104,6 +105,8 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
         msg.seed = params.seed
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if params.prompt_logprobs is not None:
+        msg.prompt_logprobs = params.prompt_logprobs
     if params.adjusts_logits:
         msg.presence_penalty, msg.frequency_penalty = params.presence_penalty, params.frequency_penalty
         msg.repetition_penalty, msg.min_tokens = params.repetition_penalty, params.min_tokens

@@ -28,6 +28,7 @@ class Reserved:
 class Tokens:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token id when the request asked, else empty
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # with the first token of a prompt prefilled here, if asked
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class FirstToken:
     kv_seconds: float = 0.0
     queue_seconds: float = 0.0
     logprobs: TokenLogprobs | None = None  # the first token's, when the request asked
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()  # one per prompt token but the first, when asked
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ class HttpApi:
             return error_response(exc)
         openai = source.parsed()
         reply = Reply(generation.request_id, openai.model, openai.chat, self.token_text, openai.logprobs,
-                      tools=openai.tools.names if openai.tools else None, echo=self._echo(openai))
+                      tools=openai.tools.names if openai.tools else None, echo=self._echo(openai),
+                      echo_first=generation.job.prompt[0] if openai.echo else None)
         if openai.stream:
             return await self._stream(request, generation, reply, openai.include_usage)
         try:

@@ -87,11 +87,11 @@ def completion_request(body: Body, headers, model: str) -> OpenAIRequest:
         unsupported(body, _NOT_FOR_COMPLETIONS)
     logprobs = integer(body, "logprobs", None)
     echo = boolean(body, "echo", False) if isinstance(body, dict) else False
-    if echo and logprobs is not None:
-        raise InvalidRequestError("echo with logprobs would need the prompt's log-probabilities, which pdserve "
-                                  "does not compute: ask for one or the other")
     request = _request(body, headers, model, _completion_prompt(body.get("prompt")),
                        integer(body, "max_tokens", None), logprobs, chat=False)
+    if echo and logprobs is not None:  # the prompt's tokens' log-probabilities come first
+        sampling = dataclasses.replace(request.ask.sampling, prompt_logprobs=logprobs)
+        request = dataclasses.replace(request, ask=dataclasses.replace(request.ask, sampling=sampling))
     return dataclasses.replace(request, echo=echo)
 
 

@@ -54,6 +54,8 @@ class Reply:
     created: int = field(default_factory=lambda: int(time.time()))
     tools: frozenset[str] | None = None  # the functions the model may call: its calls are read off its text
     echo: str = ""  # a completion's prompt, which each choice's text begins with (echo)
+    echo_first: int | None = None  # the prompt's first token (echo with logprobs: it has none)
+    prompt_entries: tuple = ()  # the prompt's TokenLogprobs (echo with logprobs), from the first output
     choices: dict[int, _Choice] = field(default_factory=dict)
 
     @property
@@ -63,7 +65,9 @@ class Reply:
     def chunk(self, output: Output) -> dict:
         """The streamed chunk for `output` (a chat choice's first one also says the role)."""
         c = self._take(output)
-        choice: dict = {"index": c.index, "finish_reason": c.finish, "logprobs": self._logprobs(c, output.logprobs)}
+        first = not c.said_role
+        choice: dict = {"index": c.index, "finish_reason": c.finish,
+                        "logprobs": self._logprobs(c, output.logprobs, echoed=first and bool(self.echo))}
         if self.chat:
             text, calls = self._streamed(c, output)
             delta = {"content": text} if c.said_role else {"role": "assistant", "content": text}
@@ -73,7 +77,7 @@ class Reply:
             choice["delta"] = delta if text or calls or not c.said_role else {}
             c.said_role = True
         else:
-            choice["text"] = (self.echo if c.said_role is False else "") + output.text
+            choice["text"] = (self.echo if first else "") + output.text
             c.said_role = True
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
@@ -95,7 +99,7 @@ class Reply:
     def _whole_choice(self, c: _Choice) -> dict:
         text = "".join(c.text)
         choice: dict = {"index": c.index, "finish_reason": c.finish,
-                        "logprobs": self._logprobs(c, tuple(c.entries), offset=0)}
+                        "logprobs": self._logprobs(c, tuple(c.entries), offset=0, echoed=bool(self.echo))}
         if not self.chat:
             choice["text"] = self.echo + text
             return choice
@@ -130,6 +134,7 @@ class Reply:
                                                      else None)
         c.text.append(output.text)
         c.entries.extend(output.logprobs)
+        self.prompt_entries = output.prompt_logprobs or self.prompt_entries
         if output.finish is not None:
             c.finish = FINISH[output.finish.reason]
             c.usage = output.finish.usage
@@ -138,12 +143,20 @@ class Reply:
     def _envelope(self, kind: str, choices: list) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def _logprobs(self, c: _Choice, entries, offset: int | None = None) -> dict | None:
+    def _logprobs(self, c: _Choice, entries, offset: int | None = None, echoed: bool = False) -> dict | None:
+        """`echoed`: the prompt's text goes out with these entries (echo): its tokens come first."""
         if not self.logprobs:
             return None
         if self.chat:
             return {"content": [self._chat_entry(e) for e in entries]}
-        return self._completion_logprobs(c, entries, c.offset if offset is None else offset)
+        rows = [(self._top(e.top), e.token_id, _finite(e.logprob)) for e in entries]
+        if echoed and self.echo_first is not None:
+            rows = [({}, self.echo_first, None), *((self._top(e.top), e.token_id, _finite(e.logprob))
+                                                   for e in self.prompt_entries), *rows]
+        return self._completion_logprobs(c, rows, c.offset if offset is None else offset)
+
+    def _top(self, top) -> dict:
+        return {self.token_text(i): _finite(lp) for i, lp in top}
 
     def _chat_entry(self, entry) -> dict:
         token = self.token_text(entry.token_id)
@@ -151,17 +164,17 @@ class Reply:
                 "top_logprobs": [{"token": (t := self.token_text(i)), "logprob": _finite(lp), "bytes": list(t.encode())}
                                  for i, lp in entry.top]}
 
-    def _completion_logprobs(self, c: _Choice, entries, offset: int) -> dict:
-        tokens = [self.token_text(e.token_id) for e in entries]
+    def _completion_logprobs(self, c: _Choice, rows, offset: int) -> dict:
+        """rows: (top alternatives, token id, log-probability: None for the prompt's first token)."""
+        tokens = [self.token_text(token) for _, token, _ in rows]
         offsets = []
         for token in tokens:
             offsets.append(offset)
             offset += len(token)
         if offset > c.offset:
             c.offset = offset
-        return {"tokens": tokens, "token_logprobs": [_finite(e.logprob) for e in entries],
-                "top_logprobs": [{self.token_text(i): _finite(lp) for i, lp in e.top} for e in entries],
-                "text_offset": offsets}
+        return {"tokens": tokens, "token_logprobs": [lp for _, _, lp in rows],
+                "top_logprobs": [top if lp is not None else None for top, _, lp in rows], "text_offset": offsets}
 
 
 def _finish_with(c: _Choice, calls: tuple[Call, ...]) -> str | None:

@@ -113,3 +113,32 @@ def test_generate_responses_carry_one_logprobs_entry_per_token(client, reference
     assert [lp.token_id for lp in got] == list(expected.token_ids)
     assert [len(lp.top) for lp in got] == [K] * MAX_TOKENS
     assert [lp.logprob for lp in got] == pytest.approx([lp.logprob for lp in expected.logprobs], abs=TOLERANCE)
+
+
+def _prompt_reference(reference_llm, prompt: list[int], k: int) -> list:
+    """The in-process engine's prompt log-probabilities of `prompt`."""
+    engine = reference_llm.engine
+    engine.add_request("prompt-reference", prompt, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=k))
+    entries = []
+    while engine.has_unfinished():
+        entries += [e for o in engine.step().outputs for e in o.prompt_logprobs]
+    return entries
+
+
+def test_prompt_logprobs_come_once_from_whichever_worker_prefilled(service, client, sdk, model, reference_llm):
+    """Over gRPC (the prefill worker computes them) and over HTTP as echo with logprobs; equal to
+    the in-process engine's, one per prompt token but the first, with the first token only."""
+    prompt = list(reference_llm.tokenizer.encode("Rivers run to the sea, and the sea is never full."))
+    expected = _prompt_reference(reference_llm, prompt, 2)
+    chunks = list(client.stream(token_ids=prompt, max_tokens=3, temperature=0, prompt_logprobs=2))
+    assert [bool(c.prompt_logprobs) for c in chunks if c.token_ids][:2] == [True, False]
+    given = chunks[0].prompt_logprobs
+    assert [e.token_id for e in given] == prompt[1:]
+    assert [e.logprob for e in given] == pytest.approx([e.logprob for e in expected], abs=TOLERANCE)
+    assert [[t for t, _ in e.top] for e in given] == [[t for t, _ in e.top] for e in expected]
+    text = reference_llm.tokenizer.decode(prompt)
+    echoed = sdk.completions.create(model=model, prompt=text, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    logprobs = echoed.choices[0].logprobs
+    assert echoed.choices[0].text.startswith(text) and logprobs.token_logprobs[0] is None
+    assert len(logprobs.tokens) == len(reference_llm.tokenizer.encode(text)) + 3
+    wait_no_active_blocks({"prefill": service["prefill"], "decode": service["decode"]})

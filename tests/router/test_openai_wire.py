@@ -133,12 +133,22 @@ def test_echo_begins_each_completion_with_its_prompt_whole_and_streamed():
     assert [reply.chunk(o)["choices"][0]["text"] for o in _outputs()] == ["OnceHe", "llo"]
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ({"prompt": "a", "echo": True, "logprobs": 1}, "echo with logprobs"),
-    ({"prompt": "a", "echo": "yes"}, "echo must be true or false"),
-])
-def test_echo_is_refused_where_it_cannot_be_served(body, needle):
-    with pytest.raises(InvalidRequestError, match=needle):
-        completion_request(body, {}, "m")
+def test_echo_with_logprobs_asks_for_the_prompts_and_gives_them_first():
+    request = completion_request({"prompt": "Once", "echo": True, "logprobs": 1}, {}, "m")
+    assert request.ask.sampling.prompt_logprobs == 1 and request.ask.sampling.logprobs == 1
+    outputs = _outputs()
+    outputs[0] = Output(outputs[0].token_ids, outputs[0].text, outputs[0].logprobs,
+                        prompt_logprobs=(TokenLogprobs(2, -1.5, ((1, -0.5),)),))
+    body = Reply("r6", "m", chat=False, token_text=_text, logprobs=True, echo="HeHe", echo_first=1).whole(outputs)
+    logprobs = body["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["He", "llo", "He", "llo"]
+    assert logprobs["token_logprobs"] == [None, -1.5, -0.1, -0.7]
+    assert logprobs["top_logprobs"][0] is None and logprobs["top_logprobs"][1] == {"He": -0.5}
+    assert logprobs["text_offset"] == [0, 2, 5, 7]
+
+
+def test_echo_is_refused_where_it_cannot_be_served():
+    with pytest.raises(InvalidRequestError, match="echo must be true or false"):
+        completion_request({"prompt": "a", "echo": "yes"}, {}, "m")
     with pytest.raises(InvalidRequestError, match="echo is not supported"):
         _chat({"echo": True})
