@@ -1,12 +1,15 @@
 """A decode worker drained (SIGTERM) mid-stream: the streams it decodes move, KV and all, to the
 other decode worker and go on there (not prefilled again); the outputs equal the reference's,
-the drained worker exits at once, and every worker left holds no block.
+the drained worker exits at once, and every worker left holds no block. The streams are under a
+JSON schema, so the worker they move to rebuilds each one's grammar from its tokens: their
+outputs still equal the reference's, token for token.
 
 Fleet: one prefill worker, decode workers D0 and D1, a router with its metrics exported."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 
@@ -16,6 +19,7 @@ from pdserve.cli.supervisor import Supervisor
 from pdserve.client import Client, ClientOptions
 from pdserve.client.results import Collector, now
 from pdserve.procs.health import wait_serving
+from pdserve.requests import Constraint, ConstraintKind
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.metrics import counters
 from tests.helpers.outcomes import outcome
@@ -27,7 +31,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.small_fleet, pytest.mark.timeout(900)
 ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--token-budget", "256",
           "--max-chunk-tokens", "128"]
 PROMPTS = [f"Tell the story of the clockmaker of Vell, chapter {i}." for i in range(4)]
-GREEDY = {"max_tokens": 192, "temperature": 0, "ignore_eos": True}  # long: still decoding when the drain starts
+# Long: still decoding when the drain starts (a hundred numbers cannot end within 192 tokens, so none ends early).
+NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 100}
+GREEDY = {"max_tokens": 192, "temperature": 0, "constraint": Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(NUMBERS))}
 
 
 @pytest.fixture(scope="module")
