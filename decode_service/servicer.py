@@ -8,6 +8,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from decode_service.worker import DecodeJob, DecodeWorker
+from pdserve.errors import InvalidRequestError
 from pdserve.parallel.kv_ranks import RankEnd
 from pdserve.rpc.bounds import check_id, kv_timeout
 from pdserve.worker.decode_peer import target_from_pb
@@ -32,6 +33,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         super().__init__(worker, tracer, draining, transport)
         self.kv_ranks = kv_ranks_to_pb(kv_ranks)
         self.kv_address = kv_address
+        self._receivers = frozenset({kv_address, *(rank.address for rank in kv_ranks)})  # what a piece may go to
         self.block_size = block_size
         self.block_nbytes = block_nbytes
         self.num_blocks = num_blocks
@@ -100,6 +102,9 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
 
     async def PushKV(self, request: wpb.KVPiece, context) -> wpb.KVPieceAck:
         self._authorize(request.transfer_id, request.kv_secret)
+        if any(address not in self._receivers for address in request.kv_addresses):
+            raise InvalidRequestError(f"transfer {request.transfer_id!r}: a KV address the sender means to send to "
+                                      "is not one of this decode worker's receivers (a damaged reservation?)")
         self.worker.push_kv(request.transfer_id, request.seq, request.block_index, tuple(request.src_block_ids),
                             request.timeout_s, max(1, request.tensor_parallel_size))
         return wpb.KVPieceAck()

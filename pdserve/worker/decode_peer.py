@@ -42,7 +42,8 @@ class GrpcDecodePeer(DecodePeer):
     async def push_kv(self, endpoint: str, piece: Piece) -> None:
         message = wpb.KVPiece(transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
                               src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s,
-                              kv_secret=piece.secret, tensor_parallel_size=piece.senders if piece.senders > 1 else 0)
+                              kv_secret=piece.secret, tensor_parallel_size=piece.senders if piece.senders > 1 else 0,
+                              kv_addresses=list(piece.addresses))
         try:
             await self._stub(endpoint).PushKV(message, timeout=piece.timeout_s)
         except grpc.aio.AioRpcError as exc:

@@ -12,6 +12,7 @@ byte is sent, `send_piece` one piece's announcement and data.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class Piece:
     timeout_s: float
     secret: bytes = field(repr=False)
     senders: int = 1  # the sending worker's tensor parallel size: each rank sends its share of the heads
+    addresses: tuple[bytes, ...] = ()  # the receivers it goes to: the decode worker confirms them first
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,11 @@ async def send_piece(sender: RanksSender, peer: DecodePeer, target: Target, piec
     from `piece.block_index` on, summed meanwhile when `sums` is given. PeerFault when the decode
     worker or the send fails."""
     started = time.perf_counter()
-    await peer.push_kv(target.decode_endpoint, piece)
-    pairs = list(zip(piece.src_block_ids, target.block_ids[piece.block_index:]))
     ends = sender.ends_of(target.ranks, target.kv_address)
+    # The decode worker confirms these are its receivers before any byte goes (a damaged address
+    # could crash the transport's native code).
+    await peer.push_kv(target.decode_endpoint, dataclasses.replace(piece, addresses=tuple(e.address for e in ends)))
+    pairs = list(zip(piece.src_block_ids, target.block_ids[piece.block_index:]))
 
     async def send() -> TransferResult:
         try:

@@ -1,6 +1,8 @@
 """What the fuzzing found, each kept with the smallest input that showed it: a huge piece count
 (it built a list of that size), a huge unknown transfer id (quoted whole, the trailers overflowed),
-and bytes that do not parse as the request type (grpc answered UNKNOWN)."""
+bytes that do not parse as the request type (grpc answered UNKNOWN), and reservations whose KV
+address was damaged (UCX connected to some and failed inside, and a prefill worker later died of
+SIGSEGV): the decode worker now confirms every address in PushKV, before a byte is sent."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from tests.fuzz.calls import Call, assert_answered, invoke
 from tests.fuzz.fleet import FuzzFleet, assert_came_through
 from tests.fuzz.inputs import metadata, parses
 from tests.fuzz.rpcs import BY_METHOD, COMPLETE, METHODS, PUSH, Ids, Rpc, kv_complete, reservation
+
+PREFILL = "/pdserve.v1.PrefillWorker/Prefill"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.fuzz, pytest.mark.timeout(600)]
 
@@ -40,6 +44,27 @@ def test_a_huge_unknown_transfer_id_is_refused_in_a_few_words(method: str, live_
         outcome = invoke(channels["decode"], call)
     assert not live_fleet.dead(), f"killed {live_fleet.dead()}"
     assert_answered(call, outcome)
+
+
+def test_a_prefill_into_a_damaged_kv_address_is_refused_before_a_byte_is_sent(live_fleet: FuzzFleet, channels):
+    ids, rpc = Ids(), BY_METHOD[PREFILL]
+    for position in range(0, 200, 9):  # through the address's header, its devices and their addresses
+        with reservation(channels["decode"], live_fleet.internal_metadata, ids) as reserved:
+            message = rpc.valid(ids, reserved)
+            address = bytearray(message.target.kv_address)
+            if position >= len(address):
+                break
+            address[position] ^= 0x30
+            message.target.kv_address = bytes(address)
+            call = Call(live_fleet.prefill, PREFILL, message.SerializeToString(), metadata("good", live_fleet, rpc),
+                        rpc.deadline_s, rpc.stream)
+            outcome = invoke(channels["prefill"], call, rpc.max_responses)
+        assert not live_fleet.dead(), f"a flipped byte {position} of the KV address killed {live_fleet.dead()}"
+        assert_answered(call, outcome)
+        # refused by the decode worker's PushKV before the transport saw the address (UCX itself
+        # accepts some damaged ones); the prefill worker's stream ends as for any refusing peer
+        assert "is not one of this decode worker's receivers" in outcome.details, (position, outcome)
+    assert_came_through(live_fleet)
 
 
 def _send_undecodable(fleet: FuzzFleet, channels, rpc: Rpc) -> dict[bytes, str]:
