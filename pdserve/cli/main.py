@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import faulthandler
 import logging
 import sys
 
@@ -43,6 +44,7 @@ def _subcommand(module: str, name: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    faulthandler.enable()  # a crash in native code (UCX, the kernels) leaves every thread's Python stack in the log
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return int(args.run(args) or 0)
