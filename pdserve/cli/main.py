@@ -4,8 +4,8 @@ one of SUBCOMMANDS must import."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import faulthandler
+import importlib
 import logging
 import sys
 
