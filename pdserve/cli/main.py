@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import io
 import logging
 import sys
 
@@ -44,12 +45,20 @@ def _subcommand(module: str, name: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    faulthandler.enable()  # a crash in native code (UCX, the kernels) leaves every thread's Python stack in the log
+    _enable_faulthandler()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+
+
+def _enable_faulthandler() -> None:
+    """A crash in native code (UCX, the kernels) leaves every thread's Python stack in the log."""
+    try:
+        faulthandler.enable()
+    except (io.UnsupportedOperation, AttributeError, ValueError):
+        pass  # stderr is no file (main() called in-process, under a caller's capture): nothing to write to
 
 
 if __name__ == "__main__":
