@@ -360,12 +360,12 @@ class RequestFlow:
                 state.generated.extend(event.token_ids)
                 yield NewTokens(event.token_ids, event.logprobs, event.prompt_logprobs)
             elif isinstance(event, Preempted):
-                if event.phase == "preempted":
-                    state.by_mode[event.mode] = state.by_mode.get(event.mode, 0) + 1
+                if event.phase == "preempted":  # counted here, on every attempt: a moved or resumed stream's
+                    state.by_mode[event.mode] = state.by_mode.get(event.mode, 0) + 1  # earlier ones too
+                    state.preemptions += 1
                 yield Milestone(f"decode.{event.phase}", {"mode": event.mode, "reason": event.reason})
             elif isinstance(event, Finished):
                 state.protocol.advance(Signal.FINISHED)
-                state.preemptions += event.preemptions
                 yield state.done(event.reason, event.cached_tokens)
                 return
             elif isinstance(event, Departed):  # (target None: its Depart call failed, yet it left)

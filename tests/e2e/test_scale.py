@@ -46,7 +46,9 @@ def cluster():
         p = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in prefill]
         d = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in decode.values()]
         router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", ",".join(p),
-                                      "--decode-workers", ",".join(d), "--kv-timeout", "10", *secured])
+                                      "--decode-workers", ",".join(d), "--kv-timeout", "10",
+                                      "--rebalance-interval-s", "0",  # a stream stays on its worker: each preempts its way
+                                      *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(target, 60)
         with Client(target, ClientOptions(timeout_s=600)) as client:
