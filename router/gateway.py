@@ -201,18 +201,14 @@ class Gateway:
             trace.on_event(event)
             if isinstance(event, NewTokens):
                 completion += len(event.token_ids)
-                delta = text.push(event.token_ids)
-                logprobs = tuple(event.logprobs)
-                if delta.stopped:
-                    trace.finish(FinishReason.STOP, completion)
-                    yield dataclasses.replace(_last(job, Done(FinishReason.STOP, 0, 0), completion, event.token_ids,
-                                                    delta.text, logprobs), prompt_logprobs=event.prompt_logprobs)
-                    return
-                yield Output(tuple(event.token_ids), delta.text, logprobs, prompt_logprobs=event.prompt_logprobs)
-            elif isinstance(event, Done):
-                trace.finish(event.reason, completion)
-                yield _last(job, event, completion, text=text.finish())
+            output = _output_of(job, event, text, completion)
+            if output is None:
+                continue
+            if output.finish is not None:
+                trace.finish(output.finish.reason, completion)
+                yield output
                 return
+            yield output
 
     async def _sample_outputs(self, generation: Generation, samples: Samples,
                               events: asyncio.Queue) -> AsyncIterator[Output]:
@@ -239,7 +235,11 @@ class Gateway:
                 event = Done(FinishReason.ABORT, 0, 0)
             if index == 0:
                 trace.on_event(event)
-            output = self._sample_output(job, index, event, texts[index], completion, samples)
+            if isinstance(event, NewTokens):
+                completion[index] += len(event.token_ids)
+            output = _output_of(job, event, texts[index], completion[index], index)
+            if isinstance(event, NewTokens) and output.finish is not None:  # a stop string ended it
+                samples.stop(index)
             if output is not None:
                 kept[index].append(output)
                 if not count.ranked:
@@ -250,22 +250,20 @@ class Gateway:
                 for output in kept[i]:
                     yield _without_logprobs(dataclasses.replace(output, index=rank), generation.logprobs)
 
-    def _sample_output(self, job: Job, index: int, event, text: TextStream, completion: dict[int, int],
-                       samples: Samples) -> Output | None:
-        """One sample's event as its output (None: nothing for the caller); a stop string ends it."""
-        if isinstance(event, NewTokens):
-            completion[index] += len(event.token_ids)
-            delta = text.push(event.token_ids)
-            if delta.stopped:
-                samples.stop(index)
-                return dataclasses.replace(_last(job, Done(FinishReason.STOP, 0, 0), completion[index], event.token_ids,
-                                                 delta.text, tuple(event.logprobs), index),
-                                           prompt_logprobs=event.prompt_logprobs)
-            return Output(tuple(event.token_ids), delta.text, tuple(event.logprobs), index=index,
-                          prompt_logprobs=event.prompt_logprobs)
-        if isinstance(event, Done):
-            return _last(job, event, completion[index], text=text.finish(), index=index)
-        return None
+
+def _output_of(job: Job, event, text: TextStream, completion: int, index: int = 0) -> Output | None:
+    """A flow event of sample `index` as its output (None: nothing for the caller); `completion`:
+    its tokens so far, this event's included. A stop string in the text ends it (finish STOP)."""
+    if isinstance(event, NewTokens):
+        delta = text.push(event.token_ids)
+        if delta.stopped:
+            return _last(job, Done(FinishReason.STOP, 0, 0), completion, event.token_ids, delta.text,
+                         tuple(event.logprobs), index, event.prompt_logprobs)
+        return Output(tuple(event.token_ids), delta.text, tuple(event.logprobs), index=index,
+                      prompt_logprobs=event.prompt_logprobs)
+    if isinstance(event, Done):
+        return _last(job, event, completion, text=text.finish(), index=index)
+    return None
 
 
 def _ended(kept: dict[int, list[Output]]) -> set[int]:
@@ -281,13 +279,13 @@ def _without_logprobs(output: Output, asked: bool) -> Output:
 
 
 def _last(job: Job, done: Done, completion: int, ids: Sequence[int] = (), text: str = "",
-          logprobs: tuple = (), index: int = 0) -> Output:
+          logprobs: tuple = (), index: int = 0, prompt_logprobs: tuple = ()) -> Output:
     by_mode = done.preemptions_by_mode or {}
     usage = Usage(prompt_tokens=len(job.prompt), completion_tokens=completion, cached_tokens=done.cached_tokens,
                   preemptions=done.preemptions, recompute_preemptions=by_mode.get("recompute", 0),
                   swap_preemptions=by_mode.get("swap", 0), kv_transfer_bytes=done.kv_bytes,
                   decode_cached_tokens=done.decode_cached_tokens, local_prefill=done.local_prefill)
-    return Output(tuple(ids), text, logprobs, Finish(done.reason, usage), index)
+    return Output(tuple(ids), text, logprobs, Finish(done.reason, usage), index, prompt_logprobs)
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,14 @@ def _sampling(settings: Mapping[str, object]) -> pb.SamplingParams:
         elif name == "logit_bias":  # a mapping (or pairs) of token id -> bias
             message.logit_bias.update({int(t): float(b) for t, b in dict(value).items()})
         elif name == "constraint":  # a pdserve.requests.Constraint: structured output
-            message.structured_output.CopyFrom(_structured(value))
+            message.structured_output.CopyFrom(constraint_to_pb(value))
         else:
             setattr(message, name, value)
     return message
 
 
-def _structured(c: Constraint) -> pb.StructuredOutput:
+def constraint_to_pb(c: Constraint) -> pb.StructuredOutput:
+    """A structured-output constraint on the public proto (the router's wire uses it too)."""
     if c.kind is ConstraintKind.JSON_OBJECT:
         return pb.StructuredOutput(json_object=True)
     if c.kind is ConstraintKind.CHOICE:

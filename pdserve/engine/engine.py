@@ -159,8 +159,9 @@ class Engine:
             on_reserved(reserved)
             reserved = ()
         sampled = self.runner.execute(output)
-        for chunk in output.chunks:
-            chunk.request.prompt_logprobs.extend(sampled.prompt_logprobs.get(chunk.request.request_id, ()))
+        if sampled.prompt_logprobs:  # (rare: only requests that ask, while they prefill)
+            for chunk in output.chunks:
+                chunk.request.prompt_logprobs.extend(sampled.prompt_logprobs.get(chunk.request.request_id, ()))
         with self.lock:
             finished = self.scheduler.update(output, sampled.tokens)
             holds = self._holds(output)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pdserve.client.wire import constraint_to_pb  # the public proto's, one conversion for both sides
 from pdserve.requests import Constraint, ConstraintKind, FinishReason, Priority, SamplingParams, TokenLogprobs
 from pdserve.v1 import generation_pb2 as pb
 
@@ -84,15 +85,6 @@ def constraint_from_pb(msg: pb.StructuredOutput) -> Constraint:
     if kind == "choice":
         return Constraint(ConstraintKind.CHOICE, choices=tuple(msg.choice.choices))
     return Constraint(ConstraintKind(kind), getattr(msg, kind))
-
-
-def constraint_to_pb(constraint: Constraint) -> pb.StructuredOutput:
-    kind = constraint.kind
-    if kind is ConstraintKind.JSON_OBJECT:
-        return pb.StructuredOutput(json_object=True)
-    if kind is ConstraintKind.CHOICE:
-        return pb.StructuredOutput(choice=pb.Choices(choices=list(constraint.choices)))
-    return pb.StructuredOutput(**{kind.value: constraint.spec})
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:

@@ -38,7 +38,7 @@ class _Choice:
     finish: str | None = None
     usage: Usage | None = None
     calls: StreamedCalls | None = None  # its calls, read off its text (tools)
-    said_role: bool = False  # this choice's first chunk was sent (a chat's says the role, an echo's the prompt)
+    started: bool = False  # its first chunk was sent (a chat's says the role, an echo's has the prompt)
 
 
 @dataclass
@@ -65,20 +65,20 @@ class Reply:
     def chunk(self, output: Output) -> dict:
         """The streamed chunk for `output` (a chat choice's first one also says the role)."""
         c = self._take(output)
-        first = not c.said_role
+        first = not c.started
         choice: dict = {"index": c.index, "finish_reason": c.finish,
                         "logprobs": self._logprobs(c, output.logprobs, echoed=first and bool(self.echo))}
         if self.chat:
             text, calls = self._streamed(c, output)
-            delta = {"content": text} if c.said_role else {"role": "assistant", "content": text}
+            delta = {"content": text} if c.started else {"role": "assistant", "content": text}
             if calls:
                 delta["tool_calls"] = [call.json(i) for i, call in enumerate(calls)]
                 choice["finish_reason"] = _finish_with(c, calls)
-            choice["delta"] = delta if text or calls or not c.said_role else {}
-            c.said_role = True
+            choice["delta"] = delta if text or calls or not c.started else {}
+            c.started = True
         else:
             choice["text"] = (self.echo if first else "") + output.text
-            c.said_role = True
+            c.started = True
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def usage_chunk(self) -> dict:
