@@ -27,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--policy", action="append", choices=[*POLICIES, "all"], help="colocated policies (default all)")
     p.add_argument("--split", action="append", help="xPyD split, repeatable, 'none' for no split "
                    "(default with 8 GPUs: 4P4D 2P6D 6P2D)")
+    p.add_argument("--elastic", action="store_true",
+                   help="each split elastic too: the router's planner changes its instances' roles, keeping "
+                        "decode steps within --slo-tbt")
     p.add_argument("--prefill-tp", type=int, default=None)
     p.add_argument("--decode-tp", type=int, default=None)
     p.add_argument("--token-budget", type=int, default=SchedulerConfig().token_budget)
@@ -69,6 +72,7 @@ def _config(args: argparse.Namespace):
     return SimConfig(get_hardware(args.hardware), get_shape(args.model), token_budget=args.token_budget,
                      max_chunk_tokens=min(args.max_chunk_tokens, args.token_budget),
                      memory_fraction=args.memory_fraction, prefix_cache=args.prefix_cache == "on",
+                     tbt_objective_s=args.slo_tbt,
                      max_model_len=MAX_MODEL_LEN.get(args.model, SimConfig.max_model_len))
 
 
@@ -80,7 +84,10 @@ def _deployments(args: argparse.Namespace, cfg) -> list:
     found: list = [Colocated(args.gpus, tp, policy) for policy in policies]
     splits = args.split or (["4P4D", "2P6D", "6P2D"] if args.gpus == 8 else [f"{args.gpus // 2}P{args.gpus - args.gpus // 2}D"])
     policy = "chunked" if "chunked" in policies else policies[0]
-    found += [parse_split(s, cfg, args.prefill_tp, args.decode_tp, policy) for s in splits if s.lower() != "none"]
+    splits = [s for s in splits if s.lower() != "none"]
+    found += [parse_split(s, cfg, args.prefill_tp, args.decode_tp, policy) for s in splits]
+    if args.elastic:
+        found += [parse_split(s, cfg, args.prefill_tp, args.decode_tp, policy, elastic=True) for s in splits]
     return found
 
 
@@ -103,11 +110,12 @@ def _table(args: argparse.Namespace, cfg, workload) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     slo = Slo(args.slo_ttft, args.slo_tbt)
-    rows = []
+    rows, changes = [], []
     for deployment in deployments:
         print(f"simulating {deployment.name} ...", file=sys.stderr, flush=True)
         result = simulate(workload, deployment, cfg, trace_steps=True)
         rows.append(report.row(result, summarize(result, slo)))
+        changes += [f"{deployment.name}: {c}" for c in result.role_changes]
     bounds = report.physical_bounds(workload, cfg, args.gpus)
     long_kind = "document" if "document" in workload.kinds() else workload.kinds()[-1]
     short_kind = "chat" if "chat" in workload.kinds() else workload.kinds()[0]
@@ -115,6 +123,8 @@ def _table(args: argparse.Namespace, cfg, workload) -> int:
     if workload.name.startswith("seed"):
         lines += [report.seed_table(), ""]
     lines.append(report.bounds_text(bounds, cfg))
+    if changes:
+        lines += ["", "role changes (the router's planner):", *changes]
     print("\n".join(lines))
     _write_json(args, {"workload": workload, "config": cfg, "slo": slo, "bounds": bounds, "runs": rows,
                        "seed_figures": report.SEED_FIGURES})

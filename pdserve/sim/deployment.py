@@ -4,12 +4,15 @@
                                               prefills and decodes, mixed by the policy
     Disaggregated(4, 4, 4, 4)  "4P4D"         prefill instances (TP group each) finish a request
                                               at its first token; its KV moves to a decode instance
+    Disaggregated(..., elastic=True)          the same split at the start; the router's planner
+                                              (pdserve/elastic) changes instances' roles (sim/elastic.py)
 
 Tensor parallelism must divide the model's KV heads and the role's GPU count.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -31,6 +34,7 @@ class SimConfig:
     token_budget: int = SchedulerConfig().token_budget
     max_chunk_tokens: int = SchedulerConfig().max_chunk_tokens
     block_size: int = CacheConfig().block_size
+    tbt_objective_s: float | None = None  # the decode steps' objective an elastic split's planner keeps
     memory_fraction: float = 0.9  # of device memory usable for weights + KV (the engine counts blocks instead)
     host_swap_bytes_per_gpu: float = 64 * GB  # a GPU server's host pool, not the CPU engine's num_host_blocks
     max_model_len: int = 131_072  # Llama-3.1's context; the engine's default is the model's own
@@ -69,11 +73,13 @@ class Disaggregated:
     decode_gpus: int
     decode_tp: int
     policy: str = "chunked"
+    elastic: bool = False  # instances change role on the planner's word (one TP for both roles)
 
     @property
     def name(self) -> str:
-        return (f"{self.prefill_gpus}P{self.decode_gpus}D (P {self.prefill_gpus // self.prefill_tp}xTP"
-                f"{self.prefill_tp}, D {self.decode_gpus // self.decode_tp}xTP{self.decode_tp})")
+        return (f"{self.prefill_gpus}P{self.decode_gpus}D{' elastic' if self.elastic else ''} (P "
+                f"{self.prefill_gpus // self.prefill_tp}xTP{self.prefill_tp}, D {self.decode_gpus // self.decode_tp}xTP"
+                f"{self.decode_tp})")
 
     @property
     def total_gpus(self) -> int:
@@ -106,6 +112,13 @@ def default_tp(gpus: int, cfg: SimConfig) -> int:
     return options[-1]
 
 
+def smallest_tp(gpus: int, cfg: SimConfig) -> int:
+    options = [tp for tp in valid_tps(gpus, cfg.shape) if fits(cfg, tp)]
+    if not options:
+        raise InfeasibleDeployment(f"{cfg.shape.name} fits no TP group of {gpus} x {cfg.hardware.name}")
+    return options[0]
+
+
 def check(deployment: Deployment, cfg: SimConfig) -> None:
     """Raise InfeasibleDeployment unless every role's TP divides its GPUs and KV heads and fits."""
     roles = ([(deployment.gpus, deployment.tp)] if isinstance(deployment, Colocated)
@@ -115,16 +128,26 @@ def check(deployment: Deployment, cfg: SimConfig) -> None:
             raise InfeasibleDeployment(f"TP {tp} must divide {gpus} GPUs and {cfg.shape.num_kv_heads} KV heads")
         if not fits(cfg, tp):
             raise InfeasibleDeployment(f"{cfg.shape.name} weights do not fit on TP {tp} x {cfg.hardware.name}")
+    if isinstance(deployment, Disaggregated) and deployment.elastic:
+        if deployment.prefill_tp != deployment.decode_tp:
+            raise InfeasibleDeployment("an elastic split keeps each instance's TP in both roles: prefill and decode "
+                                       f"TP must be equal, got {deployment.prefill_tp} and {deployment.decode_tp}")
+        if deployment.prefill_gpus // deployment.prefill_tp + deployment.decode_gpus // deployment.decode_tp < 3:
+            raise InfeasibleDeployment("an elastic split needs at least three instances (neither role is ever left "
+                                       "without one)")
 
 
 def parse_split(text: str, cfg: SimConfig, prefill_tp: int | None = None, decode_tp: int | None = None,
-                policy: str = "chunked") -> Disaggregated:
-    """"4P4D" -> 4 prefill GPUs and 4 decode GPUs; TPs default to the largest that fits."""
+                policy: str = "chunked", elastic: bool = False) -> Disaggregated:
+    """"4P4D" -> 4 prefill GPUs and 4 decode GPUs; TPs default to the largest that fits (elastic:
+    one TP for both roles, the smallest that fits, for the most instances to move)."""
     match = _SPLIT.match(text)
     if match is None:
         raise ValueError(f"split {text!r} is not of the form xPyD (e.g. 4P4D)")
     p, d = int(match.group(1)), int(match.group(2))
-    split = Disaggregated(p, prefill_tp or default_tp(p, cfg), d, decode_tp or default_tp(d, cfg), policy)
+    if elastic and not (prefill_tp or decode_tp):
+        prefill_tp = decode_tp = smallest_tp(math.gcd(p, d), cfg)
+    split = Disaggregated(p, prefill_tp or default_tp(p, cfg), d, decode_tp or default_tp(d, cfg), policy, elastic)
     check(split, cfg)
     return split
 

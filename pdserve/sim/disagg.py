@@ -8,14 +8,25 @@ Mirrors the service's request path (docs/ARCHITECTURE.md):
                last chunk samples the first token (the client's TTFT); blocks stay held
            ──> when the last piece has crossed: release the hold, mark_received on the decode
                instance, which decodes the rest like any running request
+
+An elastic split (Disaggregated.elastic) also runs the router's planner (elastic.py); an
+instance changing role takes no new work of its old role and switches once it holds nothing. A
+decode instance leaving moves its running requests with their KV, as the service does
+(--on-leave move): detach (a hold on the blocks) -> reservation on the decode instance with the
+most room -> the KV of every token but the last over the leaving instance's link -> release the
+hold; mark_received there, and the request decodes on. Its queued ones go elsewhere unreserved.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
+from pdserve.elastic import PlannerPolicy, RoleChange
 from pdserve.kv.manager import BlockHold
 from pdserve.requests import Request, SamplingParams
 from pdserve.sim.costmodel import StepCostModel
 from pdserve.sim.deployment import Disaggregated, SimConfig, kv_link
+from pdserve.sim.elastic import SimPlanner, fleet_signals
 from pdserve.sim.events import EventLoop
 from pdserve.sim.flow import Flow
 from pdserve.sim.hardware import Link
@@ -43,18 +54,42 @@ class DisaggregatedFlow(Flow):
                  check_integrity: bool = False):
         super().__init__(loop, recorder)
         d = deployment
-        self.prefill = [Instance(f"prefill-{i}", Role.PREFILL, cfg, d.prefill_tp, d.policy, loop, self,
-                                 check_integrity) for i in range(d.prefill_gpus // d.prefill_tp)]
-        self.decode = [Instance(f"decode-{i}", Role.DECODE, cfg, d.decode_tp, d.policy, loop, self,
-                                check_integrity) for i in range(d.decode_gpus // d.decode_tp)]
-        self.instances = [*self.prefill, *self.decode]
+        hold = False if d.elastic else None  # an elastic instance marks what it sends instead
+
+        def instances(role: Role, gpus: int, tp: int) -> list[Instance]:
+            return [Instance(f"{role.value}-{i}", role, cfg, tp, d.policy, loop, self, check_integrity, hold)
+                    for i in range(gpus // tp)]
+
+        self.instances = [*instances(Role.PREFILL, d.prefill_gpus, d.prefill_tp),
+                          *instances(Role.DECODE, d.decode_gpus, d.decode_tp)]
         self._block_size = cfg.block_size
-        self._links = {p.name: KVLink(p.model, kv_link(d, cfg)) for p in self.prefill}
-        self._unreserved = {i.name: 0 for i in self.decode}  # prompt tokens queued, not yet reserved
-        self._prefill_load = {i.name: 0 for i in self.prefill}
+        self._links = {i.name: KVLink(i.model, kv_link(d, cfg)) for i in self.instances}
+        self._unreserved = {i.name: 0 for i in self.instances}  # prompt tokens queued, not yet reserved
+        self._prefill_load = {i.name: 0 for i in self.instances}
         self._decode_of: dict[str, Instance] = {}
+        self._reserved: set[str] = set()  # requests with decode blocks reserved, KV not yet arrived
         self._sent: dict[str, int] = {}
         self._last_piece: dict[str, float] = {}
+        self._delivering: Counter[str] = Counter()  # KV sends under way, by prefill instance
+        self._changing: dict[str, Role] = {}  # instance -> the role it is changing to
+        self._decoding: dict[str, Instance] = {}  # request -> the decode instance it runs on
+        self._moving: dict[str, tuple[Instance, BlockHold]] = {}  # request -> where it left, its KV there
+        if d.elastic:
+            SimPlanner(loop, PlannerPolicy(tbt_objective_s=cfg.tbt_objective_s),
+                       lambda: fleet_signals(self.instances, self._changing), self.change_role)
+
+    @property
+    def prefill(self) -> list[Instance]:
+        """The instances taking prompts now."""
+        return self._serving(Role.PREFILL)
+
+    @property
+    def decode(self) -> list[Instance]:
+        """The instances taking new decodes now."""
+        return self._serving(Role.DECODE)
+
+    def _serving(self, role: Role) -> list[Instance]:
+        return [i for i in self.instances if i.role == role and i.name not in self._changing]
 
     def arrive(self, request: Request) -> None:
         decode = max(self.decode, key=self._decode_room)
@@ -72,6 +107,91 @@ class DisaggregatedFlow(Flow):
             self._prefill_step(instance, record)
         else:
             self._decode_step(instance, record)
+        self._switch_if_idle(instance)
+
+    # ---- role changes (elastic splits) ----
+
+    def change_role(self, change: RoleChange) -> None:
+        """Begin the planner's change: no new work of the old role from now on."""
+        instance = next(i for i in self.instances if i.name == change.address)
+        self._changing[instance.name] = Role(change.to_role)
+        self.recorder.role_change(self.loop.now, f"begun: {change.describe()}")
+        if instance.role == Role.DECODE:
+            self._place_elsewhere(instance)
+        self._switch_if_idle(instance)
+
+    def _place_elsewhere(self, decode: Instance) -> None:
+        """Its requests still waiting for a reservation go to the decode instances serving."""
+        for rid in [rid for rid, d in self._decode_of.items() if d is decode and rid not in self._reserved]:
+            request = decode.scheduler.abort(rid)
+            del self._decode_of[rid]
+            self._unreserved[decode.name] -= request.num_prompt_tokens
+            self.arrive(Request(rid, request.prompt_token_ids, request.sampling, request.priority,
+                                arrival_time=request.arrival_time))
+
+    def _switch_if_idle(self, instance: Instance) -> None:
+        role = self._changing.get(instance.name)
+        if role is None or instance.busy:
+            return
+        if instance.role == Role.DECODE:
+            self._move_decodes(instance)
+        if self._holds_work(instance):
+            return
+        del self._changing[instance.name]
+        instance.role, instance.last_step_s = role, 0.0  # its old role's steps say nothing of the new one
+        self.recorder.role_change(self.loop.now, f"done: {instance.name} serves as {role.value}")
+
+    def _holds_work(self, instance: Instance) -> bool:
+        stats = instance.scheduler.stats()
+        return bool(stats.running or stats.waiting or stats.swapped or stats.receiving
+                    or self._delivering[instance.name] or any(d is instance for d in self._decode_of.values())
+                    or any(source is instance for source, _ in self._moving.values()))
+
+    def _move_decodes(self, source: Instance) -> None:
+        """Between two of its steps: every request decoding there whose KV is all on the device
+        leaves with it (the others, preempted or swapped, finish there)."""
+        for rid in [rid for rid, d in self._decoding.items() if d is source]:
+            request = source.scheduler.get(rid)
+            hold = source.scheduler.detach(rid)
+            if hold is None:
+                continue
+            del self._decoding[rid]
+            moved = Request(rid, request.prompt_token_ids, request.sampling, request.priority,
+                            arrival_time=request.arrival_time)
+            moved.output_token_ids = list(request.output_token_ids)
+            target = max(self.decode, key=self._decode_room)
+            if not self._admit(lambda r: target.scheduler.add_remote(r, r.num_tokens - 1), moved):
+                source.scheduler.release_hold(hold)
+                continue
+            self._unreserved[target.name] += moved.num_prompt_tokens
+            self._decode_of[rid] = target
+            self._moving[rid] = (source, hold)
+            target.kick()
+
+    def _moved_reserved(self, request: Request) -> None:
+        """A moving request's blocks are reserved: its KV crosses from where it left."""
+        source, _ = self._moving[request.request_id]
+        arrived = self._links[source.name].send(request.num_tokens - 1, self.loop.now)
+        self.loop.at(arrived, lambda rid=request.request_id: self._moved_landed(rid))
+
+    def _moved_landed(self, request_id: str) -> None:
+        source, hold = self._moving.pop(request_id)
+        source.scheduler.release_hold(hold)
+        self._land(request_id, None)
+        self._switch_if_idle(source)
+
+    def _land(self, request_id: str, first_token: int | None) -> None:
+        """The KV of a reserved request has crossed: it decodes on (or ends at once)."""
+        self._reserved.discard(request_id)
+        decode = self._decode_of.pop(request_id)
+        request = decode.scheduler.mark_received(request_id, first_token)
+        self.recorder.kv_transferred_tokens += request.num_remote_tokens
+        self._decoding[request_id] = decode
+        if request.is_finished:
+            self._decoding.pop(request_id)
+            self.recorder.finish(request_id, self.loop.now)
+        decode.kick()
+        self._switch_if_idle(decode)
 
     # ---- decode side ----
 
@@ -79,9 +199,15 @@ class DisaggregatedFlow(Flow):
         self._emit_tokens(record)
         for hold in record.holds.values():
             decode.scheduler.release_hold(hold)
+        for request in record.finished:
+            self._decoding.pop(request.request_id, None)
         for reservation in record.reserved:
             self._unreserved[decode.name] -= reservation.request.num_prompt_tokens
-            self._dispatch(reservation.request)
+            self._reserved.add(reservation.request.request_id)
+            if reservation.request.request_id in self._moving:
+                self._moved_reserved(reservation.request)
+            else:
+                self._dispatch(reservation.request)
 
     def _dispatch(self, request: Request) -> None:
         """Blocks are reserved on the decode side: start the prefill."""
@@ -89,6 +215,7 @@ class DisaggregatedFlow(Flow):
                                                     -self._prefill_load[p.name]))
         local = Request(request.request_id, request.prompt_token_ids, SamplingParams(max_tokens=1, ignore_eos=True),
                         request.priority, arrival_time=request.arrival_time)
+        local.sends_kv = True
         if not self._admit(prefill.scheduler.add, local):
             self._abort_decode(request.request_id)
             return
@@ -97,6 +224,7 @@ class DisaggregatedFlow(Flow):
         prefill.kick()
 
     def _abort_decode(self, request_id: str) -> None:
+        self._reserved.discard(request_id)
         decode = self._decode_of.pop(request_id)
         decode.scheduler.abort(request_id)
         for hold in decode.scheduler.take_holds().values():
@@ -120,6 +248,7 @@ class DisaggregatedFlow(Flow):
             self._last_piece.pop(rid, None)
             self._prefill_load[prefill.name] -= request.num_prompt_tokens
             hold = holds.pop(rid, None)
+            self._delivering[prefill.name] += 1
             self.loop.at(arrived, lambda p=prefill, r=rid, h=hold: self._deliver(p, r, h))
         for hold in holds.values():
             prefill.scheduler.release_hold(hold)
@@ -128,9 +257,6 @@ class DisaggregatedFlow(Flow):
         if hold is not None:
             prefill.scheduler.release_hold(hold)
             prefill.kick()
-        decode = self._decode_of.pop(request_id)
-        request = decode.scheduler.mark_received(request_id, FAKE_TOKEN)
-        self.recorder.kv_transferred_tokens += request.num_prompt_tokens
-        if request.is_finished:
-            self.recorder.finish(request_id, self.loop.now)
-        decode.kick()
+        self._delivering[prefill.name] -= 1
+        self._land(request_id, FAKE_TOKEN)
+        self._switch_if_idle(prefill)

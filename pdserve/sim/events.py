@@ -22,6 +22,10 @@ class EventLoop:
         """Run `action` at `when` (never in the past: earlier times run now)."""
         heapq.heappush(self._heap, (max(when, self.now), next(self._seq), action))
 
+    def pending(self) -> int:
+        """Actions still to run."""
+        return len(self._heap)
+
     def run(self) -> None:
         while self._heap:
             self.now, _, action = heapq.heappop(self._heap)

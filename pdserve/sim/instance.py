@@ -50,7 +50,10 @@ class StepListener(Protocol):
 
 class Instance:
     def __init__(self, name: str, role: Role, cfg: SimConfig, tp: int, policy: str, loop: EventLoop,
-                 listener: StepListener, check_integrity: bool = False):
+                 listener: StepListener, check_integrity: bool = False, hold_finished: bool | None = None):
+        """`hold_finished` (default: a prefill instance's) keeps every finished request's blocks
+        for its transfer; an instance that may change role leaves it off and its flow marks the
+        requests whose KV it sends (Request.sends_kv), as the service's elastic workers do."""
         self.name, self.role, self.tp = name, role, tp
         self.model: StepCostModel = cost_model(cfg, tp)
         self._block_bytes = cfg.shape.kv_block_bytes(cfg.block_size)
@@ -58,9 +61,12 @@ class Instance:
         self._loop, self._listener, self._check = loop, listener, check_integrity
         self.scheduler: Scheduler = make_scheduler(
             _scheduler_config(cfg, self.model, policy), _cache_config(cfg, self.model),
-            int(cfg.shape.kv_bytes_per_token()), cfg.max_model_len, loop, hold_finished=role == Role.PREFILL)
+            int(cfg.shape.kv_bytes_per_token()), cfg.max_model_len, loop,
+            hold_finished=role == Role.PREFILL if hold_finished is None else hold_finished)
+        self.prefill_tokens_per_s = prefill_rate(cfg, self.model)
         self.busy = False
         self.busy_s = 0.0
+        self.last_step_s = 0.0  # the last forward pass's seconds (the planner's decode step signal)
         self.steps = 0
 
     @property
@@ -92,6 +98,7 @@ class Instance:
         finished = self.scheduler.update(output, sampled)
         self.busy = False
         self.busy_s += cost.total_s
+        self.last_step_s = cost.total_s
         self.steps += 1
         self._report(StepRecord(start, self._loop.now, output, cost, tuple(finished), *self._taken()))
         self.kick()
@@ -127,12 +134,16 @@ def _cache_config(cfg: SimConfig, model: StepCostModel) -> CacheConfig:
                        prefix_cache=cfg.prefix_cache)
 
 
+def prefill_rate(cfg: SimConfig, model: StepCostModel) -> float:
+    """Prompt tokens per second of a full step (at most 2,048 tokens): what a worker measures."""
+    probe = min(cfg.token_budget, 2048)
+    return probe / model.step_time([(probe, probe)]).total_s
+
+
 def _scheduler_config(cfg: SimConfig, model: StepCostModel, policy: str) -> SchedulerConfig:
     """Recompute-or-swap judged with this instance's own prefill speed and host link."""
-    probe = min(cfg.token_budget, 2048)
-    prefill_rate = probe / model.step_time([(probe, probe)]).total_s
     host_link = model.tp * cfg.hardware.host_link_bytes_s
-    preemption = PreemptionConfig(prefill_tokens_per_s=prefill_rate, host_link_bytes_per_s=host_link)
+    preemption = PreemptionConfig(prefill_tokens_per_s=prefill_rate(cfg, model), host_link_bytes_per_s=host_link)
     # max_waiting: not the service's bound; a simulated queue refuses no request for its length
     return SchedulerConfig(policy=policy, token_budget=cfg.token_budget, max_chunk_tokens=cfg.max_chunk_tokens,
                            max_running=cfg.max_running, max_waiting=1 << 20, aging_seconds=cfg.aging_seconds,

@@ -59,6 +59,10 @@ class Recorder:
         self.steps = 0
         self.executed_flops = 0.0
         self.samples: list[StepSample] | None = [] if trace_steps else None
+        self.role_changes: list[str] = []  # an elastic split's planner: each change begun and done
+
+    def role_change(self, when: float, what: str) -> None:
+        self.role_changes.append(f"{when:8.2f} s  {what}")
 
     def token(self, request_id: str, when: float) -> None:
         self.requests[request_id].token_times.append(when)

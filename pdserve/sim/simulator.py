@@ -36,6 +36,7 @@ class SimResult:
     instances: tuple[InstanceStats, ...]
     samples: tuple[StepSample, ...]  # every priced step, when traced
     wall_s: float  # host seconds the simulation took
+    role_changes: tuple[str, ...] = ()  # an elastic split's: each change begun and done, with its time
 
     @property
     def gpus(self) -> int:
@@ -73,5 +74,5 @@ def _result(workload: Workload, deployment: Deployment, cfg: SimConfig, recorder
         workload, deployment, cfg, tuple(recorder.requests.values()), dict(recorder.preemptions),
         dict(recorder.preemption_reasons), recorder.swapped_blocks * block_bytes,
         recorder.kv_transferred_tokens * cfg.shape.kv_bytes_per_token(), recorder.steps, recorder.executed_flops,
-        instances, tuple(recorder.samples or ()), wall_s,
+        instances, tuple(recorder.samples or ()), wall_s, tuple(recorder.role_changes),
     )

@@ -14,6 +14,8 @@ requests share a cached prefix only where the workload says so (`shared_prefix`)
                    16,384 tokens (256 output) every 3 s
     shared-prefix  64 questions (64 new tokens, 64 output) after one 8,192-token document,
                    Poisson at 8/s (RAG over one document)
+    shifting       a mix that shifts (an elastic split's test): 2,000 chats (512 / 512, 20% VIP) at
+                   100/s, then 40 documents (65,536 / 128, BATCH) 4 a second, then 3,000 chats
     validate       the small workload `--validate` runs on the real engine and in the simulator
 
 The schedule (arrival times, priorities, sizes) is drawn by pdserve/bench/schedule.py, the load
@@ -41,6 +43,8 @@ MIXED_CHATS = Stream(Kind.CHAT, VipShare(0.2), Fixed(512), Fixed(128))
 MIXED_DOCUMENTS = Stream(Kind.DOCUMENT, Always(Priority.BATCH), Fixed(16_384), Fixed(256))
 SHARED_DOCUMENT_TOKENS = 8192
 QUESTIONS = Stream(Kind.QUESTION, Always(Priority.NORMAL), Fixed(64), Fixed(64))  # after the shared document
+SHIFT_CHATS = Stream(Kind.CHAT, VipShare(0.2), Fixed(512), Fixed(512))
+SHIFT_DOCUMENTS = Stream(Kind.DOCUMENT, Always(Priority.BATCH), Fixed(65_536), Fixed(128))
 VALIDATION_CHATS = Stream(Kind.CHAT, Always(Priority.NORMAL), Uniform(90, 110), Fixed(24))
 VALIDATION_LONGS = Stream(Kind.DOCUMENT, Always(Priority.BATCH), Fixed(600), Fixed(8))
 
@@ -140,6 +144,20 @@ def shared_prefix_workload(seed: int = 0, chat_rate: float = 8.0) -> Workload:
                      f"Poisson {chat_rate:g}/s)", questions)
 
 
+def shifting_workload(seed: int = 0, chat_rate: float = 100.0, chats: tuple[int, int] = (2000, 3000),
+                      documents: int = 40, doc_every_s: float = 0.25, chat_stream: Stream = SHIFT_CHATS,
+                      doc_stream: Stream = SHIFT_DOCUMENTS) -> Workload:
+    """Chats, then a burst of documents 2 s after the last of them, then chats again 2 s after
+    the last document: decode-bound, prefill-bound, decode-bound."""
+    rng = random.Random(seed)
+    before = poisson_times(rng, chats[0], chat_rate)
+    burst = every(before[-1] + 2.0, doc_every_s, documents)
+    after = poisson_times(rng, chats[1], chat_rate, start_s=burst[-1] + 2.0)
+    specs = _specs("chat", 4, chat_stream, before + after, rng)
+    return _workload("shifting", f"{chats[0]:,} chats (Poisson {chat_rate:g}/s), then {documents} documents (BATCH, "
+                     f"every {doc_every_s:g} s), then {chats[1]:,} chats", specs, _documents(rng, doc_stream, burst))
+
+
 def validation_workload(seed: int = 0, chat_rate: float = 2.0) -> Workload:
     """Sized for this CPU: 8 chats of ~100-token prompts and 2 prompts of 600 tokens."""
     rng = random.Random(seed)
@@ -155,6 +173,7 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "chat": chat_workload,
     "mixed": mixed_workload,
     "shared-prefix": shared_prefix_workload,
+    "shifting": shifting_workload,
     "validate": validation_workload,
 }
 

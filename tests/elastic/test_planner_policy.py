@@ -32,13 +32,32 @@ def test_a_prefill_backlog_with_decode_slack_moves_the_least_busy_elastic_decode
     assert change.figures["prefill_backlog_s"] == 5.0 and "d1 from decode to prefill" in change.describe()
 
 
-def test_nothing_changes_within_the_cooldown_or_while_a_change_is_under_way():
+def test_nothing_changes_while_a_change_is_under_way_and_nothing_undoes_one_within_the_cooldown():
     policy = PlannerPolicy(confirm=1, cooldown_s=10.0)
-    assert policy.observe(BACKLOG, 0.0) is not None
-    assert _observe(policy, BACKLOG, 9, start=0.5) == []  # within 10 s of the change
+    assert policy.observe(BACKLOG, 0.0).to_role == "prefill"
     changing = FleetSignals((*BACKLOG.workers[:2], _w("d1", "decode", changing=True)))
-    assert policy.observe(changing, 20.0) is None
-    assert policy.observe(BACKLOG, 21.0) is not None
+    assert policy.observe(changing, 1.0) is None
+    moved = FleetSignals((_w("p0", "prefill", elastic=False), _w("d1", "prefill"), _w("d0", "decode", waiting=3)))
+    assert _observe(policy, moved, 8, start=1.5) == []  # decode pressure, but within 10 s of the move to prefill
+    assert policy.observe(moved, 10.5).to_role == "decode"
+
+
+def test_a_burst_may_take_a_second_worker_in_the_same_direction_within_the_cooldown():
+    fleet = FleetSignals((_w("p0", "prefill", elastic=False, queued=20000), *(_w(f"d{i}", "decode") for i in range(4))))
+    policy = PlannerPolicy(confirm=2, cooldown_s=30.0)
+    changes = _observe(policy, fleet, 6)
+    assert [c.to_role for c in changes] == ["prefill"] * 3  # every second observation: confirmed afresh
+
+
+def test_the_decode_side_spares_a_worker_only_if_the_others_could_carry_its_load():
+    def fleet(free: int, step_s: float) -> FleetSignals:
+        return FleetSignals((_w("p0", "prefill", elastic=False, queued=5000), _w("d0", "decode", free=free, step_s=step_s),
+                             _w("d1", "decode", free=free, step_s=step_s)))
+
+    assert PlannerPolicy(confirm=1).observe(fleet(free=75, step_s=0.02), 0.0) is not None  # 25 % -> 50 %
+    assert PlannerPolicy(confirm=1).observe(fleet(free=70, step_s=0.02), 0.0) is None  # 30 % -> 60 %
+    assert PlannerPolicy(confirm=1, tbt_objective_s=0.05).observe(fleet(free=100, step_s=0.02), 0.0) is not None
+    assert PlannerPolicy(confirm=1, tbt_objective_s=0.05).observe(fleet(free=100, step_s=0.03), 0.0) is None
 
 
 def test_the_last_worker_of_a_role_and_workers_that_cannot_change_stay():
