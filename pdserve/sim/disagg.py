@@ -23,7 +23,7 @@ from collections import Counter
 
 from pdserve.elastic import PlannerPolicy, RoleChange
 from pdserve.kv.manager import BlockHold
-from pdserve.requests import Request, SamplingParams
+from pdserve.requests import Request, RequestState, SamplingParams
 from pdserve.sim.costmodel import StepCostModel
 from pdserve.sim.deployment import Disaggregated, SimConfig, kv_link
 from pdserve.sim.elastic import SimPlanner, fleet_signals
@@ -69,6 +69,7 @@ class DisaggregatedFlow(Flow):
         self._decode_of: dict[str, Instance] = {}
         self._reserved: set[str] = set()  # requests with decode blocks reserved, KV not yet arrived
         self._sent: dict[str, int] = {}
+        self._prefill_of: dict[str, Instance] = {}  # request -> the prefill instance computing its prompt
         self._last_piece: dict[str, float] = {}
         self._delivering: Counter[str] = Counter()  # KV sends under way, by prefill instance
         self._changing: dict[str, Role] = {}  # instance -> the role it is changing to
@@ -121,13 +122,35 @@ class DisaggregatedFlow(Flow):
         self._switch_if_idle(instance)
 
     def _place_elsewhere(self, decode: Instance) -> None:
-        """Its requests still waiting for a reservation go to the decode instances serving."""
-        for rid in [rid for rid, d in self._decode_of.items() if d is decode and rid not in self._reserved]:
+        """Its requests not yet reserved, and those reserved whose prefill has not started, go
+        to the decode instances serving (a reservation's KV already on its way lands here)."""
+        for rid in [rid for rid, d in self._decode_of.items() if d is decode]:
+            if rid in self._reserved and not self._withdraw_prefill(rid):
+                continue
+            reserved = rid in self._reserved
+            self._reserved.discard(rid)
             request = decode.scheduler.abort(rid)
+            for hold in decode.scheduler.take_holds().values():  # a reservation nothing was written to
+                decode.scheduler.release_hold(hold)
             del self._decode_of[rid]
-            self._unreserved[decode.name] -= request.num_prompt_tokens
+            if not reserved:
+                self._unreserved[decode.name] -= request.num_prompt_tokens
             self.arrive(Request(rid, request.prompt_token_ids, request.sampling, request.priority,
                                 arrival_time=request.arrival_time))
+
+    def _withdraw_prefill(self, request_id: str) -> bool:
+        """Take a reserved request's prompt off its prefill instance if none of it is computed
+        or scheduled yet (it waits there); False, and nothing changed, otherwise."""
+        prefill = self._prefill_of.get(request_id)
+        local = prefill.scheduler.get(request_id) if prefill is not None else None
+        if local is None or local.state != RequestState.WAITING or local.num_computed_tokens or self._sent[request_id]:
+            return False
+        prefill.scheduler.abort(request_id)
+        for hold in prefill.scheduler.take_holds().values():
+            prefill.scheduler.release_hold(hold)
+        del self._prefill_of[request_id], self._sent[request_id]
+        self._prefill_load[prefill.name] -= local.num_prompt_tokens
+        return True
 
     def _switch_if_idle(self, instance: Instance) -> None:
         role = self._changing.get(instance.name)
@@ -221,6 +244,7 @@ class DisaggregatedFlow(Flow):
             return
         self._prefill_load[prefill.name] += request.num_prompt_tokens
         self._sent[request.request_id] = 0
+        self._prefill_of[request.request_id] = prefill
         prefill.kick()
 
     def _abort_decode(self, request_id: str) -> None:
@@ -244,6 +268,7 @@ class DisaggregatedFlow(Flow):
         for request in record.finished:
             rid = request.request_id
             rest = request.num_prompt_tokens - self._sent.pop(rid)
+            self._prefill_of.pop(rid, None)
             arrived = link.send(rest, end) if rest > 0 else self._last_piece.get(rid, end)
             self._last_piece.pop(rid, None)
             self._prefill_load[prefill.name] -= request.num_prompt_tokens
