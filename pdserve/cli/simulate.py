@@ -30,6 +30,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--elastic", action="store_true",
                    help="each split elastic too: the router's planner changes its instances' roles, keeping "
                         "decode steps within --slo-tbt")
+    p.add_argument("--ttft-objective", default="",
+                   help="the router's admission in each split: seconds to first token per class, as "
+                        "vip=2,normal=10 (a request no path serves within it: prefilled by its decode instance, "
+                        "deferred if BATCH, else refused); default: none")
+    p.add_argument("--tbt-objective", default="", help="admission: seconds between tokens per class, as vip=0.05")
+    p.add_argument("--defer-max-s", type=float, default=60.0, help="admission: longest a BATCH request is deferred")
     p.add_argument("--prefill-tp", type=int, default=None)
     p.add_argument("--decode-tp", type=int, default=None)
     p.add_argument("--token-budget", type=int, default=SchedulerConfig().token_budget)
@@ -61,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
-    cfg = _config(args)
+    try:
+        cfg = _config(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return _plan(args, cfg, workload) if args.plan else _table(args, cfg, workload)
 
 
@@ -72,8 +82,16 @@ def _config(args: argparse.Namespace):
     return SimConfig(get_hardware(args.hardware), get_shape(args.model), token_budget=args.token_budget,
                      max_chunk_tokens=min(args.max_chunk_tokens, args.token_budget),
                      memory_fraction=args.memory_fraction, prefix_cache=args.prefix_cache == "on",
-                     tbt_objective_s=args.slo_tbt,
+                     tbt_objective_s=args.slo_tbt, admission=_admission(args),
                      max_model_len=MAX_MODEL_LEN.get(args.model, SimConfig.max_model_len))
+
+
+def _admission(args: argparse.Namespace):
+    from pdserve.admission import AdmissionPolicy, parse_objectives
+
+    if not (args.ttft_objective or args.tbt_objective):
+        return None
+    return AdmissionPolicy(parse_objectives(args.ttft_objective, args.tbt_objective), args.defer_max_s)
 
 
 def _deployments(args: argparse.Namespace, cfg) -> list:
@@ -110,12 +128,14 @@ def _table(args: argparse.Namespace, cfg, workload) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     slo = Slo(args.slo_ttft, args.slo_tbt)
-    rows, changes = [], []
+    rows, changes, judged = [], [], []
     for deployment in deployments:
         print(f"simulating {deployment.name} ...", file=sys.stderr, flush=True)
         result = simulate(workload, deployment, cfg, trace_steps=True)
         rows.append(report.row(result, summarize(result, slo)))
         changes += [f"{deployment.name}: {c}" for c in result.role_changes]
+        if result.admissions:
+            judged.append(f"{deployment.name}: " + ", ".join(f"{k} {n}" for k, n in result.admissions))
     bounds = report.physical_bounds(workload, cfg, args.gpus)
     long_kind = "document" if "document" in workload.kinds() else workload.kinds()[-1]
     short_kind = "chat" if "chat" in workload.kinds() else workload.kinds()[0]
@@ -125,6 +145,8 @@ def _table(args: argparse.Namespace, cfg, workload) -> int:
     lines.append(report.bounds_text(bounds, cfg))
     if changes:
         lines += ["", "role changes (the router's planner):", *changes]
+    if judged:
+        lines += ["", "admission (the router's policy, verdict/reason):", *judged]
     print("\n".join(lines))
     _write_json(args, {"workload": workload, "config": cfg, "slo": slo, "bounds": bounds, "runs": rows,
                        "seed_figures": report.SEED_FIGURES})

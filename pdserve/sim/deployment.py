@@ -16,6 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from pdserve.admission import AdmissionPolicy
 from pdserve.config import CacheConfig, SchedulerConfig
 from pdserve.sim.costmodel import StepCostModel
 from pdserve.sim.hardware import HardwareProfile, Link
@@ -35,6 +36,7 @@ class SimConfig:
     max_chunk_tokens: int = SchedulerConfig().max_chunk_tokens
     block_size: int = CacheConfig().block_size
     tbt_objective_s: float | None = None  # the decode steps' objective an elastic split's planner keeps
+    admission: AdmissionPolicy | None = None  # the router's, judging each request of a split (admitting.py)
     memory_fraction: float = 0.9  # of device memory usable for weights + KV (the engine counts blocks instead)
     host_swap_bytes_per_gpu: float = 64 * GB  # a GPU server's host pool, not the CPU engine's num_host_blocks
     max_model_len: int = 131_072  # Llama-3.1's context; the engine's default is the model's own

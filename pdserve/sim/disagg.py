@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+from pdserve.admission import Verdict
 from pdserve.elastic import PlannerPolicy, RoleChange
 from pdserve.kv.manager import BlockHold
 from pdserve.requests import Request, RequestState, SamplingParams
 from pdserve.sim.costmodel import StepCostModel
+from pdserve.sim.admitting import SimAdmission
 from pdserve.sim.deployment import Disaggregated, SimConfig, kv_link
 from pdserve.sim.elastic import SimPlanner, fleet_signals
 from pdserve.sim.events import EventLoop
@@ -75,6 +77,9 @@ class DisaggregatedFlow(Flow):
         self._changing: dict[str, Role] = {}  # instance -> the role it is changing to
         self._decoding: dict[str, Instance] = {}  # request -> the decode instance it runs on
         self._moving: dict[str, tuple[Instance, BlockHold]] = {}  # request -> where it left, its KV there
+        self._asked_at: dict[str, float] = {}  # request -> when its reservation was asked for
+        self._admission = (SimAdmission(cfg.admission, cfg.block_size, cfg.max_chunk_tokens, kv_link(d, cfg))
+                           if cfg.admission is not None else None)
         if d.elastic:
             SimPlanner(loop, PlannerPolicy(tbt_objective_s=cfg.tbt_objective_s),
                        lambda: fleet_signals(self.instances, self._changing), self.change_role)
@@ -93,10 +98,35 @@ class DisaggregatedFlow(Flow):
         return [i for i in self.instances if i.role == role and i.name not in self._changing]
 
     def arrive(self, request: Request) -> None:
+        """The router's first placement of a request: judged where objectives are set."""
+        self._judge(request, 0.0)
+
+    def _judge(self, request: Request, deferred_s: float) -> None:
         decode = max(self.decode, key=self._decode_room)
+        if self._admission is None:
+            self._place(request, decode)
+            return
+        judged = self._admission.judge(request, decode, self.prefill, self._unreserved[decode.name], deferred_s)
+        self.recorder.admitted(judged.verdict.value, judged.reason)
+        if judged.verdict is Verdict.REFUSE:
+            self.recorder.fail(request.request_id, f"refused ({judged.reason}): retry after {judged.retry_after_s:.1f} s")
+        elif judged.verdict is Verdict.DEFER:
+            later = judged.retry_after_s
+            self.loop.at(self.loop.now + later, lambda: self._judge(request, deferred_s + later))
+        elif judged.verdict is Verdict.LOCAL:  # the decode instance computes the prompt itself
+            if self._admit(decode.scheduler.add, request):
+                self._decoding[request.request_id] = decode
+                decode.kick()
+        else:
+            self._place(request, decode)
+
+    def _place(self, request: Request, decode: Instance | None = None) -> None:
+        """Ask the decode instance with the most room (or `decode`) to reserve the request's blocks."""
+        decode = decode or max(self.decode, key=self._decode_room)
         if self._admit(decode.scheduler.add_remote, request):
             self._unreserved[decode.name] += request.num_prompt_tokens
             self._decode_of[request.request_id] = decode
+            self._asked_at[request.request_id] = self.loop.now
             decode.kick()
 
     def _decode_room(self, decode: Instance) -> int:
@@ -135,7 +165,7 @@ class DisaggregatedFlow(Flow):
             del self._decode_of[rid]
             if not reserved:
                 self._unreserved[decode.name] -= request.num_prompt_tokens
-            self.arrive(Request(rid, request.prompt_token_ids, request.sampling, request.priority,
+            self._place(Request(rid, request.prompt_token_ids, request.sampling, request.priority,
                                 arrival_time=request.arrival_time))
 
     def _withdraw_prefill(self, request_id: str) -> bool:
@@ -227,6 +257,9 @@ class DisaggregatedFlow(Flow):
         for reservation in record.reserved:
             self._unreserved[decode.name] -= reservation.request.num_prompt_tokens
             self._reserved.add(reservation.request.request_id)
+            asked = self._asked_at.pop(reservation.request.request_id, None)
+            if self._admission is not None and asked is not None:
+                self._admission.waits.add(self.loop.now - asked)
             if reservation.request.request_id in self._moving:
                 self._moved_reserved(reservation.request)
             else:

@@ -60,6 +60,10 @@ class Recorder:
         self.executed_flops = 0.0
         self.samples: list[StepSample] | None = [] if trace_steps else None
         self.role_changes: list[str] = []  # an elastic split's planner: each change begun and done
+        self.admissions: Counter[str] = Counter()  # "verdict/reason" of each judgement (admitting.py)
+
+    def admitted(self, verdict: str, reason: str) -> None:
+        self.admissions[f"{verdict}/{reason}"] += 1
 
     def role_change(self, when: float, what: str) -> None:
         self.role_changes.append(f"{when:8.2f} s  {what}")

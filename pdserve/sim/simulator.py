@@ -37,6 +37,7 @@ class SimResult:
     samples: tuple[StepSample, ...]  # every priced step, when traced
     wall_s: float  # host seconds the simulation took
     role_changes: tuple[str, ...] = ()  # an elastic split's: each change begun and done, with its time
+    admissions: tuple[tuple[str, int], ...] = ()  # ("verdict/reason", how many), where objectives are set
 
     @property
     def gpus(self) -> int:
@@ -75,4 +76,5 @@ def _result(workload: Workload, deployment: Deployment, cfg: SimConfig, recorder
         dict(recorder.preemption_reasons), recorder.swapped_blocks * block_bytes,
         recorder.kv_transferred_tokens * cfg.shape.kv_bytes_per_token(), recorder.steps, recorder.executed_flops,
         instances, tuple(recorder.samples or ()), wall_s, tuple(recorder.role_changes),
+        tuple(sorted(recorder.admissions.items())),
     )
