@@ -13,8 +13,8 @@
 Hysteresis: a condition must hold at `confirm` consecutive observations (counted afresh after
 each change), nothing changes while a change is under way, no change undoes the last one within
 `cooldown_s` of it (one in the same direction may follow: a burst can take several workers),
-and neither role is ever left without a worker. Each change comes with its reason (the figures it rests on), for the log line,
-the metric and the span event the router makes of it.
+and neither role is ever left without a worker. Each change comes with its reason (the figures
+it rests on), for the log line, the metric and the span event the router makes of it.
 """
 
 from __future__ import annotations

@@ -36,30 +36,25 @@ class ReservationWaits:
 
 
 class SimAdmission:
-    def __init__(self, policy: AdmissionPolicy, block_size: int, max_chunk_tokens: int, link: Link):
+    def __init__(self, policy: AdmissionPolicy, max_chunk_tokens: int, link: Link):
         self.policy = policy
         self.waits = ReservationWaits()
-        self._block_size, self._chunk, self._link = block_size, max_chunk_tokens, link
+        self._chunk, self._link = max_chunk_tokens, link
 
-    def judge(self, request: Request, decode: Instance, prefill: list[Instance], unreserved_tokens: int,
+    def judge(self, request: Request, decode: Instance, prefill: list[Instance], room_tokens: int,
               deferred_s: float) -> Admission:
+        """`room_tokens`: what the decode instance has free beyond the prompts queued for it."""
         prompt = request.prompt_token_ids
-        remote = min((self._remote(request, p, decode, unreserved_tokens) for p in prefill),
-                     key=lambda t: t.total_s, default=None)
+        waiting = decode.scheduler.stats().waiting
+        reserve_s = decode.last_step_s if room_tokens >= len(prompt) and not waiting else self.waits.mean_s
+        remote = min((self._remote(prompt, p, reserve_s) for p in prefill), key=lambda t: t.total_s, default=None)
         local = predict_ttft(len(prompt), PrefillSide(decode.name, decode.scheduler.queued_prefill_tokens(),
                                                       decode.prefill_tokens_per_s, decode.scheduler.kv.probe(prompt)),
                              0.0, decode.prefill_tokens_per_s)
         return self.policy.decide(request.priority, remote, local, decode.last_step_s, deferred_s)
 
-    def _remote(self, request: Request, prefill: Instance, decode: Instance, unreserved_tokens: int) -> TtftPrediction:
-        prompt = request.prompt_token_ids
+    def _remote(self, prompt: list[int], prefill: Instance, reserve_s: float) -> TtftPrediction:
         piece = prefill.model.kv_transfer_time(min(len(prompt), self._chunk), self._link)
         side = PrefillSide(prefill.name, prefill.scheduler.queued_prefill_tokens(), prefill.prefill_tokens_per_s,
                            prefill.scheduler.kv.probe(prompt), piece)
-        return predict_ttft(len(prompt), side, self._reserve_s(request, decode, unreserved_tokens),
-                            prefill.prefill_tokens_per_s)
-
-    def _reserve_s(self, request: Request, decode: Instance, unreserved_tokens: int) -> float:
-        room = decode.scheduler.kv.num_available * self._block_size - unreserved_tokens
-        waiting = decode.scheduler.stats().waiting
-        return decode.last_step_s if room >= request.num_prompt_tokens and not waiting else self.waits.mean_s
+        return predict_ttft(len(prompt), side, reserve_s, prefill.prefill_tokens_per_s)

@@ -78,7 +78,7 @@ class DisaggregatedFlow(Flow):
         self._decoding: dict[str, Instance] = {}  # request -> the decode instance it runs on
         self._moving: dict[str, tuple[Instance, BlockHold]] = {}  # request -> where it left, its KV there
         self._asked_at: dict[str, float] = {}  # request -> when its reservation was asked for
-        self._admission = (SimAdmission(cfg.admission, cfg.block_size, cfg.max_chunk_tokens, kv_link(d, cfg))
+        self._admission = (SimAdmission(cfg.admission, cfg.max_chunk_tokens, kv_link(d, cfg))
                            if cfg.admission is not None else None)
         if d.elastic:
             SimPlanner(loop, PlannerPolicy(tbt_objective_s=cfg.tbt_objective_s),
@@ -106,7 +106,7 @@ class DisaggregatedFlow(Flow):
         if self._admission is None:
             self._place(request, decode)
             return
-        judged = self._admission.judge(request, decode, self.prefill, self._unreserved[decode.name], deferred_s)
+        judged = self._admission.judge(request, decode, self.prefill, self._decode_room(decode), deferred_s)
         self.recorder.admitted(judged.verdict.value, judged.reason)
         if judged.verdict is Verdict.REFUSE:
             self.recorder.fail(request.request_id, f"refused ({judged.reason}): retry after {judged.retry_after_s:.1f} s")
