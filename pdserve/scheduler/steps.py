@@ -46,14 +46,6 @@ class Steps:
         watermark = self._kv.watermark_blocks if self._q.running or self._q.receiving else 0
         return watermark + plan.growth_reserve
 
-    def reservation_headroom(self, plan: StepPlan) -> int:
-        """Blocks a reservation must leave. Its blocks wait for a prefill worker's KV, seconds
-        away behind that worker's queue, while every request running here, or reserved before it,
-        grows: it leaves at least a block for each of them (a request grows by one block per
-        block_size tokens), so reservations for queued prompts never stall the streams already
-        running."""
-        return max(self.reserve_blocks(plan), len(self._q.running) + len(self._q.receiving) + plan.growth_reserve)
-
     def reserve_decode_growth(self, plan: StepPlan) -> None:
         """For policies that admit before decoding: keep the blocks this step's decodes grow
         into, so an admission or swap-in cannot take them (and be preempted right after)."""
@@ -209,7 +201,7 @@ class Steps:
 
     def _reserve(self, plan: StepPlan, request: Request) -> bool:
         match = self._kv.match_prompt(request)
-        result = self._kv.reserve(request, match, self.reservation_headroom(plan))
+        result = self._kv.reserve(request, match, self.reserve_blocks(plan))
         if isinstance(result, OutOfBlocks):
             return False
         request.num_cached_tokens = match.num_tokens

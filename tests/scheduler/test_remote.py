@@ -180,22 +180,3 @@ def test_queued_prefill_tokens_count_what_this_worker_computes_not_what_it_recei
     assert s.queued_prefill_tokens() == 24
     run_until_idle(s, ex)
     assert s.queued_prefill_tokens() == 0
-
-
-def test_a_reservation_leaves_a_block_for_each_request_running_or_reserved_before_it() -> None:
-    # 16 blocks of 4 tokens and three local decodes: the first reservation leaves a block free for
-    # each of them, the second would not leave one for each of them and the first (four).
-    s, ex, _ = build(num_blocks=16, token_budget=64, max_chunk_tokens=64)
-    for i in range(3):
-        s.add(request(f"run{i}", 8, max_tokens=40))
-    step(s, ex)
-    s.add_remote(request("first", 16, max_tokens=4))
-    step(s, ex)
-    assert [r.request.request_id for r in s.take_reserved()] == ["first"]
-    s.add_remote(request("second", 12, max_tokens=4))
-    step(s, ex)
-    assert s.take_reserved() == [] and s.get("second").state == RequestState.WAITING
-    for i in range(3):
-        s.abort(f"run{i}")
-    step(s, ex)
-    assert [r.request.request_id for r in s.take_reserved()] == ["second"]  # room once they ended
