@@ -106,19 +106,22 @@ def fits(cfg: SimConfig, tp: int) -> bool:
     return free > cfg.block_size * cfg.shape.kv_bytes_per_token() / tp
 
 
-def default_tp(gpus: int, cfg: SimConfig) -> int:
-    """The largest valid TP: fewest, biggest instances (most KV room per instance)."""
+def _fitting_tps(gpus: int, cfg: SimConfig) -> list[int]:
+    """Valid TP sizes of `gpus` whose weight shard fits, smallest first (InfeasibleDeployment: none)."""
     options = [tp for tp in valid_tps(gpus, cfg.shape) if fits(cfg, tp)]
     if not options:
         raise InfeasibleDeployment(f"{cfg.shape.name} fits no TP group of {gpus} x {cfg.hardware.name}")
-    return options[-1]
+    return options
+
+
+def default_tp(gpus: int, cfg: SimConfig) -> int:
+    """The largest valid TP: fewest, biggest instances (most KV room per instance)."""
+    return _fitting_tps(gpus, cfg)[-1]
 
 
 def smallest_tp(gpus: int, cfg: SimConfig) -> int:
-    options = [tp for tp in valid_tps(gpus, cfg.shape) if fits(cfg, tp)]
-    if not options:
-        raise InfeasibleDeployment(f"{cfg.shape.name} fits no TP group of {gpus} x {cfg.hardware.name}")
-    return options[0]
+    """The smallest valid TP: the most instances (an elastic split's, for the most to move)."""
+    return _fitting_tps(gpus, cfg)[0]
 
 
 def check(deployment: Deployment, cfg: SimConfig) -> None:

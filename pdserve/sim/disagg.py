@@ -165,8 +165,7 @@ class DisaggregatedFlow(Flow):
             del self._decode_of[rid]
             if not reserved:
                 self._unreserved[decode.name] -= request.num_prompt_tokens
-            self._place(Request(rid, request.prompt_token_ids, request.sampling, request.priority,
-                                arrival_time=request.arrival_time))
+            self._place(_fresh(request))
 
     def _withdraw_prefill(self, request_id: str) -> bool:
         """Take a reserved request's prompt off its prefill instance if none of it is computed
@@ -209,8 +208,7 @@ class DisaggregatedFlow(Flow):
             if hold is None:
                 continue
             del self._decoding[rid]
-            moved = Request(rid, request.prompt_token_ids, request.sampling, request.priority,
-                            arrival_time=request.arrival_time)
+            moved = _fresh(request)
             moved.output_token_ids = list(request.output_token_ids)
             target = max(self.decode, key=self._decode_room)
             if not self._admit(lambda r: target.scheduler.add_remote(r, r.num_tokens - 1), moved):
@@ -318,3 +316,9 @@ class DisaggregatedFlow(Flow):
         self._delivering[prefill.name] -= 1
         self._land(request_id, FAKE_TOKEN)
         self._switch_if_idle(prefill)
+
+
+def _fresh(request: Request) -> Request:
+    """The same request as the router would send it again: its prompt, sampling and class."""
+    return Request(request.request_id, request.prompt_token_ids, request.sampling, request.priority,
+                   arrival_time=request.arrival_time)

@@ -8,10 +8,9 @@ simulated clock.
         flow.change_role(change)                             # begins it; the flow completes it
 
 The flow (disagg.py) carries a change out the way a worker does (docs/ARCHITECTURE.md, "Workers
-that change role"): the instance takes no new work of its old role at once, its requests not
-yet reserved go elsewhere, and it finishes what it holds before it serves in its new role. A
-worker moves its running requests' KV to another decode worker instead (--on-leave move); the
-simulator lets them finish in place, so its switches are the slower ones.
+that change role"): the instance takes no new work of its old role at once, a decode instance's
+requests not yet reserved (or whose prompts still wait for a prefill) go elsewhere, its running
+ones move with their KV (--on-leave move), and it serves in its new role once it holds nothing.
 """
 
 from __future__ import annotations
