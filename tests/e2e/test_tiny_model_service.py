@@ -22,13 +22,14 @@ PROMPTS = [[5, 17, 33, 2, 9], list(range(3, 40)), [11] * 70]
 NEW_TOKENS = 12
 KV_BLOCKS = 64  # each worker's --kv-blocks
 BLOCK_TOKENS = CacheConfig().block_size  # the workers' default
+MAX_POSITIONS = 1024  # room for one request to hold nearly the whole pool
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from tests.helpers.tiny_models import tiny_qwen2_bias
 
-    return tiny_qwen2_bias(tmp_path_factory.mktemp("tiny") / "qwen2")
+    return tiny_qwen2_bias(tmp_path_factory.mktemp("tiny") / "qwen2", max_positions=MAX_POSITIONS)
 
 
 @pytest.fixture(scope="module")
@@ -91,16 +92,19 @@ def test_tiny_qwen2_conversation_turns_reuse_the_decode_workers_kv_and_equal_tra
 def test_tiny_qwen2_later_turns_preempted_over_their_cached_conversation_still_equal_transformers(tiny, client):
     """Later turns decoding over blocks they share with their cached conversation lose their pool
     (preempted: swapped or recomputed), to each other and to higher-priority requests, and still
-    equal transformers. The turns alone outgrow the decode pool, so a preemption does not hang on
-    when the higher-priority requests arrive."""
+    equal transformers. A turn holds its prompt's blocks from its start, and ends holding one block
+    more than the pool leaves beside another turn's prompt: once the worker admits a second turn
+    while the first runs it must preempt, however fast or slow it decodes."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
     openings = [[(11 * i + 7 * c) % 90 + 3 for i in range(120)] for c in range(3)]
     pressure = [[(13 * i + 5 * c) % 85 + 4 for i in range(300)] for c in range(3)]
     turns = [[*p, *_greedy(client, p).token_ids, 21, 22, 23] for p in openings]
-    new_tokens = KV_BLOCKS * BLOCK_TOKENS // len(turns) - len(turns[0]) + 2 * BLOCK_TOKENS
-    assert len(turns) * -(-(len(turns[0]) + new_tokens) // BLOCK_TOKENS) > KV_BLOCKS
+    start_blocks = -(-len(turns[0]) // BLOCK_TOKENS)
+    end_blocks = KV_BLOCKS - start_blocks + 1
+    new_tokens = end_blocks * BLOCK_TOKENS - len(turns[0]) + 1  # KV at the end: the turn, outputs but one
+    assert end_blocks + start_blocks > KV_BLOCKS and len(turns[0]) + new_tokens < MAX_POSITIONS
     streams = [client.stream(token_ids=t, max_tokens=new_tokens, priority="batch", temperature=0, ignore_eos=True)
                for t in turns]
     heads = [next(s) for s in streams]  # each turn placed and past its first token

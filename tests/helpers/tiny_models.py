@@ -109,12 +109,13 @@ def tiny_llama_gqa_llama3(folder: Path, seed: int = 0) -> Path:
     return _save(folder, config, LlamaForCausalLM, seed)
 
 
-def tiny_qwen2_bias(folder: Path, seed: int = 1) -> Path:
+def tiny_qwen2_bias(folder: Path, seed: int = 1, max_positions: int = 512) -> Path:
     """Qwen2: q/k/v projections with (random) biases, tied embeddings, rope theta 1e6."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     rope = {"rope_type": "default", "rope_theta": 1e6}
-    config = Qwen2Config(**_common(rope_parameters=rope, tie_word_embeddings=True))
+    config = Qwen2Config(**_common(rope_parameters=rope, tie_word_embeddings=True,
+                                   max_position_embeddings=max_positions))
     return _save(folder, config, Qwen2ForCausalLM, seed)
 
 
