@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers.hf_models import load_hf_model
 from tests.helpers.reference import hf_greedy
 
 
@@ -26,15 +27,5 @@ class Oracle:
 
     def _model(self, name: str) -> torch.nn.Module:
         if name not in self._models:
-            self._models[name] = _load(self._sources[name])
+            self._models[name] = load_hf_model(self._sources[name])
         return self._models[name]
-
-
-def _load(source: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    if source.suffix == ".gguf":
-        model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-    return model.eval()

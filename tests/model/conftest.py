@@ -16,13 +16,10 @@ def smollm2(embedded_gguf_path):
 @pytest.fixture(scope="session")
 def smollm2_reference_ids(embedded_gguf_path) -> dict[str, list[int]]:
     """transformers' greedy continuation of every SMOL_PROMPTS entry, computed once a session."""
-    from transformers import AutoModelForCausalLM
-
+    from tests.helpers.hf_models import load_hf_model
     from tests.helpers.reference import hf_greedy
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(embedded_gguf_path.parent), gguf_file=embedded_gguf_path.name, dtype=torch.float32
-    ).eval()
+    model = load_hf_model(embedded_gguf_path)
     references = {name: hf_greedy(model, ids, SMOL_NEW_TOKENS) for name, ids in SMOL_PROMPTS.items()}
     del model
     return references
