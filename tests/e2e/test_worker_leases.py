@@ -55,11 +55,11 @@ def test_random_client_deadlines_leave_every_worker_with_nothing_held(service, c
     # where each deadline falls (before, while or after the service's work) is the machine's speed:
     # each request is cut by its deadline, or served in full before it
     assert set(codes) <= {"DEADLINE_EXCEEDED", _prompt(0)["max_tokens"]}, codes
-    assert _wait_all_free(service, 5.0) == {"decode": (0, 0, 0, 0), "prefill": (0, 0, 0, 0)}
+    assert _wait_all_free(service, 30.0) == {"decode": (0, 0, 0, 0), "prefill": (0, 0, 0, 0)}
     assert len(client.generate(**_prompt(999)).token_ids) == 8  # the service answers as before
 
 
 def test_max_tokens_1_finishes_with_length(service, client):
     result = client.generate("The capital of France is", max_tokens=1, temperature=0, ignore_eos=True, timeout_s=30)
     assert result.finish_reason == "length" and len(result.token_ids) == 1
-    assert _wait_all_free(service, 5.0) == {"decode": (0, 0, 0, 0), "prefill": (0, 0, 0, 0)}
+    assert _wait_all_free(service, 30.0) == {"decode": (0, 0, 0, 0), "prefill": (0, 0, 0, 0)}

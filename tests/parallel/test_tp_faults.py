@@ -4,6 +4,7 @@ a hang (each test has a timeout; the collectives have their own)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -52,7 +53,9 @@ def test_a_follower_killed_during_steps_fails_a_step_and_every_rank_exits(tiny_m
     try:
         killer.start()
         with pytest.raises((RankFailed, CollectiveError)):
-            while engine.has_unfinished():
+            for i in itertools.count():  # steps until the kill lands, however fast the machine steps
+                if not engine.has_unfinished():
+                    engine.add_request(f"r{i}", tiny_prompt(40, 384, seed=1), LONG)
                 engine.step()
         assert procs[0].wait(10) == -signal.SIGKILL
     finally:

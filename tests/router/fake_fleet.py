@@ -172,6 +172,8 @@ class FakeFleet(WorkerClients):
         for t in self.triggers:
             if not t.fired and t.address == worker.address and t.point == point:
                 t.fired = True
+                if t.then is not None:
+                    self.triggers.append(t.then)
                 self._apply(t, worker, session)
 
     def _apply(self, t: Trigger, worker: FakeWorker, session: FakeSession) -> None:

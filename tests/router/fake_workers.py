@@ -61,6 +61,7 @@ class Trigger:
     mode: Mode
     seconds: float = 0.5  # STALL
     factor: float = 4.0  # SLOW
+    then: Trigger | None = None  # armed the moment this one fires (a second fault where the first leads)
     fired: bool = False
 
 

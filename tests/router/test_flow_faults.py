@@ -225,11 +225,10 @@ def test_a_fault_during_a_resume_resumes_again():
     async def main():
         async with harness(prefill=("p0",)) as h:
             _on_workers(h, "d0")
-            h.fleet.triggers.append(Trigger("d0", "token", Mode.KILL))
-            running = asyncio.ensure_future(collect(h.flow, job()))
-            await async_wait_until(lambda: h.fleet.workers["d0"].killed, 10, "d0 killed mid-stream")
-            h.fleet.triggers.append(Trigger("p0", "chunk", Mode.STALL, seconds=0.5))
-            tokens, _, milestones = await asyncio.wait_for(running, 20)
+            stall = Trigger("p0", "chunk", Mode.STALL, seconds=0.5)  # armed by the kill: the resume's prefill
+            h.fleet.triggers.append(Trigger("d0", "token", Mode.KILL, then=stall))
+            tokens, _, milestones = await asyncio.wait_for(collect(h.flow, job()), 20)
+            assert stall.fired
             assert tokens == expected() and milestones.count("resume") == 2
             assert not any((await settle(h.fleet)).values())
 

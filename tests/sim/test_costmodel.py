@@ -1,9 +1,6 @@
-import time
-
 import pytest
 
 from pdserve.sim import (
-    HardwareProfile,
     Link,
     StepCostModel,
     StepLoad,
@@ -174,12 +171,3 @@ def test_cost_grows_with_every_added_chunk(llama70b, h100):
         total = model.step_time(chunks).total_s
         assert total > last
         last = total
-
-
-def test_load_time_is_fast_enough_for_a_simulator(llama70b, h100):
-    model = StepCostModel(h100, llama70b, 8)
-    load = StepLoad.decodes(200, 400_000) + StepLoad.of([(2048, 8192)])
-    start = time.perf_counter()
-    for _ in range(100_000):
-        model.load_time(load)
-    assert time.perf_counter() - start < 2.0

@@ -17,6 +17,7 @@ from pdserve.transfer import InProcessFabric, make_transport
 from pdserve.worker.events import Departed, Finished, Reserved, Tokens
 from pdserve.worker.kv_out import Target
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
+from tests.helpers.waiting import async_wait_until
 from tests.worker.pair import BLOCK, LocalPeer, make_pair, settle, start_engine
 
 pytestmark = pytest.mark.timeout(120)
@@ -153,7 +154,8 @@ def test_kept_kv_nobody_moves_is_given_back_and_a_late_move_is_refused(tiny_llam
         fleet = await _fleet(tiny_llama)
         try:
             tokens, departure = await _decode_on_a_then_depart(fleet, "r", after=3, keep_s=0.2)
-            await asyncio.sleep(0.5)
+            await async_wait_until(lambda: fleet.a.leases.ends[LeaseKind.HOLD, Reclaim.EXPIRED], 30,
+                                   "the kept KV given back when its keep time passed")
             expired = fleet.a.leases.ends[LeaseKind.HOLD, Reclaim.EXPIRED]
             with pytest.raises(InvalidRequestError, match="departed"):
                 await _continue_on_b(fleet, "r", tokens, "r")
@@ -220,7 +222,7 @@ def test_a_depart_cancelled_while_the_engine_answers_still_completes_and_leaks_n
             fleet.a.live.close(session)
             departed = seen[-1]
             kept = len(fleet.a.departures)
-            await asyncio.sleep(0.6)  # the keep time passes: the KV comes back
+            await async_wait_until(lambda: not fleet.a.departures, 30, "the keep time passed: the KV back")
             return departed, kept, len(fleet.a.departures), await fleet.engines_idle()
         finally:
             await fleet.stop()
