@@ -56,6 +56,7 @@ from pdserve.transfer.descriptors import (
 )
 from pdserve.transfer.head_slices import HeadSlice, checked_slice, pack, pool_shape, slice_nbytes, unpack
 from pdserve.transfer.ledger import Ledger
+from pdserve.transfer.prefault import prefault
 from pdserve.transfer.ucx_worker import Batch, Endpoint, UcxWorker
 from pdserve.transfer.wire import (
     MANIFEST_NBYTES,
@@ -85,13 +86,6 @@ def _buffer(rows: torch.Tensor) -> Any:
     """What ucxx takes for a contiguous byte range: numpy on CPU, the tensor itself on CUDA."""
     flat = rows.reshape(-1)
     return flat.numpy() if flat.device.type == "cpu" else flat
-
-
-def _prefault(pool: torch.Tensor) -> None:
-    """Write one byte per page with its own value: first-touch faults now, not mid-transfer."""
-    if pool.device.type == "cpu":
-        flat = pool.view(-1)
-        flat[::4096] = flat[::4096].clone()
 
 
 def _plan(pairs: Pairs, block_nbytes: int, config: UcxConfig) -> tuple[BlockRun, ...]:
@@ -130,7 +124,7 @@ class UcxReceiver(KVReceiver):
     def __init__(self, pool: torch.Tensor, config: UcxConfig):
         self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
-        _prefault(self.bytes)
+        prefault(self.bytes)  # first-touch faults now, not mid-transfer
         self._config = config
         self._worker = config.worker()
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
