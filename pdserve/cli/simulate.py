@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                         "deferred if BATCH, else refused); default: none")
     p.add_argument("--tbt-objective", default="", help="admission: seconds between tokens per class, as vip=0.05")
     p.add_argument("--defer-max-s", type=float, default=60.0, help="admission: longest a BATCH request is deferred")
+    p.add_argument("--reserve-at", choices=["arrival", "prefill"], default="arrival",
+                   help="when a split reserves a prompt's decode blocks: arrival (as the service does, before "
+                        "its prefill is queued) or prefill (a what-if: when a prefill instance starts it)")
     p.add_argument("--prefill-tp", type=int, default=None)
     p.add_argument("--decode-tp", type=int, default=None)
     p.add_argument("--token-budget", type=int, default=SchedulerConfig().token_budget)
@@ -82,7 +85,7 @@ def _config(args: argparse.Namespace):
     return SimConfig(get_hardware(args.hardware), get_shape(args.model), token_budget=args.token_budget,
                      max_chunk_tokens=min(args.max_chunk_tokens, args.token_budget),
                      memory_fraction=args.memory_fraction, prefix_cache=args.prefix_cache == "on",
-                     tbt_objective_s=args.slo_tbt, admission=_admission(args),
+                     tbt_objective_s=args.slo_tbt, admission=_admission(args), reserve_at=args.reserve_at,
                      max_model_len=MAX_MODEL_LEN.get(args.model, SimConfig.max_model_len))
 
 
@@ -113,7 +116,8 @@ def _header(cfg, workload, gpus: int) -> list[str]:
     return [f"workload {workload.name}: {workload.description}",
             f"{cfg.shape.name} on {cfg.hardware.name}, {gpus} GPUs per configuration; token budget {cfg.token_budget}, "
             f"chunk {cfg.max_chunk_tokens}, memory fraction {cfg.memory_fraction}, "
-            f"prefix cache {'on' if cfg.prefix_cache else 'off'}"]
+            f"prefix cache {'on' if cfg.prefix_cache else 'off'}; splits reserve decode blocks at {cfg.reserve_at}"
+            + (" start (a what-if)" if cfg.reserve_at == "prefill" else "")]
 
 
 def _table(args: argparse.Namespace, cfg, workload) -> int:

@@ -26,6 +26,9 @@ GB = 1e9
 _SPLIT = re.compile(r"^\s*(\d+)\s*P\s*(\d+)\s*D\s*$", re.IGNORECASE)
 
 
+RESERVE_AT = ("arrival", "prefill")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Serving knobs shared by every instance of a simulated deployment."""
@@ -37,6 +40,9 @@ class SimConfig:
     block_size: int = CacheConfig().block_size
     tbt_objective_s: float | None = None  # the decode steps' objective an elastic split's planner keeps
     admission: AdmissionPolicy | None = None  # the router's, judging each request of a split (admitting.py)
+    # when a split reserves a prompt's decode blocks: "arrival" (the service: before its prefill
+    # is queued) or "prefill" (a what-if: when a prefill instance starts computing it; disagg.py)
+    reserve_at: str = "arrival"
     memory_fraction: float = 0.9  # of device memory usable for weights + KV (the engine counts blocks instead)
     host_swap_bytes_per_gpu: float = 64 * GB  # a GPU server's host pool, not the CPU engine's num_host_blocks
     max_model_len: int = 131_072  # Llama-3.1's context; the engine's default is the model's own
@@ -50,6 +56,10 @@ class SimConfig:
     # fitted for the CPU engine (fit.py).
     chunk_overhead_s: float = 0.0
     context_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.reserve_at not in RESERVE_AT:
+            raise ValueError(f"reserve_at {self.reserve_at!r}: one of {', '.join(RESERVE_AT)}")
 
 
 @dataclass(frozen=True)

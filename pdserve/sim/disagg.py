@@ -9,6 +9,11 @@ Mirrors the service's request path (docs/ARCHITECTURE.md):
            ──> when the last piece has crossed: release the hold, mark_received on the decode
                instance, which decodes the rest like any running request
 
+With SimConfig.reserve_at "prefill" (a what-if; the service reserves first, as above) the
+prompt goes to its prefill instance at once, and its decode blocks are asked for, on the decode
+instance with the most room then, when the prefill instance first schedules it; what it computes
+before they are reserved waits there (held), then crosses.
+
 An elastic split (Disaggregated.elastic) also runs the router's planner (elastic.py); an
 instance changing role takes no new work of its old role and switches once it holds nothing. A
 decode instance leaving moves its running requests with their KV, as the service does
@@ -78,6 +83,10 @@ class DisaggregatedFlow(Flow):
         self._decoding: dict[str, Instance] = {}  # request -> the decode instance it runs on
         self._moving: dict[str, tuple[Instance, BlockHold]] = {}  # request -> where it left, its KV there
         self._asked_at: dict[str, float] = {}  # request -> when its reservation was asked for
+        self._late = cfg.reserve_at == "prefill"
+        self._unbound: dict[str, Request] = {}  # late: queued at a prefill instance, no decode instance asked yet
+        self._pending: Counter[str] = Counter()  # late: prompt tokens computed, waiting for their reservation
+        self._computed: dict[str, tuple[Instance, BlockHold | None, int]] = {}  # late: prefill done, not reserved
         self._admission = (SimAdmission(cfg.admission, cfg.max_chunk_tokens, kv_link(d, cfg))
                            if cfg.admission is not None else None)
         if d.elastic:
@@ -121,13 +130,22 @@ class DisaggregatedFlow(Flow):
             self._place(request, decode)
 
     def _place(self, request: Request, decode: Instance | None = None) -> None:
-        """Ask the decode instance with the most room (or `decode`) to reserve the request's blocks."""
-        decode = decode or max(self.decode, key=self._decode_room)
-        if self._admit(decode.scheduler.add_remote, request):
-            self._unreserved[decode.name] += request.num_prompt_tokens
-            self._decode_of[request.request_id] = decode
-            self._asked_at[request.request_id] = self.loop.now
-            decode.kick()
+        """Ask the decode instance with the most room (or `decode`) to reserve the request's blocks;
+        late, queue its prompt on a prefill instance first."""
+        if self._late:
+            if self._dispatch(request):
+                self._unbound[request.request_id] = request
+            return
+        self._ask(request, decode or max(self.decode, key=self._decode_room))
+
+    def _ask(self, request: Request, decode: Instance) -> bool:
+        if not self._admit(decode.scheduler.add_remote, request):
+            return False
+        self._unreserved[decode.name] += request.num_prompt_tokens
+        self._decode_of[request.request_id] = decode
+        self._asked_at[request.request_id] = self.loop.now
+        decode.kick()
+        return True
 
     def _decode_room(self, decode: Instance) -> int:
         return decode.scheduler.kv.num_available * self._block_size - self._unreserved[decode.name]
@@ -165,7 +183,10 @@ class DisaggregatedFlow(Flow):
             del self._decode_of[rid]
             if not reserved:
                 self._unreserved[decode.name] -= request.num_prompt_tokens
-            self._place(_fresh(request))
+            if self._late:  # its prefill runs on: it asks another decode instance
+                self._bind(_fresh(request))
+            else:
+                self._place(_fresh(request))
 
     def _withdraw_prefill(self, request_id: str) -> bool:
         """Take a reserved request's prompt off its prefill instance if none of it is computed
@@ -260,22 +281,65 @@ class DisaggregatedFlow(Flow):
                 self._admission.waits.add(self.loop.now - asked)
             if reservation.request.request_id in self._moving:
                 self._moved_reserved(reservation.request)
-            else:
-                self._dispatch(reservation.request)
+            elif self._late:
+                self._reserved_late(reservation.request.request_id)
+            elif not self._dispatch(reservation.request):
+                self._abort_decode(reservation.request.request_id)
 
-    def _dispatch(self, request: Request) -> None:
-        """Blocks are reserved on the decode side: start the prefill."""
+    def _dispatch(self, request: Request) -> bool:
+        """Start the prefill (blocks are reserved on the decode side, unless late); False: refused."""
         prefill = max(self.prefill, key=lambda p: (p.scheduler.kv.probe(request.prompt_token_ids),
                                                     -self._prefill_load[p.name]))
         local = Request(request.request_id, request.prompt_token_ids, SamplingParams(max_tokens=1, ignore_eos=True),
                         request.priority, arrival_time=request.arrival_time)
         local.sends_kv = True
         if not self._admit(prefill.scheduler.add, local):
-            self._abort_decode(request.request_id)
-            return
+            return False
         self._prefill_load[prefill.name] += request.num_prompt_tokens
         self._sent[request.request_id] = 0
         self._prefill_of[request.request_id] = prefill
+        prefill.kick()
+        return True
+
+    def _bind(self, request: Request) -> bool:
+        """Late: the prefill of `request` has begun; ask the decode instance with the most room now
+        to reserve its blocks. False: refused there; the request failed, and its prefill ended."""
+        if self._ask(request, max(self.decode, key=self._decode_room)):
+            return True
+        self._abort_prefill(request)
+        return False
+
+    def _reserved_late(self, request_id: str) -> None:
+        """Late: the blocks are reserved; what the prefill computed so far crosses now."""
+        pending = self._pending.pop(request_id, 0)
+        computed = self._computed.pop(request_id, None)
+        if computed is None:
+            prefill = self._prefill_of[request_id]
+            if pending:
+                self._last_piece[request_id] = self._links[prefill.name].send(pending, self.loop.now)
+            return
+        prefill, hold, rest = computed
+        arrived = self._links[prefill.name].send(pending + rest, self.loop.now)
+        self.loop.at(arrived, lambda: self._deliver(prefill, request_id, hold))
+
+    def _abort_prefill(self, request: Request) -> None:
+        """Late: a prefill whose decode instance refused the request ends (in its first chunk's step,
+        or, asking again for a decode instance leaving, later: computed, its KV held)."""
+        rid = request.request_id
+        self._pending.pop(rid, None)
+        if rid in self._computed:
+            prefill, hold, _ = self._computed.pop(rid)
+            self._delivering[prefill.name] -= 1
+            if hold is not None:
+                prefill.scheduler.release_hold(hold)
+            prefill.kick()
+            return
+        prefill = self._prefill_of.pop(rid)
+        prefill.scheduler.abort(rid)
+        self._prefill_load[prefill.name] -= request.num_prompt_tokens
+        del self._sent[rid]
+        for hold in prefill.scheduler.take_holds().values():
+            prefill.scheduler.release_hold(hold)
         prefill.kick()
 
     def _abort_decode(self, request_id: str) -> None:
@@ -293,18 +357,28 @@ class DisaggregatedFlow(Flow):
         for chunk in record.output.chunks:
             rid = chunk.request.request_id
             self._sent[rid] += chunk.num_tokens
-            self._last_piece[rid] = link.send(chunk.num_tokens, end)
+            if rid in self._unbound and not self._bind(self._unbound.pop(rid)):
+                continue
+            if self._late and rid not in self._reserved:
+                self._pending[rid] += chunk.num_tokens  # no blocks to land in yet
+            else:
+                self._last_piece[rid] = link.send(chunk.num_tokens, end)
             if chunk.samples:
                 self.recorder.token(rid, end)
         for request in record.finished:
             rid = request.request_id
+            if rid not in self._sent:  # ended here: its decode instance refused it
+                continue
             rest = request.num_prompt_tokens - self._sent.pop(rid)
             self._prefill_of.pop(rid, None)
-            arrived = link.send(rest, end) if rest > 0 else self._last_piece.get(rid, end)
-            self._last_piece.pop(rid, None)
             self._prefill_load[prefill.name] -= request.num_prompt_tokens
             hold = holds.pop(rid, None)
             self._delivering[prefill.name] += 1
+            if self._late and rid not in self._reserved:  # the KV waits, held, for its reservation
+                self._computed[rid] = (prefill, hold, max(rest, 0))
+                continue
+            arrived = link.send(rest, end) if rest > 0 else self._last_piece.get(rid, end)
+            self._last_piece.pop(rid, None)
             self.loop.at(arrived, lambda p=prefill, r=rid, h=hold: self._deliver(p, r, h))
         for hold in holds.values():
             prefill.scheduler.release_hold(hold)

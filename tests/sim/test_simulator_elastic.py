@@ -28,7 +28,8 @@ def _all_served(result) -> None:
     assert all(len(t.token_times) == t.spec.output_tokens for t in result.traces)
 
 
-def test_a_document_burst_takes_a_decode_instance_whose_running_requests_move_with_their_kv():
+@pytest.mark.parametrize("reserve_at", ["arrival", "prefill"])
+def test_a_document_burst_takes_a_decode_instance_whose_running_requests_move_with_their_kv(reserve_at):
     # Twenty 16K documents are about 6 s of one prefill instance's work and take a quarter of
     # the three decode pools (their blocks are reserved there first), so the decode side can
     # spare an instance: the planner moves one to prefill, and the chats running there leave
@@ -36,8 +37,8 @@ def test_a_document_burst_takes_a_decode_instance_whose_running_requests_move_wi
     docs = [RequestSpec(f"doc-{i}", 1.0 + 0.01 * i, 16_384, 16, Priority.BATCH, "document") for i in range(20)]
     chats = [RequestSpec(f"chat-{i}", 2.5 + 0.02 * i, 256, 512, Priority(i % 2), "chat") for i in range(16)]
     workload = _workload(*chats, *docs)
-    result = simulate(workload, Disaggregated(1, 1, 3, 1, elastic=True), SimConfig(H100, LLAMA8B, block_size=COARSE),
-                      check_integrity=True)
+    cfg = SimConfig(H100, LLAMA8B, block_size=COARSE, reserve_at=reserve_at)
+    result = simulate(workload, Disaggregated(1, 1, 3, 1, elastic=True), cfg, check_integrity=True)
     _all_served(result)
     begun = [c for c in result.role_changes if "begun" in c]
     assert begun and "from decode to prefill (prefill_backlog" in begun[0]
