@@ -111,7 +111,7 @@ class DisaggregatedFlow(Flow):
         self._judge(request, 0.0)
 
     def _judge(self, request: Request, deferred_s: float) -> None:
-        decode = max(self.decode, key=self._decode_room)
+        decode = self._roomiest_decode()
         if self._admission is None:
             self._place(request, decode)
             return
@@ -136,7 +136,7 @@ class DisaggregatedFlow(Flow):
             if self._dispatch(request):
                 self._unbound[request.request_id] = request
             return
-        self._ask(request, decode or max(self.decode, key=self._decode_room))
+        self._ask(request, decode or self._roomiest_decode())
 
     def _ask(self, request: Request, decode: Instance) -> bool:
         if not self._admit(decode.scheduler.add_remote, request):
@@ -146,6 +146,9 @@ class DisaggregatedFlow(Flow):
         self._asked_at[request.request_id] = self.loop.now
         decode.kick()
         return True
+
+    def _roomiest_decode(self) -> Instance:
+        return max(self.decode, key=self._decode_room)
 
     def _decode_room(self, decode: Instance) -> int:
         return decode.scheduler.kv.num_available * self._block_size - self._unreserved[decode.name]
@@ -177,9 +180,7 @@ class DisaggregatedFlow(Flow):
                 continue
             reserved = rid in self._reserved
             self._reserved.discard(rid)
-            request = decode.scheduler.abort(rid)
-            for hold in decode.scheduler.take_holds().values():  # a reservation nothing was written to
-                decode.scheduler.release_hold(hold)
+            request = _abort(decode, rid)  # a reservation nothing was written to
             del self._decode_of[rid]
             if not reserved:
                 self._unreserved[decode.name] -= request.num_prompt_tokens
@@ -195,9 +196,7 @@ class DisaggregatedFlow(Flow):
         local = prefill.scheduler.get(request_id) if prefill is not None else None
         if local is None or local.state != RequestState.WAITING or local.num_computed_tokens or self._sent[request_id]:
             return False
-        prefill.scheduler.abort(request_id)
-        for hold in prefill.scheduler.take_holds().values():
-            prefill.scheduler.release_hold(hold)
+        _abort(prefill, request_id)
         del self._prefill_of[request_id], self._sent[request_id]
         self._prefill_load[prefill.name] -= local.num_prompt_tokens
         return True
@@ -231,7 +230,7 @@ class DisaggregatedFlow(Flow):
             del self._decoding[rid]
             moved = _fresh(request)
             moved.output_token_ids = list(request.output_token_ids)
-            target = max(self.decode, key=self._decode_room)
+            target = self._roomiest_decode()
             if not self._admit(lambda r: target.scheduler.add_remote(r, r.num_tokens - 1), moved):
                 source.scheduler.release_hold(hold)
                 continue
@@ -304,7 +303,7 @@ class DisaggregatedFlow(Flow):
     def _bind(self, request: Request) -> bool:
         """Late: the prefill of `request` has begun; ask the decode instance with the most room now
         to reserve its blocks. False: refused there; the request failed, and its prefill ended."""
-        if self._ask(request, max(self.decode, key=self._decode_room)):
+        if self._ask(request, self._roomiest_decode()):
             return True
         self._abort_prefill(request)
         return False
@@ -335,19 +334,15 @@ class DisaggregatedFlow(Flow):
             prefill.kick()
             return
         prefill = self._prefill_of.pop(rid)
-        prefill.scheduler.abort(rid)
+        _abort(prefill, rid)
         self._prefill_load[prefill.name] -= request.num_prompt_tokens
         del self._sent[rid]
-        for hold in prefill.scheduler.take_holds().values():
-            prefill.scheduler.release_hold(hold)
         prefill.kick()
 
     def _abort_decode(self, request_id: str) -> None:
         self._reserved.discard(request_id)
         decode = self._decode_of.pop(request_id)
-        decode.scheduler.abort(request_id)
-        for hold in decode.scheduler.take_holds().values():
-            decode.scheduler.release_hold(hold)
+        _abort(decode, request_id)
         decode.kick()
 
     # ---- prefill side ----
@@ -390,6 +385,15 @@ class DisaggregatedFlow(Flow):
         self._delivering[prefill.name] -= 1
         self._land(request_id, FAKE_TOKEN)
         self._switch_if_idle(prefill)
+
+
+def _abort(instance: Instance, request_id: str) -> Request | None:
+    """End a request on an instance and give back at once the blocks its scheduler holds for it
+    (nothing will write or read them: no transfer of it is under way)."""
+    request = instance.scheduler.abort(request_id)
+    for hold in instance.scheduler.take_holds().values():
+        instance.scheduler.release_hold(hold)
+    return request
 
 
 def _fresh(request: Request) -> Request:

@@ -27,9 +27,8 @@ def load_hf_model(source: Path) -> torch.nn.Module:
     if source.suffix != ".gguf":
         return AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
     folder = _kept(source)
-    if (folder / "weights.pt").exists():
-        return _rebuild(folder)
-    return _keep(source, folder) or _rebuild(folder)
+    converted = None if (folder / "weights.pt").exists() else _keep(source, folder)
+    return _rebuild(folder) if converted is None else converted
 
 
 def _kept(source: Path) -> Path:
