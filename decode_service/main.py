@@ -42,8 +42,9 @@ async def decode_parts(args: argparse.Namespace, ground: Groundwork, releases_ho
         receiver = await _receiver(runtime)
         ends = (receiver,)
         if sender is None and not runtime.engine.loaded.ranks.kv_sockets():  # one rank: its requests can move
-            sender = await open_sender(make_transport("ucx").sender(kv.data), runtime.engine.loaded.ranks,
-                                       kv.shape.num_kv_heads)
+            local = make_transport("ucx").sender(kv.data)
+            local.on_peer(ground.observability.metrics.count_kv_peer)
+            sender = await open_sender(local, runtime.engine.loaded.ranks, kv.shape.num_kv_heads)
             ends = (receiver, sender)
     checksums = args.kv_checksums == "on"
     sums = KVSums.of(checksums, kv.data, len(sender.ports)) if sender is not None else None

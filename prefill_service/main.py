@@ -23,8 +23,9 @@ async def prefill_parts(ground: Groundwork, checksums: bool = True) -> tuple[Pre
     `checksums`: it sums the KV pieces it sends (where it can)."""
     runtime, obs = ground.runtime, ground.observability
     kv = runtime.engine.kv
-    sender = await open_sender(make_transport("ucx").sender(kv.data), runtime.engine.loaded.ranks,
-                               kv.shape.num_kv_heads)
+    local = make_transport("ucx").sender(kv.data)
+    local.on_peer(obs.metrics.count_kv_peer)
+    sender = await open_sender(local, runtime.engine.loaded.ranks, kv.shape.num_kv_heads)
     worker = PrefillWorker(runtime.async_engine, sender, GrpcDecodePeer(ground.channels), runtime.block_size,
                            runtime.block_nbytes, ground.leases, KVSums.of(checksums, kv.data, len(sender.ports)))
     return PrefillServicer(worker, obs.tracing.tracer(), obs.metrics, ground.drainer, "ucx"), sender

@@ -36,6 +36,7 @@ class Child:
     argv: list[str] = field(default_factory=list)  # the subcommand and its flags, without --ready-file
     cpus: set[int] | None = None
     restarts: int = 0
+    launcher: tuple[str, ...] = ()  # what runs the command elsewhere (a test host: `ip netns exec NAME`)
 
     @property
     def role(self) -> str:
@@ -61,10 +62,14 @@ class Supervisor:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pdserve-")))
     die_with_parent: bool = False
 
-    def spawn(self, name: str, argv: list[str], cpus: set[int] | None = None, log: bool = True) -> Child:
+    def spawn(self, name: str, argv: list[str], cpus: set[int] | None = None, log: bool = True,
+              launcher: tuple[str, ...] = ()) -> Child:
+        """`launcher`: a prefix that runs the command elsewhere and execs it (pdserve/procs/hosts.py's
+        test hosts: the child keeps the process it was started as)."""
         ready = self.workdir / f"{name}.port"
         out = self.workdir / f"{name}.log" if log else None
-        child = Child(name, self._launch(argv, cpus, ready, out, "w"), ready, argv=list(argv), cpus=cpus)
+        child = Child(name, self._launch(argv, cpus, ready, out, "w", launcher), ready, argv=list(argv), cpus=cpus,
+                      launcher=tuple(launcher))
         self.children.append(child)
         return child
 
@@ -80,12 +85,12 @@ class Supervisor:
         if child.http_port is not None:
             pinned += ["--http-port", str(child.http_port)]
         child.restarts += 1
-        child.process = self._launch(pinned, child.cpus, child.ready_file, self.log_of(child), "a")
+        child.process = self._launch(pinned, child.cpus, child.ready_file, self.log_of(child), "a", child.launcher)
 
     def _launch(self, argv: list[str], cpus: set[int] | None, ready: Path, log: Path | None,
-                mode: str) -> subprocess.Popen:
+                mode: str, launcher: tuple[str, ...] = ()) -> subprocess.Popen:
         ready.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "pdserve.cli.main", *argv, "--ready-file", str(ready)]
+        cmd = [*launcher, sys.executable, "-m", "pdserve.cli.main", *argv, "--ready-file", str(ready)]
         out = open(log, mode) if log else subprocess.DEVNULL
         try:
             return subprocess.Popen(cmd, env={**self.env, SUPERVISOR_PID_ENV: str(os.getpid())}, stdout=out,

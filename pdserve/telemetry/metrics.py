@@ -114,6 +114,16 @@ class Metrics:
         self.kv_transfer_bytes = Counter(
             "pdserve_kv_transfer_bytes_total", "KV bytes moved between workers.", registry=r,
         )
+        self.kv_peer_paths = Counter(
+            "pdserve_kv_peer_connections_total",
+            "KV connections this worker opened to a peer worker, by the path chosen for it (host: shared "
+            "memory allowed; network: not) and its UCX transports.", ["peer", "path", "transports"], registry=r,
+        )
+        self.kv_peer_unreachable = Counter(
+            "pdserve_kv_peer_unreachable_total",
+            "KV sends that failed because nothing reached the peer worker within the connect time.", ["peer"],
+            registry=r,
+        )
         self.prefix_cache_hit_tokens = Counter(
             "pdserve_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.",
             registry=r,
@@ -211,6 +221,13 @@ class Metrics:
     def observe_kv_transfer(self, seconds: float, nbytes: int) -> None:
         self.kv_transfer.observe(seconds)
         self.kv_transfer_bytes.inc(nbytes)
+
+    def count_kv_peer(self, peer: str, path: Label, transports: str, reached: bool) -> None:
+        """A KV connection opened to `peer` (reached) or found unreachable."""
+        if reached:
+            self.kv_peer_paths.labels(peer=peer, path=label(path), transports=transports).inc()
+        else:
+            self.kv_peer_unreachable.labels(peer=peer).inc()
 
     def count_request(self, priority: Label, finish_reason: Label) -> None:
         self.requests.labels(priority=label(priority), finish_reason=label(finish_reason)).inc()

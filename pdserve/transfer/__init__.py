@@ -14,6 +14,7 @@ from pdserve.transfer.base import (
     TransferRejected,
     TransferResult,
     TransferTimeout,
+    TransferUnreachable,
     settled_all,
 )
 from pdserve.transfer.descriptors import BlockRun, merge_runs
@@ -54,6 +55,7 @@ __all__ = [
     "TransferRejected",
     "TransferResult",
     "TransferTimeout",
+    "TransferUnreachable",
     "make_transport",
     "merge_runs",
     "settled_all",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -98,6 +98,11 @@ class TransferCancelled(TransferError):
     """`cancel(transfer_id)` withdrew the piece while it was awaited."""
 
 
+class TransferUnreachable(TransferError):
+    """Nothing could be delivered to the peer on the path chosen for it within the sender's
+    connect time: the peer is unreachable that way (the sender dropped its connection)."""
+
+
 class TransferRejected(TransferError):
     """The receiver refused to set up a piece (bad blocks, overlap with a live piece, reused id)."""
 
@@ -140,6 +145,9 @@ class KVReceiver(ABC):
         """Withdraw everything and release the transport; awaited pieces raise TransferCancelled."""
 
 
+PeerListener = Callable[[str, str, str, bool], None]
+
+
 class KVSender(ABC):
     """Prefill side: writes blocks of its own pool into a receiver's blocks."""
 
@@ -164,6 +172,10 @@ class KVSender(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Drop every connection; pending sends raise TransferError."""
+
+    def on_peer(self, listener: "PeerListener") -> None:
+        """`listener(peer, path, transports, reached)` for each connection opened to a peer, or
+        found impossible; a transport with one way to every peer never calls it."""
 
 
 class KVTransport(ABC):

@@ -25,9 +25,13 @@ ones already matched before it returns, so the blocks can be reused.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -38,11 +42,13 @@ from pdserve.transfer.base import (
     KVSender,
     KVTransport,
     Pairs,
+    PeerListener,
     TransferCancelled,
     TransferError,
     TransferRejected,
     TransferResult,
     TransferTimeout,
+    TransferUnreachable,
     pool_bytes,
     settled_all,
 )
@@ -57,7 +63,18 @@ from pdserve.transfer.descriptors import (
 from pdserve.transfer.head_slices import HeadSlice, checked_slice, pack, pool_shape, slice_nbytes, unpack
 from pdserve.transfer.ledger import Ledger
 from pdserve.transfer.prefault import prefault
-from pdserve.transfer.ucx_worker import Batch, Endpoint, UcxWorker
+from pdserve.transfer.ucx_paths import (
+    Locality,
+    Path,
+    PeerPath,
+    choose_path,
+    context_options,
+    describe_path,
+    peer_label,
+    split_address,
+    with_locality,
+)
+from pdserve.transfer.ucx_worker import Batch, Endpoint, NativeWorker, UcxWorker
 from pdserve.transfer.wire import (
     MANIFEST_NBYTES,
     PieceKeys,
@@ -66,6 +83,8 @@ from pdserve.transfer.wire import (
     piece_key,
     piece_tags,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,9 +96,19 @@ class UcxConfig:
     drain_s: float = 0.5  # how long a cancel waits for a receive already being written
     close_s: float = 1.0  # how long closing an endpoint may wait for the peer
     options: tuple[tuple[str, str], ...] = ()  # UCX context options, e.g. (("TLS", "tcp"),)
+    connect_s: float = 5.0  # how long a peer nothing reached yet has to take a piece's first message
+    floor_bytes_per_s: float = 50e6  # ... plus that message's bytes at this rate
+
+    def options_for(self, path: Path) -> dict[str, str]:
+        """The UCX context options of a worker on `path` (`ucx_paths`)."""
+        return context_options(path, dict(self.options), os.environ)
 
     def worker(self) -> UcxWorker:
-        return UcxWorker(dict(self.options), self.poll_s, self.idle_s, self.slice_s)
+        """A receiver's worker: every transport, so that a sender on any path can reach it."""
+        return UcxWorker.open(self.options_for(Path.HOST), self.poll_s, self.idle_s, self.slice_s)
+
+    def adopt(self, native: NativeWorker) -> UcxWorker:
+        return UcxWorker(native, self.poll_s, self.idle_s, self.slice_s)
 
 
 def _buffer(rows: torch.Tensor) -> Any:
@@ -130,10 +159,11 @@ class UcxReceiver(KVReceiver):
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])
         self._keys = PieceKeys()
         self._held: dict[tuple[str, int], _Piece] = {}  # (transfer_id, seq) -> staged, matched, not landed
-        self._address = self._worker.address()
+        self._address = with_locality(Locality.of_this_process(), self._worker.address())
         self._closed = False
 
     def address(self) -> bytes:
+        """The UCX worker address, with where this process lives in front (`ucx_paths`)."""
         return self._address
 
     async def expect(self, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *,
@@ -255,14 +285,70 @@ class UcxReceiver(KVReceiver):
         await self._worker.close(self._config.drain_s)
 
 
+@dataclass(eq=False)
+class _Peer:
+    """One receiver this sender reached: a UCX worker of its own, on the path chosen for the peer
+    (so that connecting, which may block while the peer's host is resolved, runs off the loop and
+    a broken peer is dropped whole), and whether anything was ever delivered to it (until then, a
+    send has `connect_s` to start)."""
+
+    label: str
+    path: PeerPath
+    worker: UcxWorker | None  # None while it is being connected
+    proven: bool = False
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.worker.endpoint()
+
+
+def _off_loop(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """`fn(*args)` on a daemon thread of its own: a connect UCX blocks in (for as long as the
+    peer's host takes to be found unreachable) neither holds the loop nor the process's exit."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exc:  # handed to the loop, raised there
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: nobody will adopt it
+            if error is None:
+                result.destroy()
+
+    threading.Thread(target=run, name="ucx-connect", daemon=True).start()
+    return future
+
+
 class UcxSender(KVSender):
+    """Sends from one pool, to each peer over the path chosen for it (`ucx_paths`)."""
+
     def __init__(self, pool: torch.Tensor, config: UcxConfig):
         self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
         self._config = config
-        self._worker = config.worker()
-        self._endpoints: dict[bytes, Endpoint] = {}
+        self._locality = Locality.of_this_process()
+        self._peers: dict[bytes, _Peer] = {}
+        self._connecting: dict[bytes, asyncio.Future] = {}  # peer address -> its connection being made
+        self.paths: dict[str, PeerPath] = {}  # peer label -> the path chosen for it, every peer ever reached
+        self._listeners: list[PeerListener] = []
         self._closed = False
+
+    def on_peer(self, listener: PeerListener) -> None:
+        self._listeners.append(listener)
+
+    def _tell(self, label: str, path: PeerPath, reached: bool) -> None:
+        for listener in self._listeners:
+            listener(label, path.path.value, path.transports, reached)
 
     async def send(
         self, peer_address: bytes, transfer_id: str, seq: int, pairs: Pairs, timeout_s: float, *, secret: bytes,
@@ -276,14 +362,65 @@ class UcxSender(KVSender):
         check_bounds(messages, self.bytes.shape[0], "src")
         tags = piece_tags(piece_key(secret, transfer_id, seq), len(messages))
         name = f"piece ({transfer_id!r}, {seq})"
-        endpoint = self._endpoint(peer_address)
+        peer = await self._peer(peer_address)
         data = list(zip(self._sources(messages, heads), tags))
-        await self._finish(peer_address, self._worker.send(endpoint, data), deadline, name)
+        await self._start(peer, peer.worker.send(peer.endpoint, data[:1]), deadline, name,
+                          messages[0].count * block_nbytes)
+        if len(data) > 1:
+            await self._finish(peer, peer.worker.send(peer.endpoint, data[1:]), deadline, name)
         manifest = np.frombuffer(_manifest(messages, block_nbytes), np.uint8).copy()
-        batch = self._worker.send(endpoint, [(manifest, tags[-1])])
-        await self._finish(peer_address, batch, deadline, name)
+        await self._finish(peer, peer.worker.send(peer.endpoint, [(manifest, tags[-1])]), deadline, name)
         nbytes = total_blocks(messages) * block_nbytes
         return TransferResult(transfer_id, seq, nbytes, join_runs(messages), time.perf_counter() - started)
+
+    async def _peer(self, peer_address: bytes) -> _Peer:
+        """The peer's connection; the first send to it connects, within `connect_s`."""
+        if self._closed:
+            raise TransferError("sender closed")
+        if peer_address in self._peers:
+            return self._peers[peer_address]
+        locality, ucx_address = split_address(peer_address)
+        label = peer_label(ucx_address)
+        path = describe_path(choose_path(self._locality, locality), dict(self._config.options), os.environ)
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._connect(peer_address, label, path)),
+                                          self._config.connect_s)
+        except asyncio.TimeoutError:
+            self._tell(label, path, reached=False)
+            raise TransferUnreachable(f"peer {label}: no connection over the {path} within "
+                                      f"{self._config.connect_s:g} s") from None
+        except TransferError:
+            raise
+        except Exception as exc:
+            raise TransferError(f"cannot reach peer {label} over the {path}: {exc}") from exc
+
+    def _connect(self, peer_address: bytes, label: str, path: PeerPath) -> asyncio.Future:
+        """The peer's connection as it is made, once, off the loop (a send that stopped waiting
+        leaves it going: made late, it is kept for the next send)."""
+        connecting = self._connecting.get(peer_address)
+        if connecting is None:
+            connecting = self._connecting[peer_address] = asyncio.get_running_loop().create_future()
+            _, ucx_address = split_address(peer_address)
+            made = _off_loop(NativeWorker.connected, self._config.options_for(path.path), ucx_address)
+            made.add_done_callback(lambda m: self._made(peer_address, _Peer(label, path, None), m, connecting))
+        return connecting
+
+    def _made(self, peer_address: bytes, peer: _Peer, made: asyncio.Future, connecting: asyncio.Future) -> None:
+        self._connecting.pop(peer_address, None)
+        error = made.exception()
+        if error is None and self._closed:
+            made.result().destroy()
+            error = TransferError("sender closed")
+        if error is not None:
+            connecting.set_exception(error)
+            connecting.exception()  # retrieved: nobody may be waiting any more
+            return
+        peer.worker = self._config.adopt(made.result())
+        self._peers[peer_address] = peer
+        self.paths[peer.label] = peer.path
+        self._tell(peer.label, peer.path, reached=True)
+        log.info("KV to peer %s: %s", peer.label, peer.path)
+        connecting.set_result(peer)
 
     def _sources(self, messages: tuple[BlockRun, ...], heads: HeadSlice) -> list[Any]:
         """Each message's bytes: its src blocks, or a packed copy of their slice of heads."""
@@ -291,38 +428,46 @@ class UcxSender(KVSender):
             return [_buffer(self.bytes[m.src_start : m.src_start + m.count]) for m in messages]
         return [_buffer(pack(self.pool, m.src_start, m.count, heads).view(torch.uint8)) for m in messages]
 
-    def _endpoint(self, peer_address: bytes) -> Endpoint:
-        if self._closed:
-            raise TransferError("sender closed")
-        if peer_address not in self._endpoints:
-            try:
-                self._endpoints[peer_address] = self._worker.connect(peer_address)
-            except Exception as exc:
-                raise TransferError(f"cannot reach peer: {exc}") from exc
-        return self._endpoints[peer_address]
+    async def _start(self, peer: _Peer, batch: Batch, deadline: float, name: str, nbytes: int) -> None:
+        """The first message; on a peer nothing reached yet, it must be delivered within
+        `connect_s` (plus its bytes at `floor_bytes_per_s`): a path that cannot carry anything
+        fails in seconds, not at the piece's deadline."""
+        if peer.proven:
+            return await self._finish(peer, batch, deadline, name)
+        start_by = time.monotonic() + self._config.connect_s + nbytes / self._config.floor_bytes_per_s
+        if start_by < deadline and not await peer.worker.wait(batch, start_by - time.monotonic()):
+            peer.worker.abandon(batch, TransferTimeout(f"{name}: peer unreachable"))
+            await self._drop_peer(peer)
+            self._tell(peer.label, peer.path, reached=False)
+            raise TransferUnreachable(f"{name}: nothing delivered to peer {peer.label} over {peer.path} within "
+                                      f"{self._config.connect_s:g} s; it cannot be reached that way")
+        await self._finish(peer, batch, deadline, name)
+        peer.proven = True
 
-    async def _finish(self, peer_address: bytes, batch: Batch, deadline: float, name: str) -> None:
-        if not await self._worker.wait(batch, deadline - time.monotonic()):
-            self._worker.abandon(batch, TransferTimeout(f"{name} timed out"))
+    async def _finish(self, peer: _Peer, batch: Batch, deadline: float, name: str) -> None:
+        if not await peer.worker.wait(batch, deadline - time.monotonic()):
+            peer.worker.abandon(batch, TransferTimeout(f"{name} timed out"))
             raise TransferTimeout(f"{name}: not delivered by the deadline (peer gone or piece not expected)")
         error = batch.future.exception()
         if isinstance(error, TransferError):
             raise error
         if error is not None:
-            await self._drop_endpoint(peer_address)
+            await self._drop_peer(peer)
             raise TransferError(f"{name} failed: {error}") from error
 
-    async def _drop_endpoint(self, peer_address: bytes) -> None:
-        endpoint = self._endpoints.pop(peer_address, None)
-        if endpoint is not None:
-            await self._worker.close_endpoint(endpoint, self._config.close_s)
+    async def _drop_peer(self, peer: _Peer) -> None:
+        """Forget the peer and close its worker (a later send connects anew)."""
+        for address, known in list(self._peers.items()):
+            if known is peer:
+                del self._peers[address]
+                peer.worker.fail_all(TransferError(f"connection to peer {peer.label} dropped"))
+                await peer.worker.close_endpoint(peer.endpoint, self._config.close_s)
+                await peer.worker.close(self._config.drain_s)
 
     async def close(self) -> None:
         self._closed = True
-        self._worker.fail_all(TransferError("sender closed"))
-        for peer_address in list(self._endpoints):
-            await self._drop_endpoint(peer_address)
-        await self._worker.close(self._config.drain_s)
+        for peer in list(self._peers.values()):
+            await self._drop_peer(peer)
 
 
 class UcxTransport(KVTransport):

@@ -149,6 +149,47 @@ def check_peer_address(peer: bytes, own: bytes) -> None:
                             f"(format {peer[0] & _ADDRESS_VERSION_MASK}, ours {own[0] & _ADDRESS_VERSION_MASK})")
 
 
+def _connect(lib: Any, worker: Any, address: bytes) -> Any:
+    check_peer_address(address, bytes(worker.address.tobytes()))
+    ucx_address = lib.UCXAddress.create_from_buffer(address)
+    return lib.UCXEndpoint.create_from_worker_address(worker, ucx_address, False)
+
+
+@dataclass(eq=False)
+class NativeWorker:
+    """A UCX context and worker (and an endpoint, when opened connected) not yet progressed by
+    any loop: built on any thread, then handed to `UcxWorker` on the loop's."""
+
+    lib: Any
+    context: Any
+    worker: Any
+    endpoints: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, options: dict[str, str]) -> "NativeWorker":
+        lib = _binding()
+        context = lib.UCXContext(options, feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
+        worker = lib.UCXWorker(context)
+        worker.init_blocking_progress_mode()
+        return cls(lib, context, worker)
+
+    @classmethod
+    def connected(cls, options: dict[str, str], address: bytes) -> "NativeWorker":
+        """A worker of its own with an endpoint to `address` (blocking: run it off the loop)."""
+        native = cls.open(options)
+        try:
+            native.endpoints.append(_connect(native.lib, native.worker, address))
+        except BaseException:
+            native.destroy()
+            raise
+        return native
+
+    def destroy(self) -> None:
+        """Drop it unused (no request was ever posted): endpoints, then worker, then context."""
+        self.endpoints.clear()
+        self.worker = self.context = None
+
+
 class UcxWorker:
     """A UCX worker and the task that progresses it; build it with the loop running.
 
@@ -158,32 +199,37 @@ class UcxWorker:
     UCX object is left for the garbage collector to destroy at some later, arbitrary point.
     """
 
-    def __init__(self, options: dict[str, str], poll_s: float, idle_s: float, slice_s: float):
-        lib = _binding()
-        self._lib = lib
-        self._context = lib.UCXContext(options, feature_flags=(lib.Feature.TAG, lib.Feature.WAKEUP))
-        self._worker = lib.UCXWorker(self._context)
-        self._worker.init_blocking_progress_mode()
+    def __init__(self, native: "NativeWorker", poll_s: float, idle_s: float, slice_s: float):
+        self._lib = native.lib
+        self._context, self._worker = native.context, native.worker
         self._fd = self._worker.epoll_file_descriptor
         self._cancel = _request_canceller()
         self._poll_s, self._idle_s, self._slice_s = poll_s, idle_s, slice_s
         self._batches: set[Batch | Settling] = set()
         self._issued: weakref.WeakSet[Batch | Settling] = weakref.WeakSet()
-        self._endpoints: list[Endpoint] = []
+        self._endpoints: list[Endpoint] = [Endpoint(handle) for handle in native.endpoints]
         self._wake: asyncio.Future | None = None
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._drive(), name="ucx-progress")
+
+    @classmethod
+    def open(cls, options: dict[str, str], poll_s: float, idle_s: float, slice_s: float) -> "UcxWorker":
+        return cls(NativeWorker.open(options), poll_s, idle_s, slice_s)
 
     def address(self) -> bytes:
         return bytes(self._worker.address.tobytes())
 
     def connect(self, address: bytes) -> Endpoint:
-        """An endpoint to the worker at `address`; TransferError for one UCX could not unpack."""
-        check_peer_address(address, self.address())
-        ucx_address = self._lib.UCXAddress.create_from_buffer(address)
-        endpoint = Endpoint(self._lib.UCXEndpoint.create_from_worker_address(self._worker, ucx_address, False))
+        """An endpoint to the worker at `address`; TransferError for one UCX could not unpack.
+        UCX may block here while the peer's host is resolved (seconds, with no route to it):
+        `NativeWorker.connected` does it off the loop."""
+        endpoint = Endpoint(_connect(self._lib, self._worker, address))
         self._endpoints.append(endpoint)
         return endpoint
+
+    def endpoint(self) -> Endpoint:
+        """The endpoint the worker was opened with (`NativeWorker.connected`)."""
+        return self._endpoints[0]
 
     def send(self, endpoint: Endpoint, messages: list[tuple[Any, int]]) -> Batch:
         """Post tag sends of (buffer, tag); buffers are numpy arrays or CUDA tensors."""
