@@ -235,12 +235,14 @@ class RequestFlow:
                           reservation: Reservation) -> AsyncIterator[FlowEvent]:
         """The prefill on `prefill` into the decode worker's `reservation`, to the first token."""
         self.pool.placed(prefill, len(job.prompt) + len(state.generated))
+        self.pool.links.trial(prefill.address, decode.address)
         call = Pumped(self.clients.prefill(prefill.address).open(self._worker_job(job, state), reservation),
                       prefill.address)
         try:
             async for event in self._prefill_events(job, state, call, decode_call, decode, prefill):
                 yield event
             self.pool.credit(prefill.address)
+            self.pool.link_delivered(prefill.address, decode.address)
         except WorkerFault as fault:
             if fault.kind == FaultKind.CORRUPT:  # its KV landed corrupt (seen by either stream): the prefill worker's
                 fault = WorkerFault(FaultKind.CORRUPT, prefill.address, fault.message)
@@ -248,6 +250,7 @@ class RequestFlow:
                 raise fault from None
             if fault.culprit == Culprit.PEER:  # the decode worker's fault, seen through the prefill stream
                 state.avoid["prefill"][prefill.address] = self.pool.incarnation(prefill.address)  # (not charged)
+                self.pool.link_failed(prefill.address, decode.address, fault.message)
                 raise WorkerFault(FaultKind.GONE, decode.address, fault.message) from None
             if fault.address == prefill.address:
                 self._blame(state, fault, "prefill", prefill.address)

@@ -25,7 +25,8 @@ from router.workers import Worker
 @dataclass(frozen=True)
 class LocalPrefillDecision:
     local: bool
-    reason: str  # "cached", "prefill_busy", "resume" (no prefill worker usable), or why not: "remote", "resume_remote"
+    reason: str  # "cached", "prefill_busy", "resume" (no prefill worker usable), "link_out" (no KV link to it
+    # in rotation, router/links.py), or why not: "remote", "resume_remote"
 
 
 REMOTE = LocalPrefillDecision(False, "remote")

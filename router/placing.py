@@ -71,6 +71,8 @@ class Placer:
         prefill = self.pool.of_role("prefill", decode)
         if state.generated and not prefill:
             return LocalPrefillDecision(True, "resume")
+        if not prefill and self.pool.cut_off(decode):
+            return LocalPrefillDecision(True, "link_out")
         prefill_cached: Mapping[str, int] = {}
         if policy.wants_prefill_probe(len(prompt), cached, decode):
             prefill_cached = await self.cached_prefixes("prefill", prompt, policy.idle(prefill), always=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from pdserve.identity import ModelFingerprint, WorkerIdentity
 from router.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from router.links import Links
 from router.clients import WorkerClients, WorkerFault, WorkerSnapshot
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class WorkerPool:
         self.model = model
         self.on_incompatible = on_incompatible
         self.quarantined: set[tuple[str, str]] = set()  # (prefill, decode) pairs a canary found wrong
+        self.links = Links()  # (prefill, decode) pairs whose KV did not get through, for a while
         self.workers: dict[str, Worker] = {}
         self.on_change = on_change
         self._task: asyncio.Task | None = None
@@ -113,9 +115,29 @@ class WorkerPool:
                 if w.role == role and w.usable(now) and (partner is None or self.pair_ok(w, partner))]
 
     def pair_ok(self, a: Worker, b: Worker) -> bool:
-        """Their identities agree and no canary found the pair wrong (whichever role each has)."""
+        """Their identities agree, no canary found the pair wrong and its KV link is in rotation
+        (whichever role each has)."""
+        prefill, decode = (a, b) if a.role == "prefill" else (b, a)
+        return self._pairs(a, b) and self.links.allows(prefill.address, decode.address, time.monotonic())
+
+    def _pairs(self, a: Worker, b: Worker) -> bool:
         return a.pairs_with(b) and (a.address, b.address) not in self.quarantined \
             and (b.address, a.address) not in self.quarantined
+
+    def cut_off(self, decode: Worker) -> bool:
+        """Usable prefill workers would pair with `decode`, but every such pair's KV link is out:
+        it prefills for itself meanwhile."""
+        now = time.monotonic()
+        pairing = [p for p in self.of_role("prefill") if self._pairs(p, decode)]
+        return bool(pairing) and not any(self.links.allows(p.address, decode.address, now) for p in pairing)
+
+    def link_failed(self, prefill: str, decode: str, why: str) -> None:
+        if self.links.failed(prefill, decode, time.monotonic(), why):
+            self.on_change()
+
+    def link_delivered(self, prefill: str, decode: str) -> None:
+        if self.links.delivered(prefill, decode):
+            self.on_change()
 
     def quarantine_pair(self, prefill: str, decode: str, wrong: bool) -> None:
         """A canary found the pair wrong (it gets no work) or right again."""
@@ -130,9 +152,12 @@ class WorkerPool:
 
     def paired(self, workers: list[Worker]) -> list[Worker]:
         """The decode workers among `workers` that some usable prefill worker pairs with (all of
-        them while no prefill worker is usable: they prefill themselves)."""
+        them while no prefill worker is usable, and those whose every KV link is out: they
+        prefill themselves)."""
         prefill = self.of_role("prefill")
-        return [d for d in workers if any(self.pair_ok(p, d) for p in prefill)] if prefill else workers
+        if not prefill:
+            return workers
+        return [d for d in workers if any(self.pair_ok(p, d) for p in prefill) or self.cut_off(d)]
 
     async def wait_usable(self, role: str, until: float, partner: Worker | None = None,
                           paired: bool = False) -> list[Worker]:
