@@ -1,22 +1,30 @@
-"""The GGUF tokenizer against transformers' GGUF loader on the embedded SmolLM2."""
+"""The GGUF tokenizer on the embedded SmolLM2: encoding against llama.cpp's ids, decoding and chat
+templates against transformers' GGUF loader (whose encoding splits digits unlike llama.cpp's
+`smollm` pre-tokenizer, so it is no reference for ids of text with digits)."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import gguf
 import pytest
+from tests.tokenizer.gguf_files import write_bpe
 from tests.tokenizer.texts import VARIED_TEXTS
 
 from pdserve.tokenizer import ChatMessage, UnsupportedTokenizerError, load_tokenizer
 from pdserve.tokenizer.gguf_metadata import GGUFFormatError, read_gguf_metadata
-from pdserve.tokenizer.gguf_tokenizer import PRE_TOKENIZER_SPLITS, GGUFTokenizer, byte_alphabet
+from pdserve.tokenizer.gguf_tokenizer import GGUFTokenizer, byte_alphabet
+
+VARIED = json.loads((Path(__file__).parent / "data" / "llamacpp_varied.json").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("text", VARIED_TEXTS)
-def test_encode_matches_transformers(smol, smol_reference, text):
-    assert smol.encode(text) == smol_reference.encode(text)
-    assert smol.encode(text, add_special_tokens=False) == smol_reference.encode(text, add_special_tokens=False)
+@pytest.mark.parametrize("text, expected", list(zip(VARIED["texts"], VARIED["smollm2"])))
+def test_encode_matches_llamacpp(smol, text, expected):
+    """llama.cpp's ids with special-token strings parsed; SmolLM2 adds no BOS."""
+    assert smol.encode(text, add_special_tokens=False) == expected
+    assert smol.encode(text) == expected
 
 
 @pytest.mark.parametrize("text", VARIED_TEXTS)
@@ -89,36 +97,8 @@ def test_byte_alphabet_is_printable_and_one_to_one():
     assert alphabet[ord("a")] == "a" and alphabet[ord(" ")] == "\u0120"
 
 
-def test_pre_tokenizer_splits_agree_with_transformers():
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
-
-    for name, pattern in PRE_TOKENIZER_SPLITS.items():
-        assert GGUF_PRE_TOKENIZER_SPLITS[name] == pattern, name
-
-
-def _write_gguf(path, model: str, add_bos: bool = False, add_eos: bool = False, with_template: bool = False) -> str:
-    alphabet = byte_alphabet()
-    tokens = ["<s>", "</s>", *alphabet, "ab"]
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model(model)
-    writer.add_token_list(tokens)
-    writer.add_token_types([3, 3, *[1] * 256, 1])
-    writer.add_token_merges(["a b"])
-    writer.add_bos_token_id(0)
-    writer.add_eos_token_id(1)
-    writer.add_add_bos_token(add_bos)
-    writer.add_add_eos_token(add_eos)
-    if with_template:
-        writer.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
-
-
 def test_small_gguf_with_bos_and_template(tmp_path):
-    tok = load_tokenizer(_write_gguf(tmp_path / "tiny.gguf", "gpt2", add_bos=True, with_template=True))
+    tok = load_tokenizer(write_bpe(tmp_path / "tiny.gguf", add_bos=True, with_template=True))
     ab = len(byte_alphabet()) + 2
     assert tok.encode("abc") == [0, ab, 2 + ord("c")]
     assert tok.encode("abc", add_special_tokens=False) == [ab, 2 + ord("c")]
@@ -128,15 +108,15 @@ def test_small_gguf_with_bos_and_template(tmp_path):
 
 
 def test_small_gguf_with_bos_and_eos(tmp_path):
-    tok = load_tokenizer(_write_gguf(tmp_path / "tiny.gguf", "gpt2", add_bos=True, add_eos=True))
+    tok = load_tokenizer(write_bpe(tmp_path / "tiny.gguf", add_bos=True, add_eos=True))
     assert tok.encode("c") == [0, 2 + ord("c"), 1]
     assert tok.decode(tok.encode("c")) == "c"
     assert tok.decode(tok.encode("c"), skip_special_tokens=False) == "<s>c</s>"
 
 
 def test_unsupported_tokenizer_model_is_a_clear_error(tmp_path):
-    path = _write_gguf(tmp_path / "spm.gguf", "llama")
-    with pytest.raises(UnsupportedTokenizerError, match="'llama' is not supported"):
+    path = write_bpe(tmp_path / "wpm.gguf", model="bert")
+    with pytest.raises(UnsupportedTokenizerError, match="'bert' is not supported"):
         GGUFTokenizer(path)
 
 
