@@ -123,7 +123,10 @@ class OnLeave(enum.Enum):
 class FlowConfig:
     colocated: bool = False
     kv_timeout_s: float = DeadlineConfig().kv_timeout_s
-    wait_for_worker_s: float = 30.0  # a request waits this long (within its deadline) for a usable worker
+    # A request waits this long (within its deadline) for a usable worker, then UNAVAILABLE: long enough
+    # for a stalled worker to be seen and its peer taken, short enough for a client to go elsewhere.
+    wait_for_worker_s: float = 5.0
+    resume_wait_s: float = 30.0  # ... and this long for a request whose tokens are out (a resume)
     probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill and decode workers
     recovery: RecoveryPolicy = RecoveryPolicy()
     local_prefill: LocalPrefillPolicy = LocalPrefillPolicy()

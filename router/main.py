@@ -111,7 +111,8 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     recovery = RecoveryPolicy(resume_on_decode_failure=args.decode_failover == "resume",
                               eos_token_ids=tuple(config.eos_token_ids))
     flow = RequestFlow(pool, clients, FlowConfig(colocated=args.colocated, kv_timeout_s=args.kv_timeout,
-                                                 wait_for_worker_s=args.wait_for_worker_s, recovery=recovery,
+                                                 wait_for_worker_s=args.wait_for_worker_s,
+                                                 resume_wait_s=args.resume_wait_s, recovery=recovery,
                                                  local_prefill=local_prefill_from_args(args),
                                                  admission=admission_from_args(args),
                                                  on_leave=OnLeave(args.on_leave),

@@ -21,6 +21,9 @@ from router.workers import Worker, WorkerPool
 MOVE_GAIN_S = 1.0  # the least a move of a queued prefill must be predicted to save
 
 
+MIN_WAIT_S = 0.5  # a retry's least wait for a usable worker, however old the request
+
+
 class Placer:
     def __init__(self, pool: WorkerPool, clients: WorkerClients, config: FlowConfig, observed: Observed):
         self.pool = pool
@@ -30,7 +33,8 @@ class Placer:
 
     async def decode(self, job: Job, state: FlowState) -> tuple[Worker, int]:
         """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""
-        workers = await self.pool.wait_usable("decode", self.wait_until(job), paired=not self.config.colocated)
+        workers = await self.pool.wait_usable("decode", self.wait_until(job, state),
+                                              paired=not self.config.colocated)
         prompt = (*job.prompt, *state.generated)
         local_rule = not self.config.colocated and self.config.local_prefill.max_uncached_tokens > 0
         moved_to, state.move_to = next((w for w in workers if w.address == state.move_to), None), None
@@ -78,7 +82,7 @@ class Placer:
             prefill_cached = await self.cached_prefixes("prefill", prompt, policy.idle(prefill), always=True)
         decision = policy.decide(len(prompt), cached, decode, prefill, prefill_cached)
         if not decision.local:
-            await self.pool.wait_usable("prefill", self.wait_until(job), decode)
+            await self.pool.wait_usable("prefill", self.wait_until(job, state), decode)
             if state.generated:
                 return RESUME_REMOTE
         return decision
@@ -88,7 +92,7 @@ class Placer:
         first token among the usable prefill workers now (router/predicting.py)."""
         if job.pin is not None:
             return self.pinned(job.pin)[1]
-        workers = await self.pool.wait_usable("prefill", self.wait_until(job), decode)
+        workers = await self.pool.wait_usable("prefill", self.wait_until(job, state), decode)
         if planned is not None and any(w is planned for w in workers) and planned.address not in state.avoided("prefill", workers):
             return planned
         try:
@@ -121,8 +125,14 @@ class Placer:
         seconds, best = min(options, key=lambda o: o[0])
         return best if seconds < remaining / 2 and remaining - seconds >= MOVE_GAIN_S else None
 
-    def wait_until(self, job: Job) -> float:
-        until = time.monotonic() + self.config.wait_for_worker_s
+    def wait_until(self, job: Job, state: FlowState) -> float:
+        """When to stop waiting for a usable worker: a request with nothing out yet waits
+        `wait_for_worker_s` from its arrival (at least MIN_WAIT_S now), so a client whose workers are
+        unreachable hears UNAVAILABLE in seconds and can go elsewhere; one with tokens out (a
+        resume) waits `resume_wait_s`, long enough for a restart. Never past the deadline."""
+        config = self.config
+        wait = config.resume_wait_s if state.generated else max(config.wait_for_worker_s - job.age_s(), MIN_WAIT_S)
+        until = time.monotonic() + wait
         return until if job.deadline is None else min(until, job.deadline)
 
     async def cached_prefixes(self, role: str, prompt: tuple[int, ...], workers: list[Worker],

@@ -39,7 +39,7 @@ SETTING_HOMES = {
     ("kv_timeout", 30.0): "pdserve/config.py",
     ("drain_timeout", 30.0): "pdserve/config.py",
     ("quarantine_timeout", 60.0): "pdserve/config.py",
-    ("wait_for_worker", 30.0): "router/flow_types.py",
+    ("wait_for_worker", 5.0): "router/flow_types.py",
     ("max_active", 1024): "router/gateway.py",
     ("max_(registered_)?workers", 256): "router/discovery.py",
 }

@@ -101,7 +101,11 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                         "with room: at most one per worker this often (0: never; only with --on-leave move)")
     p.add_argument("--kv-timeout", type=float, default=flow.kv_timeout_s, help="seconds for a request's KV to arrive")
     p.add_argument("--wait-for-worker-s", type=float, default=flow.wait_for_worker_s,
-                   help="how long a request waits (within its deadline) for a usable worker before UNAVAILABLE")
+                   help="how long a request with nothing out yet waits, from its arrival and within its deadline, "
+                        "for a usable worker before UNAVAILABLE")
+    p.add_argument("--resume-wait-s", type=float, default=flow.resume_wait_s,
+                   help="how long a request whose tokens are out (resuming after a fault) waits for a usable "
+                        "worker before UNAVAILABLE")
     p.add_argument("--max-active", type=int, default=MAX_ACTIVE, help="requests in flight before RESOURCE_EXHAUSTED")
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
     p.add_argument("--http-port", type=int, default=None,

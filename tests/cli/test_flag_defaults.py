@@ -27,7 +27,7 @@ def test_worker_defaults(role, monkeypatch):
 
 def test_router_defaults(monkeypatch):
     args = _defaults(["router"], monkeypatch)
-    assert (args["kv_timeout"], args["wait_for_worker_s"], args["drain_timeout_s"]) == (30.0, 30.0, 30.0)
+    assert (args["kv_timeout"], args["wait_for_worker_s"], args["drain_timeout_s"]) == (30.0, 5.0, 30.0)
     assert (args["port"], args["max_active"], args["max_registered_workers"]) == (50051, 1024, 256)
 
 

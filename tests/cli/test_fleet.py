@@ -34,7 +34,7 @@ class FakeSupervisor(Supervisor):
     launched: list[list[str]] = field(default_factory=list)
     signals: list[tuple[str, int]] = field(default_factory=list)
 
-    def _launch(self, argv, cpus, ready, log, mode):
+    def _launch(self, argv, cpus, ready, log, mode, launcher=()):
         ready.unlink(missing_ok=True)
         self.launched.append(list(argv))
         return FakeProcess(1000 + len(self.launched))

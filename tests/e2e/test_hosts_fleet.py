@@ -136,3 +136,24 @@ def test_a_decode_host_cut_off_before_requests_arrive_costs_them_nothing(fleet, 
     finally:
         net.clear(victim)
     _settled(fleet)
+
+
+def test_every_decode_host_cut_off_ends_a_request_unavailable_not_at_its_deadline(fleet):
+    """No decode host answers: a request ends UNAVAILABLE (the router's wait for a usable worker,
+    5 s, is over), well before the client's 60 s deadline, holding nothing anywhere."""
+    from pdserve.client import PdserveError
+
+    net, victims = fleet["net"], [fleet["hosts"]["decode-0"], fleet["hosts"]["decode-1"]]
+    for victim in victims:
+        net.blackhole(victim)
+    try:
+        with Client(fleet["target"], ClientOptions(timeout_s=60)) as client:
+            started = time.monotonic()
+            with pytest.raises(PdserveError) as raised:
+                _greedy(client, PROMPTS[0])
+            print(f"ended {raised.value.code} after {time.monotonic() - started:.1f} s")
+    finally:
+        for victim in victims:
+            net.clear(victim)
+    assert raised.value.code == "UNAVAILABLE", raised.value
+    _settled(fleet)
