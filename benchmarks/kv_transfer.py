@@ -10,6 +10,10 @@ fragmented blocks of a decode pool (SmolLM2-135M shape by default: 30 layers, 3 
 head_dim 64, block 16, fp32 = 737,280 bytes per block).
 
     .venv/bin/python benchmarks/kv_transfer.py --mib 256 --chunk-tokens 512 --repeats 5
+
+A plain TCP socket moving the same runs is the floor of the path. Across test hosts (network
+namespaces on a bridge) benchmarks/hosts.py runs this script on one host with the children on
+another (--peer-host, --peer-address).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class Setup:
     grpc_message: int
     seed: int = 0
     checksums: bool = False  # UCX: both sides sum every piece, as the workers do
+    listen: str = "127.0.0.1"  # where the children's gRPC and TCP servers listen (the peer host's address)
+    peer_host: str = ""  # the network namespace the children run in ("": this one)
 
 
 def make_pool(num_blocks: int) -> torch.Tensor:
@@ -194,6 +200,70 @@ class UcxBench:
         return remote_digest
 
 
+# ---- a plain TCP socket: the same bytes, run by run, into the decode pool (the path's floor) -----
+
+
+def tcp_child(conn, setup: Setup) -> None:
+    import socket
+
+    flat = pool_bytes(make_pool(setup.num_blocks)).view(-1).numpy()
+    server = socket.create_server((setup.listen, 0))
+    conn.send(server.getsockname()[1])
+    peer, _ = server.accept()
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    header = bytearray(16)
+    while conn.recv() == "round":
+        while True:
+            _recv_exactly(peer, memoryview(header))
+            offset, size = int.from_bytes(header[:8], "little"), int.from_bytes(header[8:], "little")
+            if size == 0:
+                break
+            _recv_exactly(peer, memoryview(flat)[offset : offset + size])
+        conn.send(time.monotonic())
+    peer.close()
+    server.close()
+
+
+def _recv_exactly(sock, view: memoryview) -> None:
+    while len(view):
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("peer closed")
+        view = view[n:]
+
+
+class TcpBench:
+    """One TCP connection, each run sent as a header and its bytes; a round ends when the child
+    has every byte in its pool."""
+
+    def __init__(self, src: torch.Tensor, setup: Setup):
+        self.conn, self.process = start_child(tcp_child, setup)
+        self.src, self.setup = src, setup
+        self.sock = None
+
+    async def round(self, r: int) -> float:
+        return await asyncio.get_running_loop().run_in_executor(None, self._round)
+
+    def _round(self) -> float:
+        import socket
+
+        if self.sock is None:
+            self.sock = socket.create_connection((self.setup.listen, self.conn.recv()))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn.send("round")
+        started = time.monotonic()
+        for offset, data in grpc_messages(self.src, make_pieces(self.setup, ""), self.setup.grpc_message):
+            self.sock.sendall(offset.to_bytes(8, "little") + data.numel().to_bytes(8, "little"))
+            self.sock.sendall(data.numpy())
+        self.sock.sendall(bytes(16))
+        return self.conn.recv() - started
+
+    async def stop(self) -> None:
+        self.conn.send("stop")
+        self.sock.close()
+        stop_child(self.process)
+
+
 # ---- gRPC: the same bytes as 4 MiB messages (offset header + payload) -------------------------
 
 
@@ -221,7 +291,7 @@ async def _grpc_child(conn, setup: Setup) -> None:
     limits = [("grpc.max_receive_message_length", 64 << 20)]
     server = grpc.aio.server(options=limits)
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"{setup.listen}:0")
     await server.start()
     conn.send(port)
     await asyncio.get_running_loop().run_in_executor(None, conn.recv)
@@ -250,7 +320,7 @@ class GrpcBench:
         if r == 0:
             port = await asyncio.get_running_loop().run_in_executor(None, self.conn.recv)
             options = [("grpc.max_send_message_length", 64 << 20)]
-            self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options)
+            self.channel = grpc.aio.insecure_channel(f"{self.setup.listen}:{port}", options=options)
             self.put = self.channel.unary_unary(GRPC_METHOD)
         limit = asyncio.Semaphore(self.setup.inflight * 2)
 
@@ -270,10 +340,26 @@ class GrpcBench:
 
 
 def start_child(target, setup: Setup):
-    parent, child = multiprocessing.get_context("spawn").Pipe()
-    process = multiprocessing.get_context("spawn").Process(target=target, args=(child, setup), daemon=True)
+    """`target(conn, setup)` in a spawned child: on the peer host when the setup names one (its
+    interpreter started by `ip netns exec`, which keeps the pipe's descriptors)."""
+    context = multiprocessing.get_context("spawn")
+    if setup.peer_host:
+        context.set_executable(_host_interpreter(setup.peer_host))
+    parent, child = context.Pipe()
+    process = context.Process(target=target, args=(child, setup), daemon=True)
     process.start()
     return parent, process
+
+
+def _host_interpreter(netns: str) -> str:
+    """An executable that runs this interpreter on network namespace `netns`."""
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="pdserve-host-"), "python")
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\nexec ip netns exec {netns} {sys.executable} \"$@\"\n")
+    os.chmod(path, 0o755)
+    return path
 
 
 def stop_child(process) -> None:
@@ -297,7 +383,7 @@ async def measure(args: argparse.Namespace) -> None:
         num_blocks=int(blocks * 1.25) + args.dst_run, blocks=blocks,
         chunk_blocks=max(1, args.chunk_tokens // SHAPE.block_size), dst_run=args.dst_run,
         ucx=UcxConfig(max_message_bytes=args.max_message_mib << 20), inflight=args.inflight,
-        grpc_message=args.grpc_message_mib << 20,
+        grpc_message=args.grpc_message_mib << 20, listen=args.peer_address or "127.0.0.1", peer_host=args.peer_host,
     )
     nbytes = blocks * block_nbytes
     src, dst = make_pool(setup.num_blocks), make_pool(setup.num_blocks)
@@ -311,7 +397,8 @@ async def measure(args: argparse.Namespace) -> None:
     benches = {"in-process transport": InProcessBench(src, dst, setup),
                "UCX transport (2 processes)": UcxBench(src, setup),
                "UCX transport, KV checksums on": UcxBench(src, dataclasses.replace(setup, checksums=True)),
-               "gRPC unary, 4 MiB (2 processes)": GrpcBench(src, setup)}
+               "gRPC unary, 4 MiB (2 processes)": GrpcBench(src, setup),
+               "plain TCP socket (2 processes)": TcpBench(src, setup)}
     times: dict[str, list[float]] = {}
     for r in range(args.warmup + args.repeats):
         measured = {"memcpy (one flat copy)": time_flat_memcpy(src, dst, nbytes),
@@ -324,6 +411,7 @@ async def measure(args: argparse.Namespace) -> None:
     remote = await benches["UCX transport (2 processes)"].stop()
     await benches["UCX transport, KV checksums on"].stop()
     await benches["gRPC unary, 4 MiB (2 processes)"].stop()
+    await benches["plain TCP socket (2 processes)"].stop()
     await benches["in-process transport"].stop()
     report(times, nbytes)
     assert remote == digest(src, [s for _, _, pairs in pieces for s, _ in pairs]), "UCX data differs"
@@ -340,6 +428,7 @@ def report(times: dict[str, list[float]], nbytes: int) -> None:
     bound = figures["memcpy (flat, 2 threads: host bound)"]
     print(f"  UCX / memcpy = {ucx / memcpy:.2f} (target >= 0.5)   UCX / gRPC = {ucx / grpc_:.1f} (target >= 8)   "
           f"UCX / 2-thread memcpy = {ucx / bound:.2f}")
+    print(f"  UCX / plain TCP socket = {ucx / figures['plain TCP socket (2 processes)']:.2f}")
     summed = figures["UCX transport, KV checksums on"]
     print(f"  UCX with KV checksums / without = {summed / ucx:.2f}")
 
@@ -355,6 +444,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="measured rounds")
     parser.add_argument("--warmup", type=int, default=1, help="rounds run first and not counted")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
+    parser.add_argument("--peer-host", default="", help="run the receiving children on this network namespace "
+                        "(a test host: benchmarks/hosts.py runs this script so)")
+    parser.add_argument("--peer-address", default="", help="the peer host's address (its gRPC and TCP servers)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     asyncio.run(measure(args))

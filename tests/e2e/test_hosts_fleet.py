@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(600)]
 PROMPTS = [[5, 17, 33, 2, 9], list(range(3, 40)), [(7 * i) % 90 + 3 for i in range(300)]]
 NEW_TOKENS = 12
 LONG_TOKENS = 900  # a stream the test cuts off within one Stats call of its first token: far from its end
+MOVE_TOKENS = 600  # after the 300-token prompt: within the tiny model's 1024 positions
 ROLES = ("router", "prefill", "decode-0", "decode-1")
 
 
@@ -156,4 +157,31 @@ def test_every_decode_host_cut_off_ends_a_request_unavailable_not_at_its_deadlin
         for victim in victims:
             net.clear(victim)
     assert raised.value.code == "UNAVAILABLE", raised.value
+    _settled(fleet)
+
+
+def test_a_drained_decode_host_moves_its_stream_kv_and_all_to_the_other_host(fleet, hf_model):
+    """SIGTERM on the decode worker running a stream: the stream departs with its KV, sent from
+    that decode host to the other over the network path (the prefill worker sends nothing more),
+    and goes on there equal to transformers; the drained worker exits cleanly."""
+    import signal
+
+    prompt, sup = PROMPTS[2], fleet["sup"]
+    children = {c.name: c for c in sup.children}
+    sent = lambda: sum(worker_stats(fleet["at"]["prefill"], "prefill").kv_rank_bytes)  # noqa: E731
+    with Client(fleet["target"], ClientOptions(timeout_s=300)) as client:
+        stream = client.stream(token_ids=prompt, max_tokens=MOVE_TOKENS, temperature=0,
+                               ignore_eos=True)
+        tokens = list(next(stream).token_ids)
+        victim = wait_for(lambda: next((r for r, n in _active(fleet).items() if r.startswith("decode") and n), None),
+                          30, "the decode worker running the stream")
+        prefill_sent = sent()
+        sup.kill(children[victim], signal.SIGTERM)
+        for chunk in stream:
+            tokens += chunk.token_ids
+    assert tokens == hf_greedy(hf_model, prompt, MOVE_TOKENS)
+    assert sup.wait_exit(children[victim], 60) == 0
+    assert sent() == prefill_sent  # the KV came from the drained decode host, not prefilled again
+    sup.respawn(children[victim])
+    sup.wait_ready(children[victim], 300)
     _settled(fleet)
