@@ -185,3 +185,25 @@ def test_a_drained_decode_host_moves_its_stream_kv_and_all_to_the_other_host(fle
     sup.respawn(children[victim])
     sup.wait_ready(children[victim], 300)
     _settled(fleet)
+
+
+def test_a_partition_of_a_decode_host_for_twenty_seconds_loses_no_stream_and_no_block(fleet, hf_model):
+    """The decode host of a running stream loses its link (down for 20 s, then up): the stream
+    resumes on the other host, equal to transformers; once the link is back the cut-off worker
+    learns its stream is gone and gives back every block."""
+    prompt, net = PROMPTS[0], fleet["net"]
+    with Client(fleet["target"], ClientOptions(timeout_s=300)) as client:
+        stream = client.stream(token_ids=prompt, max_tokens=LONG_TOKENS, temperature=0, ignore_eos=True)
+        tokens = list(next(stream).token_ids)
+        victim = wait_for(lambda: next((r for r, n in _active(fleet).items() if r.startswith("decode") and n), None),
+                          30, "the decode worker running the stream")
+        net.link_down(fleet["hosts"][victim])
+        down_at = time.monotonic()
+        try:
+            for chunk in stream:
+                tokens += chunk.token_ids
+            time.sleep(max(0.0, 20 - (time.monotonic() - down_at)))  # the partition lasts 20 s
+        finally:
+            net.link_up(fleet["hosts"][victim])
+    assert tokens == hf_greedy(hf_model, prompt, LONG_TOKENS)
+    _settled(fleet)
