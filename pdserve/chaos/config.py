@@ -35,7 +35,7 @@ class TieSpec:
 @dataclass(frozen=True)
 class ChaosConfig:
     seed: int = 0
-    fleet_kind: str = "separate"  # separate | up
+    fleet_kind: str = "separate"  # separate | up | hosts (separate, each process on a test host of its own)
     baseline_fleet: str = "fresh"  # fresh: the no-fault run on a fleet of its own | same: on the faulted one
     fleet: FleetSpec = field(default_factory=FleetSpec)
     load: LoadSpec = field(default_factory=LoadSpec)

@@ -24,11 +24,12 @@ from pdserve.chaos.config import ChaosConfig
 from pdserve.chaos.fleet import Fleet, role_of
 from pdserve.chaos.injector import FaultRecord, Injector, Outcome
 from pdserve.chaos.schedule import Fault, ScheduleSpec, format_schedule, plan
+from pdserve.chaos.hosts_fleet import HostsFleet
 from pdserve.chaos.separate import SeparateFleet
 from pdserve.chaos.up_fleet import UpFleet
 from pdserve.chaos.verdict import Verdict
 
-FLEETS = {"separate": SeparateFleet, "up": UpFleet}
+FLEETS = {"separate": SeparateFleet, "up": UpFleet, "hosts": HostsFleet}
 POLL_PAST_BOUND_S = 15.0  # blocks are polled this long past the bound, so a late zero still has its time
 
 

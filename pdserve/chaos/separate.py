@@ -29,22 +29,30 @@ class SeparateFleet(Fleet):
 
     def start(self) -> str:
         for name in self.spec.names():
-            self.children[name] = self.sup.spawn(name, self._worker_argv(name))
+            self.children[name] = self.sup.spawn(name, self._worker_argv(name), launcher=self._launcher(name))
         for child in self.children.values():
             self.sup.wait_ready(child, self.spec.ready_timeout_s)
-        router = self.sup.spawn("router", self._router_argv())
-        target = f"127.0.0.1:{self.sup.wait_ready(router, self.spec.ready_timeout_s)}"
+        router = self.sup.spawn("router", self._router_argv(), launcher=self._launcher("router"))
+        target = f"{self._host('router')}:{self.sup.wait_ready(router, self.spec.ready_timeout_s)}"
         wait_serving(target, self.spec.ready_timeout_s)
         self._watcher.start()
         return target
 
+    def _host(self, name: str) -> str:
+        """The address process `name` (a worker's name, or "router") listens on."""
+        return "127.0.0.1"
+
+    def _launcher(self, name: str) -> tuple[str, ...]:
+        """What starts process `name` where it runs (nothing: here)."""
+        return ()
+
     def _worker_argv(self, name: str) -> list[str]:
-        return [role_of(name), "--port", "0", "--threads", str(self.spec.threads),
+        return [role_of(name), "--host", self._host(name), "--port", "0", "--threads", str(self.spec.threads),
                 "--drain-timeout-s", str(self.spec.drain_timeout_s), *self.spec.engine_argv(), "--insecure"]
 
     def _router_argv(self) -> list[str]:
         by_role = {role: ",".join(w.address for w in self.workers() if w.role == role) for role in ("prefill", "decode")}
-        return ["router", "--port", "0", "--prefill-workers", by_role["prefill"], "--decode-workers", by_role["decode"],
+        return ["router", "--host", self._host("router"), "--port", "0", "--prefill-workers", by_role["prefill"], "--decode-workers", by_role["decode"],
                 "--kv-timeout", str(self.spec.kv_timeout_s), "--decode-failover", "resume",
                 "--anonymous-max-priority", "vip", "--insecure"]  # the load has VIP requests
 
@@ -64,7 +72,7 @@ class SeparateFleet(Fleet):
             self.sup.respawn(child)
 
     def workers(self) -> tuple[WorkerRef, ...]:
-        return tuple(WorkerRef(n, role_of(n), f"127.0.0.1:{c.port}") for n, c in self.children.items())
+        return tuple(WorkerRef(n, role_of(n), f"{self._host(n)}:{c.port}") for n, c in self.children.items())
 
     def signal(self, name: str, sig: int) -> None:
         with self._lock:
@@ -83,7 +91,7 @@ class SeparateFleet(Fleet):
         with self._lock:
             child = self.children[name]
             fresh = 1 + child.restarts > since and not child.exited() and child.ready_file.exists()
-        return fresh and serving(f"127.0.0.1:{child.port}")
+        return fresh and serving(f"{self._host(name)}:{child.port}")
 
     def stop(self) -> None:
         self._stopping.set()

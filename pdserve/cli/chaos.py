@@ -47,8 +47,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None)
     f = p.add_argument_group("fleet")
-    f.add_argument("--fleet", dest="fleet_kind", choices=["separate", "up"], default=None,
-                   help="separate: a process per worker, restarted by the harness; up: one `pdserve up`")
+    f.add_argument("--fleet", dest="fleet_kind", choices=["separate", "up", "hosts"], default=None,
+                   help="separate: a process per worker, restarted by the harness; up: one `pdserve up`; hosts: "
+                        "separate, with the router and each worker on a test host of its own (network namespaces; "
+                        "root only)")
     f.add_argument("--baseline-fleet", choices=["fresh", "same"], default=None,
                    help="the no-fault run on a fleet of its own (fresh) or on the faulted one (same)")
     f.add_argument("--prefill-workers", dest="prefill", type=int, default=None)
