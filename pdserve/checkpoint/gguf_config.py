@@ -1,20 +1,42 @@
 """A llama.cpp GGUF file's metadata -> ModelConfig, and its tensors under transformers' names, in
-numpy and pure Python (the file read by gguf_file.py)."""
+numpy and pure Python (the file read by gguf_file.py).
+
+    general.architecture   model          q/k rows as stored            extra tensors per layer
+    llama (and Mistral)    Llama          interleaved pairs (permuted)  attn_q/k/v(/output).bias if any
+    qwen2                  Qwen2          rotate-half (as transformers) attn_q/k/v.bias
+    qwen3                  Qwen3          rotate-half (as transformers) attn_q_norm, attn_k_norm
+
+llama.cpp's converter permutes q/k rows for the `llama` architecture only (its LlamaModel, which
+also converts MistralForCausalLM: Mistral files say `llama`, without a sliding window).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
-from pdserve.checkpoint.gguf_dequant import dequantize
+from pdserve.checkpoint.gguf_dequant import dequantizable, dequantize
 from pdserve.checkpoint.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor
 from pdserve.checkpoint.model_config import Architecture, ModelConfig
 from pdserve.checkpoint.rope_scaling import FreqFactorRopeScaling, LinearRopeScaling, NoRopeScaling, RopeScaling
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+
+class GGUFArchitecture(NamedTuple):
+    """What one `general.architecture` value is run as, and how its file stores q and k."""
+
+    architecture: Architecture
+    interleaved_qk: bool  # q/k rows (and biases) permuted to interleaved rotary pairs
+
+
+GGUF_ARCHITECTURES = {
+    "llama": GGUFArchitecture(Architecture.LLAMA, interleaved_qk=True),
+    "qwen2": GGUFArchitecture(Architecture.QWEN2, interleaved_qk=False),
+    "qwen3": GGUFArchitecture(Architecture.QWEN3, interleaved_qk=False),
+}
+SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -31,6 +53,12 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 
 
@@ -54,21 +82,36 @@ def dequantize_rows(file: GGUFFile, tensor: GGUFTensor, raw: np.ndarray) -> np.n
         raise UnsupportedModelError(f"{file.path}: tensor {tensor.name} type {tensor.kind.name}: {exc}") from exc
 
 
+def check_tensor_types(file: GGUFFile) -> None:
+    """UnsupportedModelError naming the first tensor of a type nothing here dequantises, and its type."""
+    first_of_kind = {}
+    for tensor in file.tensors.values():
+        first_of_kind.setdefault(tensor.kind, tensor)
+    for kind, tensor in first_of_kind.items():
+        if not dequantizable(kind):
+            raise UnsupportedModelError(f"{file.path}: tensor {tensor.name} type {kind.name} is not supported "
+                                        f"(neither this project nor gguf-py dequantises it)")
+
+
+def gguf_architecture(meta: dict[str, Any]) -> GGUFArchitecture:
+    """The file's `general.architecture`; UnsupportedModelError naming it where it is not run here."""
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: {supported}")
+    return GGUF_ARCHITECTURES[arch]
+
+
 def gguf_config(file: GGUFFile, tensors: dict[str, GGUFTensor], fallback_name: str) -> ModelConfig:
     """The model config from the file's metadata; `tensors` under the transformers names."""
     meta = file.metadata
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        supported = ", ".join(SUPPORTED_ARCHITECTURES)
-        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}; supported: {supported}")
+    layout = gguf_architecture(meta)
+    arch = meta["general.architecture"]
     key = _keyed(meta, arch)
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
-        raise UnsupportedModelError(f"{fallback_name}: partial rotary embedding is not supported")
-    max_pos = int(meta.get(f"{arch}.context_length", 4096))
+    head_dim = _head_dim(meta, arch, hidden // heads, fallback_name)
     return ModelConfig(
-        architecture=Architecture.LLAMA,
+        architecture=layout.architecture,
         vocab_size=int(meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
@@ -79,13 +122,24 @@ def gguf_config(file: GGUFFile, tensors: dict[str, GGUFTensor], fallback_name: s
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=_gguf_rope(file, arch, tensors),
-        max_position_embeddings=max_pos,
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 4096)),
         tie_word_embeddings="lm_head.weight" not in tensors,
-        attention_bias=False,
+        attention_bias="model.layers.0.self_attn.q_proj.bias" in tensors,
+        o_proj_bias="model.layers.0.self_attn.o_proj.bias" in tensors,
         bos_token_id=_optional_int(meta.get("tokenizer.ggml.bos_token_id")),
         eos_token_ids=_eos_ids(meta),
         name=str(meta.get("general.name") or fallback_name),
     )
+
+
+def _head_dim(meta: dict[str, Any], arch: str, default: int, name: str) -> int:
+    """`key_length` (llama.cpp writes it where config.json has head_dim), else hidden / heads."""
+    head_dim = int(meta.get(f"{arch}.attention.key_length", default))
+    if int(meta.get(f"{arch}.attention.value_length", head_dim)) != head_dim:
+        raise UnsupportedModelError(f"{name}: value heads of another width than key heads are not supported")
+    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedModelError(f"{name}: partial rotary embedding is not supported")
+    return head_dim
 
 
 def _keyed(meta: dict[str, Any], arch: str):

@@ -14,8 +14,13 @@ gguf.quants (NotImplementedError where that has none either).
     Q4_K   f16 d | f16 dmin | 12 B 6-bit scales/mins | 128 B nibbles    (d*sc) * q - dmin*mn
     Q5_K   as Q4_K plus 32 B of fifth bits
     Q6_K   128 B low nibbles | 64 B 2-bit highs | 16 x i8 scales | f16 d   (d*sc) * (q - 32)
+    Q2_K   16 B 4-bit scale/min pairs | 64 B 2-bit q | f16 d | f16 dmin  (d*sc) * q - dmin*mn
+    Q3_K   32 B high-bit mask | 64 B 2-bit low q | 12 B 6-bit scales | f16 d
+                                                     (d*(sc-32)) * (q - 4 where the mask bit is 0)
 
 Nibbles: byte j holds element j (low nibble) and element j + 16 (high nibble) of a 32-run.
+2-bit values (Q2_K, Q3_K, Q6_K's highs): byte j of a 32-byte run holds, from its low bits up,
+element j of each of four consecutive 32-runs.
 """
 
 from __future__ import annotations
@@ -36,11 +41,26 @@ def dequantize(raw: np.ndarray, kind: GGMLType) -> np.ndarray:
     return values.reshape(raw.shape[0], -1)
 
 
+def dequantizable(kind: GGMLType) -> bool:
+    """Whether `dequantize` computes this type (here, or in gguf-py: tried on one block of zeros)."""
+    if kind in KERNELS:
+        return True
+    try:
+        _gguf_py(np.zeros((1, BLOCK_SIZES[kind].nbytes), dtype=np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def _gguf_py(raw: np.ndarray, kind: GGMLType) -> np.ndarray:
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
-    return np.array(gguf_dequantize(raw, GGMLQuantizationType(int(kind))), dtype=np.float32)
+    try:
+        gguf_kind = GGMLQuantizationType(int(kind))
+    except ValueError:
+        raise NotImplementedError(f"gguf-py does not know type {kind.name}") from None
+    return np.array(gguf_dequantize(raw, gguf_kind), dtype=np.float32)
 
 
 def _half(blocks: np.ndarray, start: int) -> np.ndarray:
@@ -63,9 +83,13 @@ def _bits(packed: np.ndarray) -> np.ndarray:
     return (packed[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
 
 
+_SIXTEENS = ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(np.uint8) << 4  # [byte, bit] -> 0 or 16
+
+
 def _fifth_bits(blocks: np.ndarray, start: int) -> np.ndarray:
-    """[n, 32] uint8: bit i of the little-endian u32 at `start`, as 16, for element i."""
-    return _bits(blocks[:, start:start + 4]).transpose(0, 2, 1).reshape(-1, 32) << 4
+    """[n, 32] uint8: bit i of the little-endian u32 at `start`, as 16, for element i (bit i % 8
+    of byte i // 8: one table row per byte)."""
+    return _SIXTEENS[blocks[:, start:start + 4]].reshape(-1, 32)
 
 
 def _f32(blocks: np.ndarray) -> np.ndarray:
@@ -153,6 +177,40 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     return q.reshape(-1, 256)
 
 
+_CRUMB_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+
+
+def _crumbs(packed: np.ndarray) -> np.ndarray:
+    """[n, 32 k] uint8 -> [n, 16, 8 k] uint8: the 2-bit values, element order (see the docstring)."""
+    n = packed.shape[0]
+    return ((packed.reshape(n, -1, 1, 32) >> _CRUMB_SHIFTS) & 3).reshape(n, 16, -1)
+
+
+def _q2_k(blocks: np.ndarray) -> np.ndarray:
+    scales = blocks[:, :16]
+    q = _crumbs(blocks[:, 16:80]).astype(np.float32)  # [n, 16, 16]
+    q *= (_half(blocks, 80) * (scales & 0x0F).astype(np.float32))[:, :, None]
+    q -= (_half(blocks, 82) * (scales >> 4).astype(np.float32))[:, :, None]
+    return q.reshape(-1, 256)
+
+
+def _q3_scales(packed: np.ndarray) -> np.ndarray:
+    """12 bytes -> [n, 16] float32, each 6-bit scale less 32: bytes 0-7 hold the low nibbles of
+    scales 0-7 (low) and 8-15 (high), bytes 8-11 their top two bits, four scales a byte."""
+    n = packed.shape[0]
+    low = (packed[:, None, :8] >> np.array([0, 4], dtype=np.uint8)[None, :, None]).reshape(n, 16)
+    high = (packed[:, None, 8:] >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, :, None]).reshape(n, 16)
+    return (((low & 0x0F) | ((high & 3) << 4)).view(np.int8) - np.int8(32)).astype(np.float32)
+
+
+def _q3_k(blocks: np.ndarray) -> np.ndarray:
+    n = blocks.shape[0]
+    high = ((blocks[:, None, :32] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1).reshape(n, 16, 16)
+    q = (_crumbs(blocks[:, 32:96]).view(np.int8) - ((high ^ 1) << 2).view(np.int8)).astype(np.float32)
+    q *= (_half(blocks, 108) * _q3_scales(blocks[:, 96:108]))[:, :, None]
+    return q.reshape(-1, 256)
+
+
 KERNELS: dict[GGMLType, Kernel] = {
     GGMLType.F32: _f32,
     GGMLType.F16: _f16,
@@ -165,4 +223,6 @@ KERNELS: dict[GGMLType, Kernel] = {
     GGMLType.Q4_K: _q4_k,
     GGMLType.Q5_K: _q5_k,
     GGMLType.Q6_K: _q6_k,
+    GGMLType.Q2_K: _q2_k,
+    GGMLType.Q3_K: _q3_k,
 }

@@ -20,6 +20,7 @@ class Architecture(str, enum.Enum):
     LLAMA = "LlamaForCausalLM"
     MISTRAL = "MistralForCausalLM"
     QWEN2 = "Qwen2ForCausalLM"
+    QWEN3 = "Qwen3ForCausalLM"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class ModelConfig:
             raise ModelLoadError(f"{self.name}: {self.num_heads} heads not divisible by {self.num_kv_heads} KV heads")
         if self.head_dim % 2:
             raise ModelLoadError(f"{self.name}: head_dim {self.head_dim} must be even for rotary embedding")
+
+    @property
+    def qk_norm(self) -> bool:
+        """q and k RMS-normalised per head (weights [head_dim]) before the rotation: Qwen3's."""
+        return self.architecture is Architecture.QWEN3
 
     @property
     def q_size(self) -> int:

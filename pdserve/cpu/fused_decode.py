@@ -116,12 +116,14 @@ def _pass(kv: KVCache, batch: ForwardBatch, plan: NativePlan, cos: torch.Tensor,
 
 
 def fusion_problem(model: nn.Module) -> str | None:
-    """Why `model`'s layers cannot run fused (None: they can): every module on the same native
-    kernels, every projection of the layers in panels, every norm, bias and panel float32 and
-    contiguous."""
+    """Why `model`'s layers cannot run fused (None: they can): no per-head q/k norms, every module
+    on the same native kernels, every projection of the layers in panels, every norm, bias and
+    panel float32 and contiguous."""
     layers = getattr(model, "layers", None)
     if not layers:
         return "the model has no decoder layers"
+    if getattr(layers[0].self_attn, "q_norm", None) is not None:
+        return "the layers normalise q and k per head (Qwen3), which the C step does not"
     kernels = layers[0].self_attn.kernels
     if not isinstance(kernels, NativeKernels):
         return "the layer kernels are not native (--layer-kernels torch, or not a CPU with float32)"

@@ -2,8 +2,9 @@
 pdserve/checkpoint/gguf_file.py, its config by gguf_config.py, the bytes dequantised by
 gguf_dequant.py: gguf-py only for types those lack).
 
-GGUF stores the Llama q/k projections with their rows permuted for an interleaved (GPT-J) rotary
-layout; this project rotates halves (rotate-half), so the permutation is undone on load:
+GGUF stores the Llama q/k projections (architecture `llama`, Mistral's too; not `qwen2` or `qwen3`)
+with their rows permuted for an interleaved (GPT-J) rotary layout; this project rotates halves
+(rotate-half), so the permutation is undone on load:
 
     rows of one head, GGUF:        [x0 y0 x1 y1 ... ]   pairs interleaved
     rows of one head, rotate-half: [x0 x1 ... y0 y1 ...]
@@ -20,7 +21,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from pdserve.checkpoint.gguf_config import dequantize_rows, gguf_config, hf_named_tensors, open_gguf
+from pdserve.checkpoint.gguf_config import (GGUFArchitecture, check_tensor_types, dequantize_rows, gguf_architecture,
+                                            gguf_config, hf_named_tensors, open_gguf)
 from pdserve.checkpoint.gguf_file import GGUFFile, GGUFTensor
 from pdserve.checkpoint.model_config import ModelConfig
 from pdserve.model.llama import LlamaForCausalLM
@@ -29,11 +31,13 @@ from pdserve.model.weights_cache import kept_weights
 
 
 class GGUFCheckpoint(NamedTuple):
-    """An opened GGUF file, its tensor entries under the transformers names, and its config."""
+    """An opened GGUF file, its tensor entries under the transformers names, its config and how
+    its architecture stores q and k."""
 
     file: GGUFFile
     tensors: dict[str, GGUFTensor]
     config: ModelConfig
+    layout: GGUFArchitecture
 
     def read(self, name: str, raw: np.ndarray | None = None) -> torch.Tensor:
         """Tensor `name` dequantised to float32 in the transformers shape, q/k rows in
@@ -43,7 +47,7 @@ class GGUFCheckpoint(NamedTuple):
         values = dequantize_tensor(self.file, tensor, self.file.raw(tensor) if raw is None else raw)
         if raw is None:
             values = values.reshape(tensor.shape)
-        if name.split(".")[-2] in ("q_proj", "k_proj"):
+        if self.layout.interleaved_qk and name.split(".")[-2] in ("q_proj", "k_proj"):
             return unpermute_rows(values, values.shape[0] // self.config.head_dim)
         return values
 
@@ -62,10 +66,13 @@ def load_gguf_model(path: Path, device: str | torch.device, dtype: torch.dtype,
 
 
 def open_gguf_checkpoint(path: Path) -> GGUFCheckpoint:
-    """Raises ModelLoadError (a damaged file), UnsupportedModelError (an architecture not run here)."""
+    """Raises ModelLoadError (a damaged file), UnsupportedModelError (an architecture not run here,
+    a tensor of a type nothing here dequantises)."""
     file = open_gguf(path)
     tensors = hf_named_tensors(file)
-    return GGUFCheckpoint(file, tensors, gguf_config(file, tensors, fallback_name=path.stem))
+    config = gguf_config(file, tensors, fallback_name=path.stem)
+    check_tensor_types(file)
+    return GGUFCheckpoint(file, tensors, config, gguf_architecture(file.metadata))
 
 
 def dequantize_tensor(file: GGUFFile, tensor: GGUFTensor, raw: np.ndarray) -> torch.Tensor:

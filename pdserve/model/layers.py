@@ -73,7 +73,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with rotary positions; q, k, v come from one fused matmul."""
+    """Grouped-query self-attention with rotary positions; q, k, v come from one fused matmul.
+    With `config.qk_norm` (Qwen3) each head of q and of k is RMS-normalised before the rotation."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -81,6 +82,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.kernels: LayerKernels = TorchKernels()
 
     def forward(
@@ -88,10 +91,21 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         tokens, heads, kv_heads, head_dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qk, v = self.qkv_proj(x).split([(heads + kv_heads) * head_dim, kv_heads * head_dim], dim=-1)
-        qk = self.kernels.rope(qk.view(tokens, heads + kv_heads, head_dim), cos, sin)  # [T, H + Hkv, D]
+        qk = qk.view(tokens, heads + kv_heads, head_dim)
+        if self.q_norm is not None:
+            qk = self._normed_heads(qk)
+        qk = self.kernels.rope(qk, cos, sin)  # [T, H + Hkv, D]
         q, k = qk.split([heads, kv_heads], dim=1)  # [T, H, D], [T, Hkv, D]
         out = attn.forward(self.layer, q, k, v.view(tokens, kv_heads, head_dim), kv)  # [T, H, D]
         return self.o_proj(out.reshape(tokens, heads * head_dim))
+
+    def _normed_heads(self, qk: torch.Tensor) -> torch.Tensor:
+        """qk: [T, H + Hkv, D] -> a new [T, H + Hkv, D], each q head through q_norm, each k head k_norm."""
+        tokens, heads, head_dim = qk.shape[0], self.num_heads, self.head_dim
+        q, k = qk.split([heads, self.num_kv_heads], dim=1)
+        q = self.q_norm(q.reshape(-1, head_dim)).view(tokens, heads, head_dim)
+        k = self.k_norm(k.reshape(-1, head_dim)).view(tokens, -1, head_dim)
+        return torch.cat((q, k), dim=1)
 
 
 class MLP(nn.Module):

@@ -1,4 +1,5 @@
-"""The Llama decoder (also Mistral and Qwen2, which differ only in config: window, q/k/v bias).
+"""The Llama decoder (also Mistral, Qwen2 and Qwen3, which differ only in config: window, q/k/v
+bias, per-head q/k norms).
 
     tokens -> embed -> N x [ x + attn(norm(x)); x + mlp(norm(x)) ] -> norm -> lm_head -> logits
 

@@ -75,6 +75,9 @@ def _layer_layout(c: ModelConfig, i: int) -> dict[str, Assembly]:
         )
     if c.o_proj_bias:
         layout[dst + "self_attn.o_proj.bias"] = one("self_attn.o_proj.bias", (c.hidden_size,))
+    if c.qk_norm:
+        for n in ("q_norm", "k_norm"):
+            layout[f"{dst}self_attn.{n}.weight"] = one(f"self_attn.{n}.weight", (c.head_dim,))
     return layout
 
 

@@ -129,3 +129,19 @@ def test_a_model_that_does_not_qualify_says_why(tiny_loaded):
     apply_layer_kernels(dense, "native", "cpu", torch.float32)
     assert "not in panels" in fusion_problem(dense)
     assert fusion_problem(torch.nn.Sequential()) == "the model has no decoder layers"
+
+
+def test_per_head_qk_norms_run_layer_by_layer_and_equal_transformers(tiny_loaded, tiny_model_dirs):
+    """Qwen3 as auto serves it on a CPU (panels, native kernels, its q/k norms on them too): the C
+    step leaves it to the modules, whose greedy ids equal transformers'."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.reference import hf_greedy
+
+    model = served("qwen3", tiny_loaded)
+    assert "normalise q and k per head" in fusion_problem(model)
+    assert fuse_decode(model) is None and model.layers[0].self_attn.q_norm.kernels is model.layers[0].mlp.kernels
+    reference = AutoModelForCausalLM.from_pretrained(str(tiny_model_dirs["qwen3"]), dtype=torch.float32).eval()
+    prompt = [1, *range(40, 80)]
+    driver = PagedDriver(model, block_size=4, backend=BatchedTorchBackend(decode_kernel()))
+    assert driver.greedy(prompt, 16) == hf_greedy(reference, prompt, 16)

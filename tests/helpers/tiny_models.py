@@ -138,11 +138,22 @@ def tiny_mistral(folder: Path, seed: int = 3) -> Path:
     return _save(folder, config, MistralForCausalLM, seed)
 
 
+def tiny_qwen3(folder: Path, seed: int = 4) -> Path:
+    """Qwen3: per-head q/k norms (random weights), no q/k/v bias, head_dim 32 (heads x head_dim !=
+    hidden), 4 query heads over 2 KV heads, a separate lm_head, rope theta 1e6."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    rope = {"rope_type": "default", "rope_theta": 1e6}
+    config = Qwen3Config(**_common(head_dim=32, rope_parameters=rope, tie_word_embeddings=False))
+    return _save(folder, config, Qwen3ForCausalLM, seed)
+
+
 TINY_MODELS: dict[str, Callable[[Path], Path]] = {
     "llama_gqa_llama3": tiny_llama_gqa_llama3,
     "qwen2_bias": tiny_qwen2_bias,
     "llama_untied": tiny_llama_untied,
     "mistral": tiny_mistral,
+    "qwen3": tiny_qwen3,
 }
 
 

@@ -78,7 +78,7 @@ def test_the_result_is_a_fresh_writable_array():
     assert raw.any()
 
 
-@pytest.mark.parametrize("kind", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_NL], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [GGMLType.IQ4_NL, GGMLType.IQ2_XS, GGMLType.TQ2_0], ids=lambda k: k.name)
 def test_other_types_fall_back_to_gguf_py(kind):
     assert kind not in KERNELS
     raw = random_blocks(kind)
@@ -90,3 +90,22 @@ def test_a_type_nobody_dequantises_is_unsupported(tmp_path):
     tensor: GGUFTensor = file.tensors["w"]
     with pytest.raises(UnsupportedModelError, match="tensor w type I32"):
         dequantize_rows(file, tensor, file.raw(tensor))
+
+
+# the float16 fields of each type's block (d, and dmin where it has one), at these byte offsets
+HALF_FIELDS = {GGMLType.Q4_0: (0,), GGMLType.Q5_0: (0,), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
+               GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+
+
+@pytest.mark.parametrize("kind", list(HALF_FIELDS), ids=lambda k: k.name)
+def test_blocks_with_the_scales_a_quantiser_writes(kind):
+    """Random quants and sub-block scales under small finite float16 scales (gguf-py quantises
+    none of the K types): finite values, bit for bit gguf-py's."""
+    rng = np.random.default_rng(2)
+    raw = random_blocks(kind, rows=16, blocks_per_row=2, seed=3).reshape(-1, BLOCK_SIZES[kind].nbytes)
+    for at in HALF_FIELDS[kind]:
+        raw[:, at:at + 2] = (rng.random((raw.shape[0], 1)) * 0.01).astype(np.float16).view(np.uint8)
+    raw = raw.reshape(16, -1)
+    values = dequantize(raw, kind)
+    assert np.isfinite(values).all() and np.abs(values).max() > 0
+    assert_bits_equal(values, reference(raw, kind))

@@ -63,6 +63,23 @@ def test_qwen2_has_qkv_bias_and_no_output_bias():
     assert config.max_position_embeddings == 2048 and config.sliding_window is None
 
 
+def test_qwen3_normalises_q_and_k_per_head_and_has_its_own_head_dim():
+    config = config_from_hf(llama_json(architectures=["Qwen3ForCausalLM"], head_dim=128), name="q3")
+    assert config.architecture is Architecture.QWEN3 and config.qk_norm
+    assert (config.head_dim, config.q_size, config.kv_size) == (128, 1024, 256)
+    assert not config.attention_bias and not config.o_proj_bias
+    assert config.kv_shape(16) == KVShape(num_layers=4, num_kv_heads=2, head_dim=128, block_size=16)
+    biased = config_from_hf(llama_json(architectures=["Qwen3ForCausalLM"], attention_bias=True), name="q3")
+    assert biased.attention_bias and biased.o_proj_bias  # transformers biases o_proj with them
+    assert not config_from_hf(llama_json(architectures=["Qwen2ForCausalLM"]), name="q2").qk_norm
+
+
+@pytest.mark.parametrize("name", ["Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"])
+def test_an_architecture_not_run_here_is_named(name):
+    with pytest.raises(UnsupportedModelError, match=f"unsupported architecture {name}; supported: "):
+        config_from_hf(llama_json(architectures=[name]), name="m")
+
+
 def test_llama_attention_bias_covers_the_output_projection():
     config = config_from_hf(llama_json(attention_bias=True), name="m")
     assert config.attention_bias and config.o_proj_bias

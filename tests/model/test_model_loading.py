@@ -15,6 +15,7 @@ from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
 from pdserve.model import load_model
 from tests.helpers.paged_driver import PagedDriver
 from tests.helpers.reference import hf_last_logits
+from tests.helpers.tiny_gguf import write_gguf
 
 PROMPT = [1, 17, 200, 45, 99, 310, 7, 64, 128, 5, 250, 33]
 
@@ -149,50 +150,9 @@ def test_unsupported_gguf_architecture(tmp_path):
         load_model(str(path))
 
 
-def write_llama_gguf(folder: Path, path: Path) -> None:
-    """The checkpoint as llama.cpp lays it out: q/k rows permuted to interleaved pairs."""
-    import gguf
-
-    config = json.loads((folder / "config.json").read_text())
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_vocab_size(config["vocab_size"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    layer_names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                   "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                   "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                   "mlp.down_proj": "ffn_down"}
-    for name, tensor in load_file(folder / "model.safetensors").items():
-        array = tensor.float().numpy()
-        if name.startswith("model.layers."):
-            _, _, index, rest = name.split(".", 3)
-            module = rest.rsplit(".", 1)[0]
-            n = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads}.get(module)
-            if n is not None:
-                array = array.reshape(n, 2, array.shape[0] // n // 2, -1).swapaxes(1, 2).reshape(array.shape)
-            writer.add_tensor(f"blk.{index}.{layer_names[module]}.weight", np.ascontiguousarray(array))
-        else:
-            writer.add_tensor(names[name], array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def test_gguf_with_separate_output_matches_transformers(tiny_model_dirs, tiny_models, tmp_path):
     path = tmp_path / "untied.gguf"
-    write_llama_gguf(tiny_model_dirs["llama_untied"], path)
+    write_gguf(tiny_model_dirs["llama_untied"], path)
     loaded = load_model(str(path))
     assert not loaded.config.tie_word_embeddings and loaded.model.embed_tokens is not None
     expected = hf_last_logits(tiny_models["llama_untied"][1], PROMPT)

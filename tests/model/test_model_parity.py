@@ -12,7 +12,7 @@ from tests.model.smol_prompts import SMOL_NEW_TOKENS, SMOL_PROMPTS
 TINY_NEW_TOKENS = 16
 # prompt length -> chunk sizes (None: the whole prompt in one pass)
 TINY_RUNS = {5: (None, 1), 33: (None, 1, 7), 100: (None, 7, 64)}
-TINY_NAMES = ("llama_gqa_llama3", "qwen2_bias", "llama_untied", "mistral")
+TINY_NAMES = ("llama_gqa_llama3", "qwen2_bias", "llama_untied", "mistral", "qwen3")
 
 
 def tiny_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
