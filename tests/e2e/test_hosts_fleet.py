@@ -1,6 +1,6 @@
-"""The fleet across hosts: router, prefill worker and two decode workers each on a test host of
-its own (network namespaces on a bridge, pdserve/procs/hosts.py), started with no transport
-variables, serving a tiny random Qwen2. Outputs equal transformers'; a decode host that drops
+"""The fleet across hosts: router, prefill worker and two decode workers (elastic: either can
+become a prefill worker) each on a test host of its own (network namespaces on a bridge,
+pdserve/procs/hosts.py), started with no transport variables, serving a tiny random Qwen2. Outputs equal transformers'; a decode host that drops
 every packet mid-stream has its streams resumed on the other; one cut off before a request
 arrives costs that request nothing; every worker ends holding no block."""
 
@@ -55,7 +55,8 @@ def fleet(tiny):
         flags = ["--model", str(tiny), "--threads", "1", "--kv-blocks", "96", "--host-kv-blocks", "16",
                  "--token-budget", "256", "--max-chunk-tokens", "64", *cluster_flags(sup.workdir)]
         try:
-            workers = {role: sup.spawn(role, [role.split("-")[0], "--host", host.address, "--port", "0", *flags],
+            workers = {role: sup.spawn(role, [role.split("-")[0], "--host", host.address, "--port", "0", *flags,
+                                              *(["--elastic"] if role.startswith("decode") else [])],
                                        launcher=tuple(host.launcher()))
                        for role, host in hosts.items() if role != "router"}
             at = {role: f"{hosts[role].address}:{sup.wait_ready(w, 300)}" for role, w in workers.items()}
@@ -206,4 +207,40 @@ def test_a_partition_of_a_decode_host_for_twenty_seconds_loses_no_stream_and_no_
         finally:
             net.link_up(fleet["hosts"][victim])
     assert tokens == hf_greedy(hf_model, prompt, LONG_TOKENS)
+    _settled(fleet)
+
+
+def test_an_elastic_decode_host_turning_prefill_sends_its_stream_kv_and_all_and_then_prefills(fleet, hf_model):
+    """The decode worker running a stream becomes a prefill worker: the stream leaves with its KV
+    for the other decode host and goes on equal to transformers; the worker then prefills
+    requests for the other decode host across the network (it sends KV), and turns back."""
+    import grpc
+
+    from pdserve.v1 import worker_pb2 as wpb
+    from pdserve.v1 import worker_pb2_grpc
+    from tests.helpers.cluster import cluster_metadata
+
+    def set_role(name: str, role: str) -> wpb.SetRoleResponse:
+        with grpc.insecure_channel(fleet["at"][name]) as channel:
+            return worker_pb2_grpc.WorkerControlStub(channel).SetRole(
+                wpb.SetRoleRequest(role=role), metadata=cluster_metadata(fleet["sup"].workdir), timeout=10)
+
+    prompt = PROMPTS[1]
+    with Client(fleet["target"], ClientOptions(timeout_s=300)) as client:
+        stream = client.stream(token_ids=prompt, max_tokens=LONG_TOKENS, temperature=0, ignore_eos=True)
+        tokens = list(next(stream).token_ids)
+        elastic = wait_for(lambda: next((r for r, n in _active(fleet).items() if r.startswith("decode") and n), None),
+                           30, "the decode worker running the stream")
+        assert set_role(elastic, "prefill").next_role == "prefill"  # it holds the stream
+        for chunk in stream:
+            tokens += chunk.token_ids
+        assert tokens == hf_greedy(hf_model, prompt, LONG_TOKENS)
+        wait_for(lambda: worker_stats(fleet["at"][elastic], "prefill").role == "prefill" or None, 60,
+                 f"{elastic} serving the prefill role")
+        sent = sum(worker_stats(fleet["at"][elastic], "prefill").kv_rank_bytes)
+        for other in PROMPTS:  # prefilled by the prefill worker or by the turned one: either sends across hosts
+            assert _greedy(client, other).token_ids == hf_greedy(hf_model, other, NEW_TOKENS)
+    print(f"{elastic} sent {sum(worker_stats(fleet['at'][elastic], 'prefill').kv_rank_bytes) - sent} KV bytes "
+          "as a prefill worker")
+    assert set_role(elastic, "decode").role == "decode"  # nothing held: at once
     _settled(fleet)
