@@ -3,6 +3,7 @@ gateway as the gRPC door.
 
     POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
     GET  /v1/models             GET  /health
+    POST /tokenize              POST /detokenize         GET /version   (router/http/tokens.py)
 
 A client that disconnects cancels its handler (aiohttp's handler cancellation), which cancels
 the request in the flow and frees its blocks, as a cancelled gRPC call does.
@@ -25,6 +26,7 @@ from router.gateway import Gateway, Generation
 from router.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
 from router.http.openai_requests import OpenAIRequest, ParsedAsk, chat_request, completion_request
 from router.http.openai_responses import Reply
+from router.http.tokens import TokenRoutes, server_version
 from router.limits import InputLimits
 
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")  # become the gateway's metadata
@@ -50,13 +52,31 @@ class HttpApi:
         self.settings = settings
         self.token_text = token_text
         self.serving = serving
+        self.tokens = TokenRoutes(gateway.frontend, settings.model, settings.max_context)
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes)
         app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
                         web.post("/v1/completions", self.completions),
-                        web.get("/v1/models", self.models), web.get("/health", self.health)])
+                        web.get("/v1/models", self.models), web.get("/health", self.health),
+                        web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize),
+                        web.get("/version", self.version)])
         return app
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(await self.tokens.tokenize(await self._body(request)))
+        except Exception as exc:
+            return error_response(exc)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(self.tokens.detokenize(await self._body(request)))
+        except Exception as exc:
+            return error_response(exc)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response(server_version())
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat_request)

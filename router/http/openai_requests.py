@@ -67,9 +67,7 @@ class ParsedAsk:
 
 
 def chat_request(body: Body, headers, model: str) -> OpenAIRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError("messages must be a non-empty list")
+    messages = chat_messages(body.get("messages"))
     top = integer(body, "top_logprobs", None)
     logprobs = boolean(body, "logprobs", False)
     if top is not None and not logprobs:
@@ -77,7 +75,7 @@ def chat_request(body: Body, headers, model: str) -> OpenAIRequest:
     max_tokens = integer(body, "max_completion_tokens", integer(body, "max_tokens", None))
     unsupported(body, _NOT_FOR_CHATS)
     tools = tool_use(body)
-    prompt = ChatPrompt([_message(i, m) for i, m in enumerate(messages)], tools.tools if tools else ())
+    prompt = ChatPrompt(messages, tools.tools if tools else ())
     return _request(body, headers, model, prompt, max_tokens, (top or 0) if logprobs else None, chat=True,
                     tools=tools)
 
@@ -148,6 +146,13 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...]:
             raise InvalidRequestError(f"logit_bias[{key}] must be a number")
         bias.append((int(key), float(number_)))
     return tuple(sorted(bias))
+
+
+def chat_messages(messages) -> list[ChatMessage]:
+    """A request's `messages` as the chat template takes them; InvalidRequestError when malformed."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list")
+    return [_message(i, m) for i, m in enumerate(messages)]
 
 
 def _message(index: int, message) -> ChatMessage:

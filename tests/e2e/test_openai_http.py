@@ -251,3 +251,41 @@ def test_echo_returns_the_prompt_before_the_completion(client, model):
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model=model, prompt=prompt, max_tokens=4, temperature=0, echo=True, stream=True) if c.choices)
     assert streamed == whole.choices[0].text
+
+
+def _post(service, path: str, body: dict) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{service['http']}{path}", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def test_tokenize_gives_the_ids_a_request_gets_and_detokenize_the_text_back(service, model):
+    prompt = "The year 2026 has 365 days."
+    status, tokenized = _post(service, "/tokenize", {"model": model, "prompt": prompt})
+    assert status == 200 and tokenized["count"] == len(tokenized["tokens"]) > 0
+    assert tokenized["count"] == _grpc(service, prompt, max_tokens=1).usage.prompt_tokens
+    assert _post(service, "/detokenize", {"tokens": tokenized["tokens"]}) == (200, {"prompt": prompt})
+    status, chat = _post(service, "/tokenize", {"messages": [{"role": "user", "content": prompt}]})
+    assert status == 200 and chat["count"] > tokenized["count"]  # the chat template around it
+    assert chat["max_model_len"] == tokenized["max_model_len"] > 0
+
+
+def test_tokenize_and_detokenize_refuse_what_they_cannot_serve(service):
+    assert _post(service, "/tokenize", {"prompt": 7})[0] == 400
+    assert _post(service, "/tokenize", {"model": "other", "prompt": "hi"})[0] == 404
+    assert _post(service, "/detokenize", {"tokens": [1, "two"]})[0] == 400
+    assert _post(service, "/detokenize", {"tokens": [10**9]})[0] == 400
+
+
+def test_version_names_the_package_version(service):
+    import urllib.request
+
+    with urllib.request.urlopen(f"{service['http']}/version", timeout=10) as answer:
+        assert json.loads(answer.read())["version"]
