@@ -13,6 +13,7 @@ import sys
 SUBCOMMANDS = {
     "generate": "pdserve.cli.generate",
     "up": "pdserve.cli.up",
+    "serve": "pdserve.cli.serve",
     "router": "pdserve.cli.services",
     "prefill": "pdserve.cli.services",
     "decode": "pdserve.cli.services",

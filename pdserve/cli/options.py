@@ -60,6 +60,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         f"{CPU_TOKEN_BUDGET} on a CPU)")
     g.add_argument("--max-chunk-tokens", type=int, default=None,
                    help="one request's share of a step's prefill (default: half the budget)")
+    g.add_argument("--max-num-seqs", type=int, default=sched.max_running,
+                   help="requests a worker runs at once (holding device blocks); more wait in its queue")
     g.add_argument("--policy", default=sched.policy, choices=["chunked", "fcfs", "decode-first"])
     g.add_argument("--no-prefix-cache", action="store_true")
     g.add_argument("--max-model-len", type=int, default=e.max_model_len)
@@ -76,6 +78,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if not 256 <= budget <= 8192:
         raise SystemExit(f"--token-budget must be within 256-8192, got {budget}")
     chunk = min(args.max_chunk_tokens or budget // 2, budget)
+    if args.max_num_seqs < 1:
+        raise SystemExit(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
         weight_layout=args.weight_layout, layer_kernels=args.layer_kernels,
@@ -84,6 +88,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,
                           num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache),
         scheduler=SchedulerConfig(policy=args.policy, token_budget=budget, max_chunk_tokens=chunk,
+                                  max_running=args.max_num_seqs,
                                   preemption=PreemptionConfig(recompute_below_tokens=args.recompute_below_tokens,
                                                               swap_above_tokens=args.swap_above_tokens)),
     )

@@ -31,13 +31,18 @@ from router.local_prefill import add_local_prefill_flags, local_prefill_argv
 TICK_S = 0.2
 
 ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
+                "max_num_seqs",
                 "policy", "max_model_len", "device", "dtype", "attention_backend", "weight_layout",
                 "layer_kernels", "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size")
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    add_arguments(sub.add_parser(name, help="start the whole service on this machine"))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Every flag of `pdserve up` (`pdserve serve` takes them too)."""
     deadlines = DeadlineConfig()
-    p = sub.add_parser(name, help="start the whole service on this machine")
     p.add_argument("--port", type=int, default=DEFAULT_PORTS["router"], help="the router's gRPC API")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the router's OpenAI-compatible HTTP API (0: any free port; -1: none)")

@@ -9,7 +9,8 @@ from pdserve.cli.options import engine_config
 
 ENGINE = {"model": None, "device": "cpu", "dtype": "auto", "attention_backend": "auto", "kv_blocks": 2048,
           "host_kv_blocks": 2048, "block_size": 16, "token_budget": None, "max_chunk_tokens": None,
-          "policy": "chunked", "max_model_len": None, "recompute_below_tokens": 2048, "swap_above_tokens": 16384}
+          "policy": "chunked", "max_model_len": None, "recompute_below_tokens": 2048, "swap_above_tokens": 16384,
+          "max_num_seqs": 256}
 
 
 def _defaults(argv: list[str], monkeypatch) -> dict:
@@ -52,3 +53,24 @@ def test_generate_sampling_defaults(monkeypatch):
 def test_token_budget_by_device(device, budget, monkeypatch):
     config = engine_config(main.build_parser().parse_args(["decode", "--device", device]))
     assert (config.scheduler.token_budget, config.scheduler.max_chunk_tokens) == (budget, budget // 2)
+
+
+def test_max_num_seqs_bounds_the_requests_a_worker_runs(monkeypatch):
+    config = engine_config(main.build_parser().parse_args(["decode", "--max-num-seqs", "8"]))
+    assert config.scheduler.max_running == 8
+    with pytest.raises(SystemExit, match="at least 1"):
+        engine_config(main.build_parser().parse_args(["decode", "--max-num-seqs", "0"]))
+
+
+def test_serve_takes_the_model_first_and_every_up_flag(monkeypatch):
+    from pdserve.cli import up
+
+    args = _defaults(["serve", "/models/x.gguf", "--decode-workers", "2", "--max-num-seqs", "64"], monkeypatch)
+    assert (args["model_path"], args["decode_workers"], args["http_port"]) == ("/models/x.gguf", 2, 8000)
+    ran = {}
+    monkeypatch.setattr(up, "run", lambda parsed: ran.setdefault("model", parsed.model))
+    args_ns = main.build_parser().parse_args(["serve", "/models/x.gguf"])
+    args_ns.run(args_ns)
+    assert ran["model"] == "/models/x.gguf"
+    assert "--max-num-seqs" in up.worker_argv(main.build_parser().parse_args(["serve", "--max-num-seqs", "64",
+                                                                               "--cluster-token-file", "t"]), "decode")
