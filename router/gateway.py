@@ -165,7 +165,7 @@ class Gateway:
         self._refuse_if_taken(request_id, tenant)  # another request may have taken it while this one tokenised
         deadline = None if remaining_s is None else time.monotonic() + remaining_s
         job = Job(request_id, tuple(prompt), ask.sampling, priority, trace.metadata(), deadline, tenant.name)
-        trace.bind(job)
+        trace.bind(job, "chat" if isinstance(ask.prompt, ChatPrompt) else "text_completion")
         return job
 
     async def _tokens(self, ask: Ask) -> list[int]:

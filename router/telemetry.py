@@ -8,6 +8,12 @@
       ├─ pdserve.kv_transfer      bytes, blocks, descriptors, seconds
       ├─ events decode.*          preemption mode and reason, resume
       └─ (prefill and decode workers add their own spans under this one)
+
+Root span attributes in OpenTelemetry's GenAI conventions: gen_ai.operation.name (chat |
+text_completion), gen_ai.provider.name, gen_ai.request.model, gen_ai.request.max_tokens /
+temperature / top_p / seed, gen_ai.response.id, gen_ai.usage.input_tokens / output_tokens,
+gen_ai.response.finish_reasons; beside them the names vLLM's spans use (gen_ai.usage.prompt_tokens
+/ completion_tokens, gen_ai.request.id, gen_ai.latency.*), for the dashboards already reading them.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ def _ns(seconds_ago: float = 0.0) -> int:
 class RequestTrace:
     def __init__(self, tracer: trace.Tracer, metrics: Metrics, model: str, client_metadata):
         self.metrics = metrics
+        self.model = model
         self.job: Job | None = None
         self.timeline = TokenTimeline(arrival=time.perf_counter())
         self.span = tracer.start_span("pdserve.generate", context=extract_context(client_metadata),
@@ -40,15 +47,21 @@ class RequestTrace:
         self.predicted_s: float | None = None  # time to first token predicted at admission
         self.done = False
 
-    def bind(self, job: Job) -> None:
-        """The request passed validation: record what it asks for."""
+    def bind(self, job: Job, operation: str = "text_completion") -> None:
+        """The request passed validation: record what it asks for. `operation`: the GenAI
+        operation name ("chat" for a chat's messages, "text_completion" for a prompt)."""
         self.job = job
         s = job.sampling
         self.span.set_attributes({
+            "gen_ai.operation.name": operation, "gen_ai.provider.name": "pdserve",
+            "gen_ai.request.model": self.model, "gen_ai.response.id": job.request_id,
+            "gen_ai.usage.input_tokens": len(job.prompt),
             "gen_ai.request.id": job.request_id, "gen_ai.request.max_tokens": s.max_tokens,
             "gen_ai.request.temperature": s.temperature, "gen_ai.request.top_p": s.top_p,
             "gen_ai.usage.prompt_tokens": len(job.prompt), "pdserve.priority": job.priority.name.lower(),
             "pdserve.tenant": job.tenant})
+        if s.seed is not None:
+            self.span.set_attribute("gen_ai.request.seed", s.seed)
 
     def fail(self, error: BaseException, code: str) -> None:
         """The request ended with a gRPC error status (before or after it started)."""
@@ -123,7 +136,8 @@ class RequestTrace:
 
     def _finish_span(self, reason: FinishReason, completion_tokens: int) -> None:
         t = self.timeline
-        attrs = {"gen_ai.usage.completion_tokens": completion_tokens, "gen_ai.latency.e2e": t.e2e or 0.0,
+        attrs = {"gen_ai.usage.output_tokens": completion_tokens, "gen_ai.response.finish_reasons": (reason.value,),
+                 "gen_ai.usage.completion_tokens": completion_tokens, "gen_ai.latency.e2e": t.e2e or 0.0,
                  "gen_ai.latency.time_in_queue": self.queue_s, "gen_ai.latency.kv_cache_transfer_time": self.kv_s,
                  "pdserve.finish_reason": reason.value}
         if t.ttft is not None:

@@ -114,8 +114,10 @@ def test_one_trace_across_three_services_under_the_client_span(traced):
     root = by_name["pdserve.generate"]
     assert root.parent_span_id == CLIENT_SPAN
     a = root.attributes
-    assert a["gen_ai.usage.prompt_tokens"] == usage.prompt_tokens
-    assert a["gen_ai.usage.completion_tokens"] == 8
+    assert a["gen_ai.usage.prompt_tokens"] == a["gen_ai.usage.input_tokens"] == usage.prompt_tokens
+    assert a["gen_ai.usage.completion_tokens"] == a["gen_ai.usage.output_tokens"] == 8
+    assert list(a["gen_ai.response.finish_reasons"]) == ["length"]
+    assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"]
     assert 0 < a["gen_ai.latency.time_to_first_token"] <= a["gen_ai.latency.e2e"]
     assert a["gen_ai.latency.kv_cache_transfer_time"] > 0
     for key in ("gen_ai.request.id", "gen_ai.request.max_tokens", "gen_ai.request.temperature", "gen_ai.request.top_p",

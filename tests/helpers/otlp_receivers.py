@@ -27,7 +27,10 @@ class ReceivedSpan(NamedTuple):
 
 
 def _value(any_value):
+    """An attribute's value as Python has it (an array as a tuple)."""
     kind = any_value.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(_value(v) for v in any_value.array_value.values)
     return getattr(any_value, kind) if kind else None
 
 
