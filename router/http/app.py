@@ -14,18 +14,19 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp_sse import sse_response
 
 from pdserve.errors import InvalidRequestError
-from router.asks import TextPrompt
-from router.gateway import Gateway, Generation
+from router.asks import Output, TextPrompt
+from router.gateway import Gateway
 from router.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
 from router.http.openai_requests import OpenAIRequest, ParsedAsk, chat_request, completion_request
 from router.http.openai_responses import Reply
+from router.http.prompt_list import admit_rest, merged
 from router.http.tokens import TokenRoutes, server_version
 from router.limits import InputLimits
 
@@ -98,26 +99,30 @@ class HttpApi:
         try:
             body = await self._body(request)
             source = ParsedAsk(lambda: self._checked(parse(body, request.headers, self.settings.model)))
-            generation = await self.gateway.admit(_metadata(request), source, None)
+            first = ParsedAsk(lambda: source.parsed().each()[0])  # (a list of prompts: one request each)
+            generation = await self.gateway.admit(_metadata(request), first, None)
+            openai = source.parsed()
+            generations = await admit_rest(self.gateway, _metadata(request), generation, openai.each()[1:])
         except Exception as exc:
             return error_response(exc)
-        openai = source.parsed()
         reply = Reply(generation.request_id, openai.model, openai.chat, self.token_text, openai.logprobs,
                       tools=openai.tools.names if openai.tools else None, echo=self._echo(openai),
-                      echo_first=generation.job.prompt[0] if openai.echo else None)
+                      echo_first=generation.job.prompt[0] if openai.echo else None,
+                      samples_per_prompt=openai.ask.count.n)
+        outputs = self.gateway.stream(generation) if len(generations) == 1 else \
+            merged(self.gateway, generations, openai.ask.count.n)
         if openai.stream:
-            return await self._stream(request, generation, reply, openai.include_usage)
+            return await self._stream(request, outputs, reply, openai.include_usage)
         try:
-            outputs = [output async for output in self.gateway.stream(generation)]
+            whole = [output async for output in outputs]
         except Exception as exc:
             return error_response(exc)
-        return web.json_response(reply.whole(outputs))
+        return web.json_response(reply.whole(whole))
 
-    async def _stream(self, request: web.Request, generation: Generation, reply: Reply,
+    async def _stream(self, request: web.Request, outputs: AsyncIterator[Output], reply: Reply,
                       include_usage: bool) -> web.StreamResponse:
         """The headers go out with the first output: a request refused or failed before it (an
         admission's 429 with Retry-After) is answered with its status, as a whole response is."""
-        outputs = self.gateway.stream(generation)
         try:
             try:
                 first_output = await anext(outputs)

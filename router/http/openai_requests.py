@@ -44,6 +44,17 @@ class OpenAIRequest:
     logprobs: bool = False
     tools: ToolUse | None = None  # the functions the model may call (chat), router/http/tools.py
     echo: bool = False  # a completion's text begins with its prompt's
+    more: tuple[Prompt, ...] = ()  # a completion's further prompts (a list of prompts): one request each
+
+    def each(self) -> list["OpenAIRequest"]:
+        """One request per prompt, the first this one; the others' ids are this one's with
+        "-1", "-2", ... (this one's gets "-0" when there are several)."""
+        if not self.more:
+            return [self]
+        base = self.ask.request_id
+        return [dataclasses.replace(self, more=(), ask=dataclasses.replace(
+                    self.ask, prompt=prompt, request_id=f"{base}-{i}" if base else ""))
+                for i, prompt in enumerate((self.ask.prompt, *self.more))]
 
 
 class ParsedAsk:
@@ -85,8 +96,11 @@ def completion_request(body: Body, headers, model: str) -> OpenAIRequest:
         unsupported(body, _NOT_FOR_COMPLETIONS)
     logprobs = integer(body, "logprobs", None)
     echo = boolean(body, "echo", False) if isinstance(body, dict) else False
-    request = _request(body, headers, model, _completion_prompt(body.get("prompt")),
-                       integer(body, "max_tokens", None), logprobs, chat=False)
+    first, *more = _completion_prompts(body.get("prompt"))
+    if more and echo:
+        raise InvalidRequestError("echo is served for one prompt per request")
+    request = _request(body, headers, model, first, integer(body, "max_tokens", None), logprobs, chat=False)
+    request = dataclasses.replace(request, more=tuple(more))
     if echo and logprobs is not None:  # the prompt's tokens' log-probabilities come first
         sampling = dataclasses.replace(request.ask.sampling, prompt_logprobs=logprobs)
         request = dataclasses.replace(request, ask=dataclasses.replace(request.ask, sampling=sampling))
@@ -180,17 +194,25 @@ def _content(index: int, content) -> str:
     raise InvalidRequestError(f"messages[{index}].content must be a string or a list of text parts")
 
 
+MAX_PROMPTS = 64  # prompts in one completion request
+
+
+def _completion_prompts(prompt) -> list[Prompt]:
+    """A string, a list of token ids, or a list of either (several prompts: a choice each)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise InvalidRequestError(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}")
+        return [_completion_prompt(p) for p in prompt]
+    return [_completion_prompt(prompt)]
+
+
 def _completion_prompt(prompt) -> Prompt:
-    """A string, a list of token ids, or a list of one of either (one prompt per request)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
+    """A string or a list of token ids."""
     if isinstance(prompt, str):
         return TextPrompt(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return TokenPrompt(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise InvalidRequestError("prompt: one prompt per request (a string or a list of token ids)")
-    raise InvalidRequestError("prompt must be a non-empty string or a list of token ids")
+    raise InvalidRequestError("prompt must be a non-empty string or a list of token ids, or a list of those")
 
 
 def _priority(body: Body, headers) -> Priority:

@@ -56,6 +56,7 @@ class Reply:
     echo: str = ""  # a completion's prompt, which each choice's text begins with (echo)
     echo_first: int | None = None  # the prompt's first token (echo with logprobs: it has none)
     prompt_entries: tuple = ()  # the prompt's TokenLogprobs (echo with logprobs), from the first output
+    samples_per_prompt: int = 1  # n: choices prompt * n .. prompt * n + n - 1 share a prompt (a list of prompts)
     choices: dict[int, _Choice] = field(default_factory=dict)
 
     @property
@@ -111,11 +112,16 @@ class Reply:
         return choice
 
     def _usage(self) -> dict | None:
-        """The request's usage: the prompt once, every sample's completion tokens."""
-        usages = [c.usage for _, c in sorted(self.choices.items()) if c.usage is not None]
-        if not usages:
+        """The request's usage: each prompt once, every sample's completion tokens."""
+        ended = [(i, c.usage) for i, c in sorted(self.choices.items()) if c.usage is not None]
+        if not ended:
             return None
-        return usage_json(dataclasses.replace(usages[0], completion_tokens=sum(u.completion_tokens for u in usages)))
+        per_prompt = {i // self.samples_per_prompt: u for i, u in reversed(ended)}  # each prompt's first
+        prompts = list(per_prompt.values())
+        return usage_json(dataclasses.replace(
+            prompts[0], prompt_tokens=sum(u.prompt_tokens for u in prompts),
+            cached_tokens=sum(u.cached_tokens for u in prompts),
+            completion_tokens=sum(u.completion_tokens for _, u in ended)))
 
     def _streamed(self, c: _Choice, output: Output) -> tuple[str, tuple[Call, ...]]:
         """The text to send now and, at the end, the calls (text that may begin a call held)."""

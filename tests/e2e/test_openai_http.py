@@ -289,3 +289,20 @@ def test_version_names_the_package_version(service):
 
     with urllib.request.urlopen(f"{service['http']}/version", timeout=10) as answer:
         assert json.loads(answer.read())["version"]
+
+
+def test_a_list_of_prompts_gives_a_choice_per_prompt_and_sample_whole_and_streamed(client, model):
+    prompts = ["The capital of Italy is", "Two plus two is"]
+    alone = [client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0) for p in prompts]
+    both = client.completions.create(model=model, prompt=prompts, max_tokens=6, temperature=0)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == 12
+    texts: dict[int, str] = {}
+    for chunk in client.completions.create(model=model, prompt=prompts, max_tokens=6, temperature=0, n=2,
+                                           stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert sorted(texts) == [0, 1, 2, 3]  # prompt * n + sample
+    assert [texts[0], texts[2]] == [a.choices[0].text for a in alone]  # greedy: every sample alike

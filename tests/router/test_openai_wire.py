@@ -79,10 +79,20 @@ def test_malformed_chat_bodies_are_refused_naming_the_field(body, needle):
         _chat(body)
 
 
-@pytest.mark.parametrize("prompt", [None, [], [["a"], ["b"]], ["a", "b"], [True], 3])
+@pytest.mark.parametrize("prompt", [None, [], [["a"], ["b"]], ["a", 3], [True], 3, ["a"] * 65])
 def test_malformed_completion_prompts_are_refused(prompt):  # (an empty text: the gateway refuses it)
     with pytest.raises(InvalidRequestError):
         completion_request({"prompt": prompt}, {}, "m")
+
+
+def test_a_list_of_prompts_is_one_request_each_with_ids_of_its_own():
+    r = completion_request({"prompt": ["one", [5, 6]], "n": 2, "request_id": "batch"}, {}, "m")
+    each = r.each()
+    assert [type(e.ask.prompt) for e in each] == [TextPrompt, TokenPrompt]
+    assert [e.ask.request_id for e in each] == ["batch-0", "batch-1"]
+    assert all(e.ask.count.n == 2 and not e.more for e in each)
+    with pytest.raises(InvalidRequestError, match="one prompt per request"):
+        completion_request({"prompt": ["a", "b"], "echo": True}, {}, "m")
 
 
 def _outputs():
