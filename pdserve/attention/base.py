@@ -7,11 +7,20 @@ into the paged pool and attends each sequence's queries over its cached context 
     and attends KV positions [0, p] of its own sequence (causal), read through its block_table.
 
 Grouped-query attention: query head h reads KV head h // (num_heads // num_kv_heads).
+
+A layer may narrow that (its LayerAttention, passed to `begin` per layer): with a window W the
+query at p attends positions [max(0, p - W + 1), p] only (at most W, itself included), and the
+scores may be scaled by another factor than 1 / sqrt(head_dim):
+
+    positions     0  1  2  3  4  5  6  7
+    p = 6, W = 4              [3  4  5  6]
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,13 +32,36 @@ if TYPE_CHECKING:
     from pdserve.native.paged_decode import NativeDecode, NativePlan
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """What one layer's attention computes beyond the causal grouped-query form above."""
+
+    window: int | None = None  # positions each query sees, itself included; None: every earlier one
+    scale: float | None = None  # scores are q.k times this; None: 1 / sqrt(head_dim)
+
+
+FULL_ATTENTION = LayerAttention()
+
+
+def attention_kinds(layers: Sequence[LayerAttention]) -> tuple[LayerAttention, ...]:
+    """The distinct kinds among a pass's layers (each planned once), in first-use order."""
+    return tuple(dict.fromkeys(layers)) or (FULL_ATTENTION,)
+
+
+def layer_kind(layers: Sequence[LayerAttention], layer: int) -> LayerAttention:
+    """`layer`'s kind: layers[layer], or FULL_ATTENTION where `layers` is empty."""
+    return layers[layer] if layers else FULL_ATTENTION
+
+
 class AttentionBackend(ABC):
     name: str
 
     @abstractmethod
-    def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
+    def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
         """Plan one forward pass: gather indices, masks, kernel metadata. Called once per pass,
-        before the first layer; the plan is valid until the next `begin`."""
+        before the first layer; the plan is valid until the next `begin`. `layers[l]`: layer l's
+        attention (empty: every layer FULL_ATTENTION); a backend that cannot compute a kind
+        raises ValueError naming it."""
 
     @abstractmethod
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:

@@ -11,6 +11,10 @@ A second implementation of the torch backend's contract, for passes dominated by
   * every longer chunk exactly as the reference backend computes it (SDPA on the chunk, or on
     its context read from the pool), which is compute-bound and already runs at the matmul rate.
 
+Layers with a window or another scale (LayerAttention) are planned apart: their chunks with the
+reference's windowed masks, their decodes by sparse products listing only the window's positions
+(the C kernel attends whole contexts at 1 / sqrt(head_dim) only, so it serves full layers alone).
+
 The reference (`torch`) backend stays the oracle; tests/attention/test_attention_batched.py
 compares the two, and the engine tests compare both to transformers token for token.
 """
@@ -18,11 +22,11 @@ compares the two, and the engine tests compare both to transformers token for to
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from pdserve.attention.base import AttentionBackend
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, attention_kinds, layer_kind
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, block_tables, plan_pool_rows, pool_attention
 from pdserve.attention.torch_backend import Chunk, attend_chunk, plan_chunk
@@ -40,11 +44,12 @@ class _Decodes:
 class _Plan:
     slot_mapping: torch.Tensor
     decodes: _Decodes | None
-    chunks: tuple[Chunk, ...]
+    chunks: dict[LayerAttention, tuple[Chunk, ...]]  # by the kind of layer
     num_tokens: int
-    native: NativePlan | None = None  # the decodes' plan for the C kernel, when it runs them
+    native: NativePlan | None = None  # the decodes' plan for the C kernel, when it runs them (full layers)
     native_writes: bool = False  # the C kernel's library copies K/V into the pool (slots checked)
-    pool: PoolRows | None = None  # else built on the first layer (the query head count shows there)
+    pools: dict[LayerAttention, PoolRows] = field(default_factory=dict)  # else by kind, built on first use
+    all_full: bool = True  # every layer of the pass is FULL_ATTENTION
 
 
 class BatchedTorchBackend(AttentionBackend):
@@ -55,21 +60,25 @@ class BatchedTorchBackend(AttentionBackend):
         None later to stop using it, pdserve/attention/decode_kernel_probe.py)."""
         self.native = native
         self._plan: _Plan | None = None
+        self._layers: tuple[LayerAttention, ...] = ()
 
-    def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
+    def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
         if kv.data.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"torch-batched attention needs a float32/float64 KV pool, got {kv.data.dtype}")
         if not kv.data.is_contiguous():
             raise ValueError("torch-batched attention reads the KV pool as one contiguous tensor")
         device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
+        self._layers, kinds = tuple(layers), attention_kinds(layers)
         singles = tuple(s for s in batch.seqs if s.query_len == 1)
-        chunks = tuple(plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
+        longer = [s for s in batch.seqs if s.query_len > 1]
+        chunks = {kind: tuple(plan_chunk(s, size, device, dtype, kind) for s in longer) for kind in kinds}
         decodes = _Decodes(_rows([s.query_start for s in singles], device), singles) if singles else None
         native, writes = None, False
         if self.native is not None and kv.data.dtype == torch.float32:
-            native = plan_native_decodes(self.native, singles, kv) if singles else None
+            native = plan_native_decodes(self.native, singles, kv) if singles and FULL_ATTENTION in kinds else None
             writes = self.native.slots_problem(batch.slot_mapping, kv.data) is None  # else kv.write says what is wrong
-        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native, writes)
+        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native, writes,
+                           all_full=kinds == (FULL_ATTENTION,))
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
@@ -78,37 +87,43 @@ class BatchedTorchBackend(AttentionBackend):
             self.native.write(kv.data, layer, plan.slot_mapping, k, v)
         else:
             kv.write(layer, plan.slot_mapping, k, v)
+        kind = layer_kind(self._layers, layer)
+        chunks = plan.chunks[kind]
         if plan.decodes is None:
-            return self._chunks_only(q, k, v, kv.layer(layer), plan)
-        decoded = self._decode(layer, q, kv, plan, plan.decodes)  # [B, H, D]
-        if not plan.chunks and _covers(plan.decodes.rows, plan.num_tokens):
+            return self._chunks_only(q, k, v, kv.layer(layer), chunks, plan.num_tokens)
+        decoded = self._decode(layer, kind, q, kv, plan, plan.decodes)  # [B, H, D]
+        if not chunks and _covers(plan.decodes.rows, plan.num_tokens):
             return decoded
         out = torch.empty_like(q)
         out[plan.decodes.rows] = decoded
         cache = kv.layer(layer)
-        for chunk in plan.chunks:
+        for chunk in chunks:
             out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
         return out
 
     def native_decode_pass(self) -> tuple[NativeDecode, NativePlan] | None:
         plan = self._plan
-        if plan is None or plan.native is None or not plan.native_writes or plan.chunks:
+        if plan is None or plan.native is None or not plan.native_writes or not plan.all_full:
+            return None
+        if plan.chunks[FULL_ATTENTION]:
             return None
         return (self.native, plan.native) if _covers(plan.decodes.rows, plan.num_tokens) else None
 
-    def _decode(self, layer: int, q: torch.Tensor, kv: KVCache, plan: _Plan, decodes: _Decodes) -> torch.Tensor:
-        if plan.native is not None:
+    def _decode(self, layer: int, kind: LayerAttention, q: torch.Tensor, kv: KVCache, plan: _Plan,
+                decodes: _Decodes) -> torch.Tensor:
+        if plan.native is not None and kind == FULL_ATTENTION:
             return self.native.attend(q[decodes.rows], kv.data, layer, plan.native)
-        if plan.pool is None:
-            plan.pool = plan_pool_rows(list(decodes.seqs), kv, q.shape[1])
-        return pool_attention(q[decodes.rows], kv, layer, plan.pool)
+        if kind not in plan.pools:
+            plan.pools[kind] = plan_pool_rows(list(decodes.seqs), kv, q.shape[1], kind.window)
+        return pool_attention(q[decodes.rows], kv, layer, plan.pools[kind], kind.scale)
 
     @staticmethod
-    def _chunks_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, plan: _Plan) -> torch.Tensor:
-        if len(plan.chunks) == 1 and _covers(plan.chunks[0].rows, plan.num_tokens):
-            return attend_chunk(q, k, v, cache, plan.chunks[0])
+    def _chunks_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor,
+                     chunks: tuple[Chunk, ...], num_tokens: int) -> torch.Tensor:
+        if len(chunks) == 1 and _covers(chunks[0].rows, num_tokens):
+            return attend_chunk(q, k, v, cache, chunks[0])
         out = torch.empty_like(q)
-        for chunk in plan.chunks:
+        for chunk in chunks:
             out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
         return out
 

@@ -11,16 +11,22 @@ requires K and V to share strides, which they do), so the view is passed without
 
 flashinfer computes in float16/bfloat16 only; a float32 pool is refused at `begin`.
 The plan needs the number of query heads, which first shows in `forward`: the wrapper is
-planned on the pass's first layer and reused by the others.
+planned on the pass's first layer and reused by the others. Each other kind of layer
+(LayerAttention: a window, another scale) has a wrapper of its own, planned with `window_left`
+(W - 1: the positions before the query it sees) and `sm_scale`, on the same workspace (the
+wrappers run one after another on one stream).
+NOTE: the windowed plans have not run on a GPU yet; tests/attention checks their arguments only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from pdserve.attention.base import AttentionBackend
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, layer_kind
 from pdserve.attention.batch import ForwardBatch
 from pdserve.attention.selection import HALF_DTYPES
 from pdserve.kv.kv_cache import KVCache
@@ -64,36 +70,44 @@ class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
 
     def __init__(self, device: str | torch.device):
-        import flashinfer
-
         self._device = torch.device(device)
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
-        self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+        self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
+        self._wrappers = {FULL_ATTENTION: self._new_wrapper()}  # by kind of layer; others made on first use
         self._layout: PagedLayout | None = None
         self._slot_mapping: torch.Tensor | None = None
-        self._planned = False
+        self._layers: tuple[LayerAttention, ...] = ()
+        self._planned: set[LayerAttention] = set()
 
-    def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
+    def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
         if kv.data.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"flashinfer attention needs a float16/bfloat16 KV pool, got {kv.data.dtype}")
         self._layout = paged_layout(batch, kv.block_size, kv.data.device)
         self._slot_mapping = batch.slot_mapping
-        self._planned = False
+        self._layers = tuple(layers)
+        self._planned = set()
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         layout = self._layout
         assert layout is not None, "begin() must be called before forward()"
         kv.write(layer, self._slot_mapping, k, v)
-        if not self._planned:
-            self._plan(layout, q, kv)
+        kind = layer_kind(self._layers, layer)
+        if kind not in self._planned:
+            self._plan(kind, layout, q, kv)
         queries = q if layout.row_order is None else q[layout.row_order]
-        out = self._wrapper.run(queries.contiguous(), kv.layer(layer))  # [T, H, D]
+        out = self._wrappers[kind].run(queries.contiguous(), kv.layer(layer))  # [T, H, D]
         if layout.row_order is None:
             return out
         return out.new_zeros((q.shape[0], *out.shape[1:])).index_copy_(0, layout.row_order, out)
 
-    def _plan(self, layout: PagedLayout, q: torch.Tensor, kv: KVCache) -> None:
-        self._wrapper.plan(
+    def _new_wrapper(self) -> Any:
+        import flashinfer
+
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD")
+
+    def _plan(self, kind: LayerAttention, layout: PagedLayout, q: torch.Tensor, kv: KVCache) -> None:
+        if kind not in self._wrappers:
+            self._wrappers[kind] = self._new_wrapper()
+        self._wrappers[kind].plan(
             layout.qo_indptr,
             layout.kv_indptr,
             layout.kv_indices,
@@ -105,8 +119,19 @@ class FlashInferBackend(AttentionBackend):
             causal=True,
             q_data_type=q.dtype,
             kv_data_type=kv.data.dtype,
+            **_kind_options(kind),
         )
-        self._planned = True
+        self._planned.add(kind)
+
+
+def _kind_options(kind: LayerAttention) -> dict[str, Any]:
+    """plan()'s options for a kind of layer (none for FULL_ATTENTION: flashinfer's defaults)."""
+    options: dict[str, Any] = {}
+    if kind.window is not None:
+        options["window_left"] = kind.window - 1
+    if kind.scale is not None:
+        options["sm_scale"] = kind.scale
+    return options
 
 
 def _prefix_sums(values: list[int]) -> list[int]:

@@ -16,7 +16,8 @@ For the decode sequences of a pass (each one query token), with H query heads, G
     out    = embedding_bag(cols, V_l, per_sample_weights=p)  [R, D], a weighted sum of value rows
 
 Both products read each key and value once per query head, from the pool in place; the G heads
-of one KV head read the same rows back to back (they stay in cache).
+of one KV head read the same rows back to back (they stay in cache). With an attention window W a
+row lists only the last W positions of its sequence (positions context_len - W .. context_len - 1).
 """
 
 from __future__ import annotations
@@ -41,30 +42,33 @@ class PoolRows:
     pattern: torch.Tensor  # CSR [R, window]: crow [R + 1], cols [nnz] (layer-0 key rows), values zero
     cols: torch.Tensor  # [nnz] int64, row-major over (sequence, query head, position)
     offsets: torch.Tensor  # [R] int64: start of each row's entries in cols
-    valid: torch.Tensor | None  # [R, max_len] bool, True where a position exists; None: all rows full
-    max_len: int
+    valid: torch.Tensor | None  # [R, max_len] bool, True where a row lists a position; None: all rows full
+    max_len: int  # positions spanned: from the first any row lists to the longest context
     layer_stride: int  # pool rows between one layer's keys and the next's
     value_shift: int  # pool rows between a key and its value
     window: int  # pool rows each layer's view spans
 
 
-def plan_pool_rows(seqs: list[SeqSpan], kv: KVCache, num_heads: int) -> PoolRows:
-    """seqs: the pass's one-token sequences, in the order their outputs are wanted."""
+def plan_pool_rows(seqs: list[SeqSpan], kv: KVCache, num_heads: int, seen: int | None = None) -> PoolRows:
+    """seqs: the pass's one-token sequences, in the order their outputs are wanted; seen: the
+    attention window, the positions each query sees (None: its whole context)."""
     shape, block_size = kv.shape, kv.block_size
     kv_heads, device = shape.num_kv_heads, kv.data.device
     layer_stride = 2 * block_size * kv_heads
     block_stride = shape.num_layers * layer_stride
     lengths = torch.tensor([s.context_len for s in seqs])
-    max_len = int(lengths.max())
-    positions = torch.arange(max_len)
-    tables = block_tables(seqs, block_size, max_len)  # [B, ceil(max_len / BS)]
+    starts = lengths.sub(seen).clamp_(min=0) if seen is not None else torch.zeros_like(lengths)
+    first, last = int(starts.min()), int(lengths.max())
+    positions = torch.arange(first, last)
+    tables = block_tables(seqs, block_size, last)  # [B, ceil(last / BS)]
     base = tables[:, positions // block_size] * block_stride + (positions % block_size) * kv_heads  # [B, L]
     heads = torch.arange(num_heads) // (num_heads // kv_heads)  # [H] -> its KV head
     rows = base[:, None, :] + heads[None, :, None]  # [B, H, L]
-    full = bool((lengths == max_len).all())
-    valid = None if full else (positions[None, :] < lengths[:, None])[:, None, :].expand_as(rows)
+    full = bool((lengths == last).all() and (starts == first).all())
+    listed = (positions[None, :] >= starts[:, None]) & (positions[None, :] < lengths[:, None])  # [B, L]
+    valid = None if full else listed[:, None, :].expand_as(rows)
     cols = rows.reshape(-1) if valid is None else rows[valid]
-    counts = lengths.repeat_interleave(num_heads)  # [R]
+    counts = (lengths - starts).repeat_interleave(num_heads)  # [R]
     crow = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     window = (kv.num_blocks - 1) * block_stride + block_size * kv_heads
     pattern = _csr(crow.to(device), cols.to(device), (len(counts), window), kv.data.dtype)
@@ -72,23 +76,26 @@ def plan_pool_rows(seqs: list[SeqSpan], kv: KVCache, num_heads: int) -> PoolRows
         pattern=pattern,
         cols=cols.to(device),
         offsets=crow[:-1].to(device),
-        valid=None if valid is None else valid.reshape(len(counts), max_len).to(device),
-        max_len=max_len,
+        valid=None if valid is None else valid.reshape(len(counts), last - first).to(device),
+        max_len=last - first,
         layer_stride=layer_stride,
         value_shift=block_size * kv_heads,
         window=window,
     )
 
 
-def pool_attention(q: torch.Tensor, kv: KVCache, layer: int, plan: PoolRows) -> torch.Tensor:
-    """q: [B, H, D] -> [B, H, D], each sequence attending its whole context in `layer`."""
+def pool_attention(q: torch.Tensor, kv: KVCache, layer: int, plan: PoolRows,
+                   scale: float | None = None) -> torch.Tensor:
+    """q: [B, H, D] -> [B, H, D], each sequence attending the positions `plan` lists in `layer`,
+    scores scaled by `scale` (None: 1 / sqrt(D))."""
     batch, num_heads, head_dim = q.shape
     pool = kv.data.view(-1, head_dim)
     start = layer * plan.layer_stride
     keys = pool[start : start + plan.window]  # [window, D]
     values = pool[start + plan.value_shift : start + plan.value_shift + plan.window]
     queries = q.reshape(batch * num_heads, head_dim)
-    scores = torch.sparse.sampled_addmm(plan.pattern, queries, keys.t(), beta=0.0, alpha=1 / math.sqrt(head_dim))
+    scores = torch.sparse.sampled_addmm(plan.pattern, queries, keys.t(), beta=0.0,
+                                     alpha=1 / math.sqrt(head_dim) if scale is None else scale)
     weights = _row_softmax(scores.values(), plan)
     out = F.embedding_bag(plan.cols, values, plan.offsets, mode="sum", per_sample_weights=weights)  # [R, D]
     return out.view(batch, num_heads, head_dim)

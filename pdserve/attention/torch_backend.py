@@ -10,16 +10,20 @@ The pass is split into two kinds of work, planned once in `begin`:
   * every longer chunk alone: a fresh prompt (context == chunk) attends its own k/v with
     `is_causal`; a chunk after a cached prefix reads its whole context from the pool with a
     bottom-right causal mask.
+
+A layer with a window (LayerAttention) gets its own plan, the same work with masks that also hide
+the positions before its window; a pass plans once per kind of layer it holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from pdserve.attention.base import AttentionBackend
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, attention_kinds, layer_kind
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.kv.kv_cache import KVCache
 
@@ -31,6 +35,7 @@ class _DecodeGroup:
     rows: Rows  # B flat-batch rows, one per sequence
     block_table: torch.Tensor  # [B, max_blocks] int64, padded with block 0
     mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] additive: 0 or -inf
+    scale: float | None = None  # None: SDPA's 1 / sqrt(head_dim)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ class Chunk:
     rows: slice  # the chunk's query_len rows
     context_len: int
     blocks: torch.Tensor | None  # [ceil(context_len / block_size)]; None: fresh prompt, own k/v
-    mask: torch.Tensor | None  # [query_len, context_len] additive, bottom-right causal
+    mask: torch.Tensor | None  # [query_len, context_len] additive, bottom-right causal (and windowed); None: causal
+    scale: float | None = None  # None: SDPA's 1 / sqrt(head_dim)
 
 
 @dataclass(frozen=True)
@@ -53,19 +59,16 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self) -> None:
-        self._plan: _Plan | None = None
+        self._plans: dict[LayerAttention, _Plan] = {}
+        self._layers: tuple[LayerAttention, ...] = ()
 
-    def begin(self, batch: ForwardBatch, kv: KVCache) -> None:
-        device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
-        singles = [s for s in batch.seqs if s.query_len == 1]
-        decodes = tuple(_plan_decode(group, size, device, dtype) for group in _by_length(singles, size))
-        chunks = tuple(plan_chunk(s, size, device, dtype) for s in batch.seqs if s.query_len > 1)
-        covers_all = len(chunks) + len(decodes) == 1 and _rows_cover(decodes, chunks, batch.num_tokens)
-        self._plan = _Plan(batch.slot_mapping, decodes, chunks, covers_all)
+    def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
+        self._layers = tuple(layers)
+        self._plans = {kind: _plan(batch, kv, kind) for kind in attention_kinds(self._layers)}
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        plan = self._plan
-        assert plan is not None, "begin() must be called before forward()"
+        assert self._plans, "begin() must be called before forward()"
+        plan = self._plans[layer_kind(self._layers, layer)]
         kv.write(layer, plan.slot_mapping, k, v)
         cache = kv.layer(layer)  # [num_blocks, 2, block_size, kv_heads, head_dim]
         if plan.covers_all:
@@ -76,6 +79,15 @@ class TorchAttentionBackend(AttentionBackend):
         for chunk in plan.chunks:
             out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
         return out
+
+
+def _plan(batch: ForwardBatch, kv: KVCache, kind: LayerAttention) -> _Plan:
+    device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
+    singles = [s for s in batch.seqs if s.query_len == 1]
+    decodes = tuple(_plan_decode(group, size, device, dtype, kind) for group in _by_length(singles, size))
+    chunks = tuple(plan_chunk(s, size, device, dtype, kind) for s in batch.seqs if s.query_len > 1)
+    covers_all = len(chunks) + len(decodes) == 1 and _rows_cover(decodes, chunks, batch.num_tokens)
+    return _Plan(batch.slot_mapping, decodes, chunks, covers_all)
 
 
 def _by_length(seqs: list[SeqSpan], block_size: int) -> list[list[SeqSpan]]:
@@ -90,29 +102,38 @@ def _blocks(seq: SeqSpan, block_size: int) -> int:
     return -(-seq.context_len // block_size)
 
 
-def _plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dtype: torch.dtype) -> _DecodeGroup:
+def _plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dtype: torch.dtype,
+                 kind: LayerAttention) -> _DecodeGroup:
     max_blocks = max(_blocks(s, block_size) for s in seqs)
     table = torch.zeros((len(seqs), max_blocks), dtype=torch.long)
     for i, s in enumerate(seqs):
         used = s.block_table[: _blocks(s, block_size)]
         table[i, : len(used)] = torch.tensor(used, dtype=torch.long)
-    lengths = torch.tensor([s.context_len for s in seqs])
-    valid = torch.arange(max_blocks * block_size)[None, :] < lengths[:, None]  # [B, L]
-    mask = _additive(valid, dtype)[:, None, None, :]
+    lengths = torch.tensor([s.context_len for s in seqs])[:, None]  # [B, 1]: the query sits at length - 1
+    visible = _visible(torch.arange(max_blocks * block_size)[None, :], lengths - 1, kind.window)  # [B, L]
+    mask = _additive(visible, dtype)[:, None, None, :]
     rows = _as_rows([s.query_start for s in seqs])
-    return _DecodeGroup(_to(rows, device), table.to(device), mask.to(device))
+    return _DecodeGroup(_to(rows, device), table.to(device), mask.to(device), kind.scale)
 
 
-def plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torch.dtype) -> Chunk:
+def plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torch.dtype,
+               kind: LayerAttention = FULL_ATTENTION) -> Chunk:
     rows = slice(seq.query_start, seq.query_start + seq.query_len)
-    if seq.context_len == seq.query_len:
-        return Chunk(rows, seq.context_len, None, None)
-    used = seq.block_table[: _blocks(seq, block_size)]
+    fresh = seq.context_len == seq.query_len
+    if fresh and (kind.window is None or kind.window >= seq.context_len):
+        return Chunk(rows, seq.context_len, None, None, kind.scale)
     first = seq.context_len - seq.query_len
     query_pos = torch.arange(first, seq.context_len)[:, None]  # [Q, 1]
-    visible = torch.arange(seq.context_len)[None, :] <= query_pos  # [Q, C]
-    blocks = torch.tensor(used, dtype=torch.long, device=device)
-    return Chunk(rows, seq.context_len, blocks, _additive(visible, dtype).to(device))
+    visible = _visible(torch.arange(seq.context_len)[None, :], query_pos, kind.window)  # [Q, C]
+    used = seq.block_table[: _blocks(seq, block_size)]
+    blocks = None if fresh else torch.tensor(used, dtype=torch.long, device=device)
+    return Chunk(rows, seq.context_len, blocks, _additive(visible, dtype).to(device), kind.scale)
+
+
+def _visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Broadcast key and query positions -> True where the key is causal (and within the window)."""
+    causal = key_pos <= query_pos
+    return causal if window is None else causal & (key_pos > query_pos - window)
 
 
 def _decode(q: torch.Tensor, cache: torch.Tensor, group: _DecodeGroup) -> torch.Tensor:
@@ -121,7 +142,8 @@ def _decode(q: torch.Tensor, cache: torch.Tensor, group: _DecodeGroup) -> torch.
     keys = _gather(cache[:, 0], group.block_table).view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
     values = _gather(cache[:, 1], group.block_table).view(batch, -1, kv_heads, head_dim).transpose(1, 2)
     queries = q[group.rows].view(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
+                                         scale=group.scale)  # [B, Hkv, G, D]
     return out.reshape(batch, num_heads, head_dim)
 
 
@@ -139,6 +161,7 @@ def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch
         values.transpose(0, 1)[None],
         attn_mask=chunk.mask,
         is_causal=chunk.mask is None,
+        scale=chunk.scale,
         enable_gqa=True,
     )  # [1, H, Q, D]
     return out[0].transpose(0, 1)

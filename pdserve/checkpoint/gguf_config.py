@@ -5,19 +5,28 @@ numpy and pure Python (the file read by gguf_file.py).
     llama (and Mistral)    Llama          interleaved pairs (permuted)  attn_q/k/v(/output).bias if any
     qwen2                  Qwen2          rotate-half (as transformers) attn_q/k/v.bias
     qwen3                  Qwen3          rotate-half (as transformers) attn_q_norm, attn_k_norm
+    gemma3                 Gemma 3        rotate-half (as transformers) attn_q_norm, attn_k_norm,
+                                                                        post_attention_norm, post_ffw_norm
 
 llama.cpp's converter permutes q/k rows for the `llama` architecture only (its LlamaModel, which
-also converts MistralForCausalLM: Mistral files say `llama`, without a sliding window).
+also converts MistralForCausalLM: Mistral files say `llama`, without a sliding window). For Gemma 3
+it stores every norm's weight plus 1 (`norm_shift`: the loader takes it off again, as transformers'
+GGUF reader does) and names the layer's four norms in its own way (`ffn_norm` is the MLP's input
+norm, as in Llama, but transformers calls that one pre_feedforward_layernorm there).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
+from pdserve.checkpoint.gemma3_config import gemma3_from_gguf
 from pdserve.checkpoint.gguf_dequant import dequantizable, dequantize
 from pdserve.checkpoint.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor
 from pdserve.checkpoint.model_config import Architecture, ModelConfig
@@ -29,12 +38,21 @@ class GGUFArchitecture(NamedTuple):
 
     architecture: Architecture
     interleaved_qk: bool  # q/k rows (and biases) permuted to interleaved rotary pairs
+    norm_shift: float = 0.0  # added to every norm's weight in the file
+    layer_names: Mapping[str, str] = MappingProxyType({})  # layer tensor names other than _LAYER_NAMES's
 
 
+_GEMMA3_LAYER_NAMES = MappingProxyType({
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+})
 GGUF_ARCHITECTURES = {
     "llama": GGUFArchitecture(Architecture.LLAMA, interleaved_qk=True),
     "qwen2": GGUFArchitecture(Architecture.QWEN2, interleaved_qk=False),
     "qwen3": GGUFArchitecture(Architecture.QWEN3, interleaved_qk=False),
+    "gemma3": GGUFArchitecture(Architecture.GEMMA3, interleaved_qk=False, norm_shift=1.0,
+                               layer_names=_GEMMA3_LAYER_NAMES),
 }
 SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 
@@ -70,8 +88,10 @@ def open_gguf(path: Path) -> GGUFFile:
 
 
 def hf_named_tensors(file: GGUFFile) -> dict[str, GGUFTensor]:
-    """The file's tensor entries under transformers' names."""
-    return {hf_name(name): tensor for name, tensor in file.tensors.items()}
+    """The file's tensor entries under transformers' names (its architecture's, where run here)."""
+    known = GGUF_ARCHITECTURES.get(file.metadata.get("general.architecture"))
+    renamed = known.layer_names if known is not None else {}
+    return {hf_name(name, renamed): tensor for name, tensor in file.tensors.items()}
 
 
 def dequantize_rows(file: GGUFFile, tensor: GGUFTensor, raw: np.ndarray) -> np.ndarray:
@@ -110,7 +130,7 @@ def gguf_config(file: GGUFFile, tensors: dict[str, GGUFTensor], fallback_name: s
     key = _keyed(meta, arch)
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     head_dim = _head_dim(meta, arch, hidden // heads, fallback_name)
-    return ModelConfig(
+    config = ModelConfig(
         architecture=layout.architecture,
         vocab_size=int(meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))),
         hidden_size=hidden,
@@ -130,6 +150,9 @@ def gguf_config(file: GGUFFile, tensors: dict[str, GGUFTensor], fallback_name: s
         eos_token_ids=_eos_ids(meta),
         name=str(meta.get("general.name") or fallback_name),
     )
+    if layout.architecture is Architecture.GEMMA3:
+        return dataclasses.replace(config, **gemma3_from_gguf(meta, config))
+    return config
 
 
 def _head_dim(meta: dict[str, Any], arch: str, default: int, name: str) -> int:
@@ -174,11 +197,14 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def hf_name(gguf_name: str) -> str:
-    """A GGUF tensor's name under transformers' naming (unknown names unchanged)."""
+def hf_name(gguf_name: str, renamed: Mapping[str, str] = MappingProxyType({})) -> str:
+    """A GGUF tensor's name under transformers' naming (unknown names unchanged); `renamed`: an
+    architecture's own layer tensor names, before the common ones."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".", 2)
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    if parts[0] == "blk" and len(parts) == 3:
+        name = renamed.get(parts[2]) or _LAYER_NAMES.get(parts[2])
+        if name is not None:
+            return f"model.layers.{parts[1]}.{name}"
     return gguf_name

@@ -1,13 +1,17 @@
 """A transformers checkpoint's config.json (and generation_config.json's end-of-sequence ids)
--> ModelConfig, in pure Python. Both the old `rope_scaling` and the new `rope_parameters` forms."""
+-> ModelConfig, in pure Python. Both the old `rope_scaling` and the new `rope_parameters` forms
+(per kind of layer where a model has two: the global layers' here, Gemma 3's others in
+gemma3_config.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
+from pdserve.checkpoint.gemma3_config import gemma3_from_hf
 from pdserve.checkpoint.model_config import Architecture, ModelConfig
 from pdserve.checkpoint.rope_scaling import Llama3RopeScaling, LinearRopeScaling, NoRopeScaling, RopeScaling
 
@@ -33,7 +37,7 @@ def config_from_hf(raw: dict[str, Any], name: str, extra_eos: tuple[int, ...] = 
     window = _sliding_window(raw, arch)
     max_pos = int(raw.get("max_position_embeddings", 4096))
     theta, scaling = _hf_rope(raw, name)
-    return ModelConfig(
+    config = ModelConfig(
         architecture=arch,
         vocab_size=_need(raw, "vocab_size", name),
         hidden_size=hidden,
@@ -54,6 +58,9 @@ def config_from_hf(raw: dict[str, Any], name: str, extra_eos: tuple[int, ...] = 
         name=name,
         sliding_window=window,
     )
+    if arch is Architecture.GEMMA3:
+        return dataclasses.replace(config, **gemma3_from_hf(raw, config))
+    return config
 
 
 def _architecture(raw: dict[str, Any]) -> Architecture:
@@ -82,6 +89,7 @@ def _sliding_window(raw: dict[str, Any], arch: Architecture) -> int | None:
 
 def _hf_rope(raw: dict[str, Any], name: str) -> tuple[float, RopeScaling]:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    params = params.get("full_attention") or params  # keyed by kind of layer: the global layers'
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":

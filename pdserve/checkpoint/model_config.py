@@ -1,9 +1,11 @@
 """What the model code needs to know about a checkpoint, read once from config.json
 (hf_config.py) or GGUF metadata (gguf_config.py).
 
-NOTE: sliding-window models (Mistral) are run with full attention and their usable context capped
-to the window: within the window the two are identical, so `max_position_embeddings` is
-min(max positions, window) and `sliding_window` keeps the original value for reference.
+NOTE: models whose every layer has one sliding window (Mistral, Qwen2 with use_sliding_window) are
+run with full attention and their usable context capped to the window: within the window the two
+are identical, so `max_position_embeddings` is min(max positions, window) and `sliding_window` keeps
+the original value for reference. Per-layer windows (Gemma 3's local layers, `layer_windows`) are
+honoured by the attention backends, each query seeing at most the last `window` positions.
 """
 
 from __future__ import annotations
@@ -21,6 +23,21 @@ class Architecture(str, enum.Enum):
     MISTRAL = "MistralForCausalLM"
     QWEN2 = "Qwen2ForCausalLM"
     QWEN3 = "Qwen3ForCausalLM"
+    GEMMA3 = "Gemma3ForCausalLM"
+
+
+class NormStyle(str, enum.Enum):
+    """How an RMS norm's learned weight w scales the normalised x (x_hat, computed in float32)."""
+
+    LLAMA = "llama"  # x_hat cast to the model's dtype, times w
+    GEMMA = "gemma"  # x_hat * (1 + w) in float32, then cast (w is stored as trained: around 0)
+
+
+class Activation(str, enum.Enum):
+    """The gate's nonlinearity in the gated MLP down(act(gate(x)) * up(x))."""
+
+    SILU = "silu"  # SwiGLU
+    GELU_TANH = "gelu_tanh"  # GeGLU with gelu's tanh approximation (transformers' gelu_pytorch_tanh)
 
 
 @dataclass(frozen=True)
@@ -44,17 +61,41 @@ class ModelConfig:
     name: str
     o_proj_bias: bool = False  # Llama with attention_bias=true also biases o_proj
     sliding_window: int | None = None
+    norm_style: NormStyle = NormStyle.LLAMA
+    activation: Activation = Activation.SILU
+    embedding_scale: float | None = None  # embeddings times this, in the model's dtype (Gemma: sqrt(hidden))
+    attention_scale: float | None = None  # q.k scaled by this; None: 1 / sqrt(head_dim)
+    layer_windows: tuple[int | None, ...] = ()  # per layer: positions each query sees (None: all); (): all, all
+    local_rope_theta: float | None = None  # rotary base of the windowed layers, unscaled; None: `rope_theta`'s
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"{self.name}: {self.num_heads} heads not divisible by {self.num_kv_heads} KV heads")
         if self.head_dim % 2:
             raise ModelLoadError(f"{self.name}: head_dim {self.head_dim} must be even for rotary embedding")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ModelLoadError(f"{self.name}: {len(self.layer_windows)} layer windows for {self.num_layers} layers")
+        if any(w is not None and w < 1 for w in self.layer_windows):
+            raise ModelLoadError(f"{self.name}: an attention window must hold at least one position")
 
     @property
     def qk_norm(self) -> bool:
-        """q and k RMS-normalised per head (weights [head_dim]) before the rotation: Qwen3's."""
-        return self.architecture is Architecture.QWEN3
+        """q and k RMS-normalised per head (weights [head_dim]) before the rotation: Qwen3's, Gemma 3's."""
+        return self.architecture in (Architecture.QWEN3, Architecture.GEMMA3)
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """Each block's output normalised too before the residual add (Gemma 3: four norms a layer)."""
+        return self.architecture is Architecture.GEMMA3
+
+    def window(self, layer: int) -> int | None:
+        """The positions a query of `layer` sees, itself included (None: every earlier one)."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def local_rope(self, layer: int) -> bool:
+        """`layer` rotates with `local_rope_theta` (a windowed layer of a model that has one)."""
+        return self.local_rope_theta is not None and self.window(layer) is not None
 
     @property
     def q_size(self) -> int:

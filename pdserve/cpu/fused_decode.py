@@ -26,7 +26,7 @@ from torch import nn
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch
-from pdserve.checkpoint.model_config import ModelConfig
+from pdserve.checkpoint.model_config import Activation, ModelConfig, NormStyle
 from pdserve.cpu.layer_kernels import NativeKernels
 from pdserve.kv.kv_cache import KVCache
 from pdserve.model.row_route import PANEL_MAX_ROWS
@@ -116,12 +116,15 @@ def _pass(kv: KVCache, batch: ForwardBatch, plan: NativePlan, cos: torch.Tensor,
 
 
 def fusion_problem(model: nn.Module) -> str | None:
-    """Why `model`'s layers cannot run fused (None: they can): no per-head q/k norms, every module
-    on the same native kernels, every projection of the layers in panels, every norm, bias and
-    panel float32 and contiguous."""
+    """Why `model`'s layers cannot run fused (None: they can): Llama's layers over whole contexts
+    (config_problem), no per-head q/k norms, every module on the same native kernels, every
+    projection of the layers in panels, every norm, bias and panel float32 and contiguous."""
     layers = getattr(model, "layers", None)
     if not layers:
         return "the model has no decoder layers"
+    config = getattr(model, "config", None)
+    if config is not None and (problem := config_problem(config)):
+        return problem
     if getattr(layers[0].self_attn, "q_norm", None) is not None:
         return "the layers normalise q and k per head (Qwen3), which the C step does not"
     kernels = layers[0].self_attn.kernels
@@ -137,6 +140,17 @@ def fusion_problem(model: nn.Module) -> str | None:
                    *(m.bias for m in linears if m.bias is not None)]
         if not all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
             return "a norm's weight or a bias is not contiguous float32"
+    return None
+
+
+def config_problem(config: ModelConfig) -> str | None:
+    """What of the config the C step does not compute (None: nothing): it runs Llama's layer
+    (two norms, SwiGLU), every layer attending its whole context at 1 / sqrt(head_dim) with the
+    one rotary table."""
+    if config.layer_windows or config.local_rope_theta is not None or config.attention_scale is not None:
+        return "layers attend sliding windows, with their own rotary base or score scale (Gemma 3); the C step does not"
+    if config.sandwich_norms or config.norm_style is not NormStyle.LLAMA or config.activation is not Activation.SILU:
+        return "the layers are Gemma 3's (four norms scaled by 1 + w, GeGLU), which the C step does not run"
     return None
 
 

@@ -55,6 +55,10 @@ class NativeKernels:
             return self._reference.silu_mul(gate_up)
         return self.library.silu_mul(gate_up)
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The torch reference's (no C loop for GeGLU yet)."""
+        return self._reference.gelu_tanh_mul(gate_up)
+
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotates x in place where x's heads are contiguous and cos/sin are [T, 1, D/2] tables."""
         if not rope_fits(x, cos, sin):

@@ -24,6 +24,9 @@ from pdserve.native.build import cache_dir
 
 log = logging.getLogger(__name__)
 CHUNK = 8 << 20
+# In the key of a kept fingerprint: bumped whenever what a digest covers changes, so that a machine
+# never pairs a digest it kept from older code with one computed anew elsewhere.
+DIGEST_VERSION = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
 
 
@@ -45,21 +48,35 @@ def model_fingerprint(model: str | None, cache: Path | None = None) -> ModelFing
     weights = _weight_files(source)
     read = [*weights, *(source / n for n in ("config.json", *TOKENIZER_FILES) if source.is_dir() and (source / n).is_file())]
     stats = [(str(f.resolve()), f.stat()) for f in read]
-    key = xxhash.xxh3_128_hexdigest(json.dumps([(p, s.st_size, s.st_mtime_ns) for p, s in stats]).encode())
+    key = xxhash.xxh3_128_hexdigest(json.dumps([DIGEST_VERSION, *((p, s.st_size, s.st_mtime_ns) for p, s in stats)])
+                                    .encode())
     kept = (cache or cache_dir()) / "fingerprints" / f"{key}.json"
     try:
         return ModelFingerprint(**json.loads(kept.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    config = dataclasses.asdict(read_model_config(model))
-    config.pop("name", None)
-    architecture = xxhash.xxh3_128_hexdigest(json.dumps(config, sort_keys=True, default=str).encode())
+    architecture = xxhash.xxh3_128_hexdigest(json.dumps(_architecture(read_model_config(model)), sort_keys=True,
+                                                        default=str).encode())
     fingerprint = ModelFingerprint(_files_digest(weights), architecture, _tokenizer_digest(source))
     try:
         keep_file(kept, lambda f: json.dump(dataclasses.asdict(fingerprint), f))
     except OSError as exc:  # a read-only cache: computed again at the next start
         log.info("fingerprint not kept in %s: %s", kept.parent, exc)
     return fingerprint
+
+
+def _architecture(config) -> dict:
+    """What the architecture digest covers: every configuration field but the name, a field at
+    its default left out, so that a field added later (with a default) changes no digest of a
+    model that does not use it: workers before and after such a change still pair."""
+    digest = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if f.name != "name" and value != default:
+            digest[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return digest
 
 
 def _weight_files(source: Path) -> list[Path]:

@@ -9,6 +9,9 @@ with their rows permuted for an interleaved (GPT-J) rotary layout; this project 
     rows of one head, GGUF:        [x0 y0 x1 y1 ... ]   pairs interleaved
     rows of one head, rotate-half: [x0 x1 ... y0 y1 ...]
 
+Gemma 3 files hold every norm's weight plus 1; the 1 is taken off on load (in float32, as
+transformers' GGUF reader does), so the model holds the weights as trained.
+
 On a CPU with a cache folder, the assembled weights are kept there and later loads map them
 (weights_cache.py).
 """
@@ -41,14 +44,17 @@ class GGUFCheckpoint(NamedTuple):
 
     def read(self, name: str, raw: np.ndarray | None = None) -> torch.Tensor:
         """Tensor `name` dequantised to float32 in the transformers shape, q/k rows in
-        rotate-half order; `raw`: some of its rows ([rows, row_bytes], default all of them).
-        Raises UnsupportedModelError for a type neither this project nor gguf-py dequantises."""
+        rotate-half order, norms without the file's shift; `raw`: some of its rows ([rows,
+        row_bytes], default all of them). Raises UnsupportedModelError for a type neither this
+        project nor gguf-py dequantises."""
         tensor = self.tensors[name]
         values = dequantize_tensor(self.file, tensor, self.file.raw(tensor) if raw is None else raw)
         if raw is None:
             values = values.reshape(tensor.shape)
         if self.layout.interleaved_qk and name.split(".")[-2] in ("q_proj", "k_proj"):
             return unpermute_rows(values, values.shape[0] // self.config.head_dim)
+        if self.layout.norm_shift and name.endswith("norm.weight"):
+            return values - self.layout.norm_shift
         return values
 
 

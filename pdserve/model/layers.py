@@ -1,4 +1,6 @@
-"""The building blocks of a Llama decoder layer, on a flat token dimension T (no batch axis)."""
+"""The building blocks of a decoder layer, on a flat token dimension T (no batch axis): Llama's
+(two norms a layer, SwiGLU) and Gemma 3's (four norms, each block's output normalised too; GeGLU;
+norms scaled by 1 + w in float32)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from torch import nn
 
 from pdserve.attention.base import AttentionBackend
 from pdserve.kv.kv_cache import KVCache
-from pdserve.checkpoint.model_config import ModelConfig
+from pdserve.checkpoint.model_config import Activation, ModelConfig, NormStyle
 from pdserve.model.layer_kernels import LayerKernels, TorchKernels
 from pdserve.model.row_route import DEFAULT_ROUTE, DENSE, MIN_PACKED_ROWS, PANELS
 
@@ -72,9 +74,25 @@ class RMSNorm(nn.Module):
         return self.kernels.rms_norm(x, self.weight, self.eps)
 
 
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's: the weight is an offset from 1 (trained around 0), applied in float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, dim] -> [T, dim]; x / rms(x) * (1 + weight), in float32, then x's dtype."""
+        return self.kernels.rms_norm(x.float(), 1.0 + self.weight.float(), self.eps).to(x.dtype)
+
+
+def make_norm(config: ModelConfig, dim: int) -> RMSNorm:
+    """The RMS norm of the config's style over `dim` features."""
+    kind = OffsetRMSNorm if config.norm_style is NormStyle.GEMMA else RMSNorm
+    return kind(dim, config.rms_norm_eps)
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with rotary positions; q, k, v come from one fused matmul.
-    With `config.qk_norm` (Qwen3) each head of q and of k is RMS-normalised before the rotation."""
+    With `config.qk_norm` (Qwen3, Gemma 3) each head of q and of k is RMS-normalised before the
+    rotation. The layer's window and score scale are the attention backend's to apply (the model
+    passes them to `attn.begin`)."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -82,8 +100,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(config.q_size, config.hidden_size, bias=config.o_proj_bias)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm = make_norm(config, config.head_dim) if config.qk_norm else None
+        self.k_norm = make_norm(config, config.head_dim) if config.qk_norm else None
         self.kernels: LayerKernels = TorchKernels()
 
     def forward(
@@ -109,7 +127,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one fused matmul."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one fused matmul; GeGLU (gelu's tanh
+    approximation in silu's place) where the config says so."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -117,17 +136,23 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.kernels: LayerKernels = TorchKernels()
+        self.activation = config.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.kernels.silu_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, hidden]
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if self.activation is Activation.GELU_TANH:
+            return self.down_proj(self.kernels.gelu_tanh_mul(gate_up))  # [T, I] -> [T, hidden]
+        return self.down_proj(self.kernels.silu_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):
+    """Llama's layer: pre-norm residual blocks, post_attention_layernorm being the MLP's input norm."""
+
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = make_norm(config, config.hidden_size)
         self.self_attn = Attention(config, layer)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = make_norm(config, config.hidden_size)
         self.mlp = MLP(config)
 
     def forward(
@@ -137,3 +162,32 @@ class DecoderLayer(nn.Module):
         own fresh output, x + y == y + x exactly)."""
         h = self.self_attn(self.input_layernorm(x), cos, sin, kv, attn).add_(x)
         return self.mlp(self.post_attention_layernorm(h)).add_(h)
+
+
+class SandwichDecoderLayer(nn.Module):
+    """Gemma 3's layer: each block's input and output normalised, the residual added after both.
+
+        h   = x + post_attention_layernorm(attn(input_layernorm(x)))
+        out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))
+    """
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = make_norm(config, config.hidden_size)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = make_norm(config, config.hidden_size)
+        self.pre_feedforward_layernorm = make_norm(config, config.hidden_size)
+        self.mlp = MLP(config)
+        self.post_feedforward_layernorm = make_norm(config, config.hidden_size)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache, attn: AttentionBackend
+    ) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden]."""
+        h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, kv, attn)).add_(x)
+        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))).add_(h)
+
+
+def decoder_layer(config: ModelConfig, layer: int) -> nn.Module:
+    """Layer `layer` of the config's form (Llama's, or Gemma 3's with four norms)."""
+    return SandwichDecoderLayer(config, layer) if config.sandwich_norms else DecoderLayer(config, layer)

@@ -78,6 +78,9 @@ def _layer_layout(c: ModelConfig, i: int) -> dict[str, Assembly]:
     if c.qk_norm:
         for n in ("q_norm", "k_norm"):
             layout[f"{dst}self_attn.{n}.weight"] = one(f"self_attn.{n}.weight", (c.head_dim,))
+    if c.sandwich_norms:
+        for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            layout[f"{dst}{n}.weight"] = one(f"{n}.weight", (c.hidden_size,))
     return layout
 
 

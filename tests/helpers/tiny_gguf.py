@@ -5,6 +5,12 @@ convert_hf_to_gguf.py writes it, with gguf-py's own GGUFWriter and tensor name m
     Llama, Mistral                 general.architecture "llama", q/k rows (and biases) permuted
                                    to interleaved rotary pairs (LlamaModel.permute)
     Qwen2, Qwen3                   "qwen2", "qwen3": tensors as transformers holds them
+    Gemma 3                        "gemma3": every norm's weight plus 1 (Gemma3Model.norm_shift),
+                                   the window as attention.sliding_window, linear scaling of the
+                                   global layers' rope where configured; a config llama.cpp would
+                                   not read back (another layer pattern, local rope base or
+                                   query_pre_attn_scalar than head_dim) is refused. Its vocabulary
+                                   is the tiny byte-level one (llama.cpp would write SentencePiece)
     head_dim (where given)         <arch>.attention.key_length and value_length
     tokenizer.json (byte-level)    tokenizer.ggml.model "gpt2", pre "gpt-2" (the GPT-2 split the
                                    tiny tokenizer's ByteLevel pre-tokenizer runs), tokens, merges
@@ -24,7 +30,7 @@ import numpy as np
 import torch
 
 GGUF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                      "Qwen3ForCausalLM": "qwen3"}
+                      "Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3"}
 
 
 def write_gguf(folder: Path, path: Path, kind: str = "F32") -> Path:
@@ -65,6 +71,8 @@ def _model_arch(arch: str):
 
 def _hyperparameters(writer, config: dict, name: str) -> None:
     rope = config.get("rope_parameters") or {}
+    if writer.arch == "gemma3":
+        rope = _gemma3_hyperparameters(writer, config, name)
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"{name}: this helper writes default rotary scaling only")
     writer.add_name(name)
@@ -82,6 +90,28 @@ def _hyperparameters(writer, config: dict, name: str) -> None:
     if writer.arch == "llama":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def _gemma3_hyperparameters(writer, config: dict, name: str) -> dict:
+    """What llama.cpp's Gemma3Model writes beyond the common keys; returns the global layers'
+    rope parameters left to write (linear scaling written here)."""
+    import gguf
+
+    layers, pattern = config["num_hidden_layers"], 6
+    kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    rope = config.get("rope_parameters") or {}
+    local = rope.get("sliding_attention") or {}
+    if config.get("layer_types", kinds) != kinds or config["query_pre_attn_scalar"] != config["head_dim"]:
+        raise ValueError(f"{name}: llama.cpp reads every 6th layer global and scores scaled by 1/sqrt(head_dim)")
+    if local.get("rope_type", "default") != "default" or local.get("rope_theta", 10000.0) != 10000.0:
+        raise ValueError(f"{name}: llama.cpp reads the local layers' rope as base 10000, unscaled")
+    writer.add_sliding_window(config["sliding_window"])
+    full = dict(rope.get("full_attention") or {})
+    if full.get("rope_type", "default") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full.pop("factor"))
+        full["rope_type"] = "default"
+    return full
 
 
 def _vocabulary(writer, folder: Path) -> None:
@@ -118,8 +148,12 @@ def _tensors(folder: Path) -> dict[str, np.ndarray]:
 
 
 def _stored_tensors(folder: Path, config: dict, arch: str) -> dict[str, np.ndarray]:
-    """transformers' tensors, q/k permuted where llama.cpp's converter permutes them."""
+    """transformers' tensors, q/k permuted where llama.cpp's converter permutes them, Gemma 3's
+    norms shifted by 1 as it shifts them."""
     tensors = _tensors(folder)
+    if arch == "gemma3":
+        return {name: array + 1 if name.endswith("norm.weight") else array for name, array in tensors.items()
+                if name != "lm_head.weight"}
     if arch != "llama":
         return tensors
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}

@@ -19,6 +19,7 @@ import torch
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 BOS_ID, EOS_ID = 1, 2
 VOCAB_SIZE = 384
+GEMMA3_WINDOW = 10  # tokens of tiny_gemma3's sliding window; not a multiple of the tests' block sizes
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -146,6 +147,24 @@ def tiny_qwen3(folder: Path, seed: int = 4) -> Path:
     rope = {"rope_type": "default", "rope_theta": 1e6}
     config = Qwen3Config(**_common(head_dim=32, rope_parameters=rope, tie_word_embeddings=False))
     return _save(folder, config, Qwen3ForCausalLM, seed)
+
+
+def tiny_gemma3(folder: Path, seed: int = 5, query_pre_attn_scalar: int = 24) -> Path:
+    """Gemma 3: 7 layers in transformers' default pattern (5 with a sliding window of GEMMA3_WINDOW
+    tokens, one global, one more windowed), local rope base 10000 and global 1e6 with linear
+    scaling (factor 4) on the global layer only, four (1 + w) norms a layer with random weights,
+    per-head q/k norms, GeGLU, head_dim 32 over 4 query and 2 KV heads, scores scaled by
+    `query_pre_attn_scalar` ** -0.5 (32, head_dim, is what a GGUF file can say), embeddings
+    scaled by sqrt(hidden), tied. Not in TINY_MODELS: its tests build it themselves."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    rope = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    config = Gemma3TextConfig(**_common(head_dim=32, num_hidden_layers=7, sliding_window=GEMMA3_WINDOW,
+                                        query_pre_attn_scalar=query_pre_attn_scalar, rope_parameters=rope,
+                                        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                                        pad_token_id=0))
+    return _save(folder, config, Gemma3ForCausalLM, seed)
 
 
 TINY_MODELS: dict[str, Callable[[Path], Path]] = {

@@ -61,3 +61,19 @@ def test_identities_compare_what_kv_depends_on_but_the_tensor_parallel_layout():
     assert one.differences(dataclasses.replace(one, kv_dtype="torch.bfloat16", protocol=2)) == ("kv_dtype", "protocol")
     assert one.differences(dataclasses.replace(one, model=ModelFingerprint("w2", "a", "t"))) == ("weights",)
     assert len({one.kv_digest, dataclasses.replace(one, block_size=32).kv_digest}) == 2
+
+
+def test_the_architecture_digest_leaves_out_the_name_and_fields_at_their_defaults(embedded_gguf_path):
+    """A configuration field added later with a default changes no digest of a model that does
+    not use it (workers across such a change still pair)."""
+    import dataclasses
+
+    from pdserve.checkpoint.source import read_model_config
+    from pdserve.identity.fingerprint import _architecture
+
+    config = read_model_config(str(embedded_gguf_path))
+    digest = _architecture(config)
+    assert "name" not in digest and digest == _architecture(dataclasses.replace(config, name="another"))
+    defaults = {f.name for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING
+                and getattr(config, f.name) == f.default}
+    assert defaults and not defaults & set(digest)

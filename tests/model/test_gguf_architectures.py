@@ -1,8 +1,9 @@
-"""GGUF files of every architecture run here (llama, Mistral written as llama, qwen2, qwen3), written
-from the tiny checkpoints as llama.cpp's converter writes them (tests/helpers/tiny_gguf.py): the
-config read from the file is the folder's, greedy decoding equals transformers' on the checkpoint
-the file came from, token for token, and a quantised file equals transformers fed the same
-dequantised weights. Architectures and tensor types nothing here runs are refused at load, by name."""
+"""GGUF files of every architecture run here (llama, Mistral written as llama, qwen2, qwen3; gemma3:
+test_gemma3.py), written from the tiny checkpoints as llama.cpp's converter writes them
+(tests/helpers/tiny_gguf.py): the config read from the file is the folder's, greedy decoding
+equals transformers' on the checkpoint the file came from, token for token, and a quantised file
+equals transformers fed the same dequantised weights. Architectures and tensor types nothing here
+runs are refused at load, by name."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_the_files_vocabulary_and_chat_template_are_the_folders(tiny_model_dirs,
     assert ours.apply_chat_template(chat) == folder.apply_chat_template(chat)
 
 
-@pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "gemma3", "phi3"])  # gpt2: test_model_loading.py
+@pytest.mark.parametrize("arch", ["qwen2moe", "qwen3moe", "gemma2", "phi3"])  # gpt2: test_model_loading.py
 def test_an_architecture_not_run_here_is_refused_by_name(tmp_path, arch):
     import gguf
     import numpy as np

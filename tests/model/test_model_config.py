@@ -7,7 +7,7 @@ import pytest
 from pdserve.kv.kv_shape import KVShape
 from pdserve.checkpoint.errors import ModelLoadError, UnsupportedModelError
 from pdserve.checkpoint.hf_config import config_from_hf
-from pdserve.checkpoint.model_config import Architecture
+from pdserve.checkpoint.model_config import Activation, Architecture, NormStyle
 from pdserve.checkpoint.rope_scaling import Llama3RopeScaling, LinearRopeScaling, NoRopeScaling
 
 
@@ -74,7 +74,8 @@ def test_qwen3_normalises_q_and_k_per_head_and_has_its_own_head_dim():
     assert not config_from_hf(llama_json(architectures=["Qwen2ForCausalLM"]), name="q2").qk_norm
 
 
-@pytest.mark.parametrize("name", ["Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"])
+@pytest.mark.parametrize("name", ["Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForConditionalGeneration",
+                                  "Phi3ForCausalLM"])
 def test_an_architecture_not_run_here_is_named(name):
     with pytest.raises(UnsupportedModelError, match=f"unsupported architecture {name}; supported: "):
         config_from_hf(llama_json(architectures=[name]), name="m")
@@ -127,3 +128,49 @@ def test_embedded_gguf_metadata(smollm2):
     assert config.rms_norm_eps == pytest.approx(1e-5)
     assert config.tie_word_embeddings
     assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
+
+
+def gemma3_json(**overrides):
+    """google/gemma-3-270m's config.json as the hub has it (the older, flat rope keys)."""
+    raw = llama_json(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=640,
+                     intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                     head_dim=256, query_pre_attn_scalar=256, sliding_window=512, rope_theta=1e6,
+                     rope_local_base_freq=10000.0, rope_scaling=None, hidden_activation="gelu_pytorch_tanh",
+                     attn_logit_softcapping=None, final_logit_softcapping=None, max_position_embeddings=32768)
+    raw.update(overrides)
+    return raw
+
+
+def test_gemma3_windows_every_layer_but_each_sixth_and_ties_embeddings_by_default():
+    config = config_from_hf(gemma3_json(), name="g")
+    assert config.architecture is Architecture.GEMMA3
+    assert config.layer_windows == ((512,) * 5 + (None,)) * 3 and config.window(5) is None
+    assert [config.local_rope(i) for i in range(6)] == [True] * 5 + [False]
+    assert (config.rope_theta, config.local_rope_theta, config.rope_scaling) == (1e6, 1e4, NoRopeScaling())
+    assert config.attention_scale is None and config.embedding_scale == 640**0.5
+    assert (config.norm_style, config.activation) == (NormStyle.GEMMA, Activation.GELU_TANH)
+    assert config.tie_word_embeddings and config.max_position_embeddings == 32768 and config.sliding_window is None
+    assert config.kv_shape(16) == KVShape(num_layers=18, num_kv_heads=1, head_dim=256, block_size=16)
+
+
+def test_gemma3_layer_types_and_global_rope_scaling_in_the_current_form():
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    kinds = ["full_attention", "sliding_attention"] * 9
+    raw = gemma3_json(rope_parameters=rope, layer_types=kinds, query_pre_attn_scalar=168, final_logit_softcapping=30.0)
+    del raw["rope_theta"], raw["rope_local_base_freq"]
+    config = config_from_hf(raw, name="g")
+    assert config.layer_windows == (None, 512) * 9
+    assert (config.rope_theta, config.rope_scaling, config.local_rope_theta) == (1e6, LinearRopeScaling(8.0), 1e4)
+    assert config.attention_scale == 168**-0.5 and config.final_logit_softcap == 30.0
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"attn_logit_softcapping": 50.0}, "attention-logit softcapping"),
+    ({"use_bidirectional_attention": True}, "bidirectional attention"),
+    ({"hidden_activation": "gelu"}, "hidden activation 'gelu'"),
+    ({"layer_types": ["chunked_attention"] * 18}, "layer_types"),
+])
+def test_gemma3_variants_not_run_here_are_named(override, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        config_from_hf(gemma3_json(**override), name="g")

@@ -57,7 +57,12 @@ def test_tiny_models_match_transformers(tiny_models, name):
 @pytest.mark.timeout(900)
 def test_tiny_model_logits_close_to_transformers(tiny_models, name):
     ours, reference = tiny_models[name]
-    prompt = tiny_prompt(50, ours.config.vocab_size, seed=3)
+    assert_last_logits_close(ours, reference)
+
+
+def assert_last_logits_close(ours, reference, tokens: int = 50) -> None:
+    """A prompt's last logits, ours through the paged driver against transformers' forward."""
+    prompt = tiny_prompt(tokens, ours.config.vocab_size, seed=3)
     driver = PagedDriver(ours.model, block_size=8)
     logits = driver.step([(driver.new_sequence(prompt), len(prompt))])[0]
     with torch.inference_mode():
