@@ -351,10 +351,7 @@ class RequestFlow:
         leaving = Leaving()
         while True:
             try:
-                async with asyncio.timeout(self.config.move_check_s):
-                    event = await call.next()
-            except TimeoutError:
-                event = None
+                event = await call.next_within(self.config.move_check_s)
             except StopAsyncIteration:
                 raise WorkerFault(FaultKind.FAILED, call.address, "the decode worker ended the stream without "
                                                                   "finishing the request") from None

@@ -107,30 +107,38 @@ class RequestProtocol:
 
     request_id: str
     phase: Phase = Phase.PLACING
+    # Every step but the repeats of one: a run of TOKENS while decoding is its first step (a
+    # stream's history stays as long as its transitions, not its tokens); `counts` has them all.
     history: list[Step] = field(default_factory=list)
+    counts: dict[Signal, int] = field(default_factory=dict)
 
     def advance(self, signal: Signal, note: str = "") -> Phase:
-        nxt = TRANSITIONS.get((self.phase, signal))
+        """O(1) per call: it runs on every relayed token."""
+        phase = self.phase
+        nxt = TRANSITIONS.get((phase, signal))
         if nxt is None:
-            raise ProtocolError(f"request {self.request_id}: no transition from {self.phase.value} on {signal.value}")
-        self.history.append(Step(self.phase, signal, time.monotonic(), note))
+            raise ProtocolError(f"request {self.request_id}: no transition from {phase.value} on {signal.value}")
+        self.counts[signal] = self.counts.get(signal, 0) + 1
+        last = self.history[-1] if self.history else None
+        if last is None or nxt is not phase or last.signal is not signal or last.phase is not phase:
+            self.history.append(Step(phase, signal, time.monotonic(), note))
         self.phase = nxt
         return nxt
 
     @property
     def attempts(self) -> int:
         """Placements so far (each attempt starts with one)."""
-        return sum(1 for s in self.history if s.signal in (Signal.PLACED, Signal.PLACED_LOCAL))
+        return self.counts.get(Signal.PLACED, 0) + self.counts.get(Signal.PLACED_LOCAL, 0)
 
     @property
     def moves(self) -> int:
         """Attempts that ended by a move out of a queue, not a fault."""
-        return sum(1 for s in self.history if s.signal == Signal.MOVE)
+        return self.counts.get(Signal.MOVE, 0)
 
     @property
     def departures(self) -> int:
         """Attempts that ended because their decode worker left (not a fault either)."""
-        return sum(1 for s in self.history if s.signal == Signal.DEPART)
+        return self.counts.get(Signal.DEPART, 0)
 
     @property
     def faulted_attempts(self) -> int:

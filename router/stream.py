@@ -35,7 +35,20 @@ class Pumped:
             self.failed.set()
 
     async def next(self) -> object:
-        item = await self._queue.get()
+        return self._taken(await self._queue.get())
+
+    async def next_within(self, timeout_s: float) -> object | None:
+        """`next`, or None after `timeout_s` without an event. An event already queued is taken
+        without arming a timer (this runs for every relayed token)."""
+        if not self._queue.empty():
+            return self._taken(self._queue.get_nowait())
+        try:  # asyncio.timeout, not wait_for: wait_for can swallow a cancel (an Abort) that meets its result
+            async with asyncio.timeout(timeout_s):
+                return self._taken(await self._queue.get())
+        except TimeoutError:
+            return None
+
+    def _taken(self, item: object) -> object:
         if item is _END:
             self._queue.put_nowait(_END)
             raise StopAsyncIteration

@@ -10,7 +10,7 @@ class FakeTrace:
     def metadata(self):
         return ()
 
-    def bind(self, job):
+    def bind(self, job, operation="text_completion"):
         self.job = job
 
     def fail(self, error, code):
