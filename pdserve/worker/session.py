@@ -8,7 +8,8 @@ import enum
 import time
 from collections.abc import AsyncIterator
 
-from pdserve.worker.events import Departed, Event, Failed, Finished, FirstToken
+from pdserve.coalescing import NOTHING, merged_with_waiting
+from pdserve.worker.events import Departed, Event, Failed, Finished, FirstToken, Tokens
 
 
 class Ending(enum.Enum):
@@ -39,9 +40,15 @@ class Session:
         self.push(Failed(error))
 
     async def events(self) -> AsyncIterator[Event]:
-        """Yields until a terminal event; a Failed event raises its error instead."""
+        """Yields until a terminal event; a Failed event raises its error instead. Tokens waiting
+        when the reader comes back for more are merged into one event (pdserve/coalescing.py)."""
+        held: object = NOTHING
         while True:
-            event = await self._events.get()
+            event = await self._events.get() if held is NOTHING else held
+            if isinstance(event, Tokens):
+                event, held = merged_with_waiting(event, self._events, _joined_tokens)
+            else:
+                held = NOTHING
             if isinstance(event, Failed):
                 self.ending = Ending.FAILED
                 raise event.error
@@ -51,3 +58,11 @@ class Session:
             if self.ending is Ending.FINISHED:
                 return
 
+
+
+def _joined_tokens(first: Tokens, item: object) -> Tokens | None:
+    """Two token events as one (None: `item` is not one to join: another kind, or one that
+    carries prompt log-probabilities, which only a first token has)."""
+    if not isinstance(item, Tokens) or item.prompt_logprobs:
+        return None
+    return Tokens(first.token_ids + item.token_ids, first.logprobs + item.logprobs, first.prompt_logprobs)
