@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pdserve.validation import Limits
 from pdserve.requests import Priority
-from pdserve.checkpoint.source import read_model_config, served_name
+from pdserve.checkpoint.source import read_model_config
 from pdserve.identity import model_fingerprint
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
@@ -127,7 +127,7 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     internal = await _start_registry(pool, security, args)
     ready = (lambda: bool(pool.of_role("decode"))) if args.colocated else (lambda: pool.ready)
     sync.append(lambda: asyncio.ensure_future(server.set_serving(ready() and not drainer.draining)))
-    http = await _start_http(gateway, config, args, security, lambda: ready() and not drainer.draining)
+    http = await _start_http(gateway, config, args, security, lambda: ready() and not drainer.draining, obs)
     discoveries = _dns(pool, args)
     pool.start()
     planner = _planner(pool, clients, obs, flow.config, args)
@@ -151,13 +151,13 @@ def _planner(pool: WorkerPool, clients: GrpcWorkerClients, obs, config: FlowConf
 
 
 async def _start_http(gateway: Gateway, config, args: argparse.Namespace, security: Security,
-                      serving) -> HttpServer | None:
+                      serving, obs: Observability) -> HttpServer | None:
     if args.http_port is None:
         return None
     tokenizer = gateway.frontend.tokenizer
-    settings = HttpSettings(args.served_model_name or served_name(args.model), config.max_position_embeddings,
-                            max_body_bytes(gateway.inputs))
-    api = HttpApi(gateway, settings, lambda token: tokenizer.decode([token], skip_special_tokens=False), serving)
+    settings = HttpSettings(obs.metrics.model_name, config.max_position_embeddings, max_body_bytes(gateway.inputs))
+    api = HttpApi(gateway, settings, lambda token: tokenizer.decode([token], skip_special_tokens=False), serving,
+                  obs.metrics.exposition)
     return await start_http(api, args.host, args.http_port, security.ssl_context())
 
 

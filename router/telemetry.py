@@ -87,7 +87,6 @@ class RequestTrace:
         elif isinstance(event, Done):
             self.span.set_attributes({"pdserve.cached_tokens": event.cached_tokens,
                                       "pdserve.preemptions": event.preemptions})
-            self.metrics.add_prefix_cache_hit_tokens(event.cached_tokens)
 
     def _milestone(self, event: Milestone) -> None:
         attrs = {k: v for k, v in event.attributes.items() if v is not None}

@@ -37,6 +37,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORTS[name])
     p.add_argument("--health-port", type=int, default=None, help="extra plaintext port serving only grpc.health.v1")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here (0: any free port)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name clients call the model by: the metrics' model_name label"
+                        + (" and the HTTP API's model (/v1/models, the `model` field)" if name == "router" else "")
+                        + " (default: its folder or file name)")
+    add_switch(p, "--vllm-metric-names", "export the families vLLM's dashboards read under vLLM's names too "
+               "(vllm:time_to_first_token_seconds, vllm:num_requests_waiting, ...), beside pdserve's")
     p.add_argument("--otlp-traces-endpoint", default=None, help="OTLP endpoint for traces (else OTEL_* env)")
     p.add_argument("--drain-timeout-s", type=float,
                    default=float(os.environ.get("PDSERVE_DRAIN_TIMEOUT_S", deadlines.drain_timeout_s)))
@@ -110,9 +116,6 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
     p.add_argument("--http-port", type=int, default=None,
                    help="serve the OpenAI-compatible HTTP API here (0: any free port; default: gRPC only)")
-    p.add_argument("--served-model-name", default=None,
-                   help="the model's name in the HTTP API (/v1/models, the `model` field; "
-                        "default: its folder or file name)")
     add_limit_flags(p)
     add_local_prefill_flags(p)
     add_admission_flags(p)

@@ -46,7 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORTS["router"], help="the router's gRPC API")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the router's OpenAI-compatible HTTP API (0: any free port; -1: none)")
-    p.add_argument("--served-model-name", default=None, help="the model's name in the HTTP API")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model's name in the HTTP API and every child's metrics (model_name)")
+    p.add_argument("--vllm-metric-names", action="store_true",
+                   help="every child's /metrics under vLLM's names too (vllm:time_to_first_token_seconds, ...)")
     p.add_argument("--prefill-workers", type=int, default=1)
     p.add_argument("--decode-workers", type=int, default=1)
     p.add_argument("--mode", default="disaggregated", choices=["disaggregated", "colocated"])
@@ -83,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
-    argv = [role, "--port", "0", "--metrics-port", "0", "--drain-timeout-s", str(args.drain_timeout_s),
+    argv = [role, "--port", "0", *metrics_argv(args), "--drain-timeout-s", str(args.drain_timeout_s),
             "--cluster-token-file", str(args.cluster_token_file)]
     for flag in ENGINE_FLAGS:
         value = getattr(args, flag)
@@ -97,6 +100,14 @@ def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
         argv.append("--elastic")
     argv += ["--kv-checksums", args.kv_checksums]
     return argv
+
+
+def metrics_argv(args: argparse.Namespace) -> list[str]:
+    """Every child's: /metrics on a free port, labelled with the served name."""
+    argv = ["--metrics-port", "0"]
+    if args.served_model_name:
+        argv += ["--served-model-name", args.served_model_name]
+    return argv + (["--vllm-metric-names"] if args.vllm_metric_names else [])
 
 
 def plan_cpus(count: int) -> list[set[int] | None]:
@@ -148,7 +159,8 @@ def _internal_port(router) -> int | None:
 
 
 def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> list[str]:
-    argv = ["router", "--port", str(args.port), "--metrics-port", "0", "--prefill-workers", ",".join(addresses["prefill"]),
+    argv = ["router", "--port", str(args.port), *metrics_argv(args),
+            "--prefill-workers", ",".join(addresses["prefill"]),
             "--decode-workers", ",".join(addresses["decode"]), "--drain-timeout-s", str(args.drain_timeout_s),
             "--cluster-token-file", str(args.cluster_token_file), "--internal-port", "0"]
     if args.model:
@@ -165,8 +177,6 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
         argv += ["--api-token-file", args.api_token_file]
     if args.http_port >= 0:
         argv += ["--http-port", str(args.http_port)]
-    if args.served_model_name:
-        argv += ["--served-model-name", args.served_model_name]
     argv += local_prefill_argv(args) + admission_argv(args)
     return argv + ["--anonymous-max-priority", args.anonymous_max_priority or ("vip" if args.demo else "normal")]
 

@@ -5,12 +5,14 @@ Pure library code: no servicers, no wire types. gRPC code passes metadata as pla
 """
 
 from pdserve.telemetry.latency import Percentiles, TimelineSummary, TokenTimeline, summarize
-from pdserve.telemetry.metrics import Metrics, MetricsServer
+from pdserve.telemetry.metrics import EXPOSITION_CONTENT_TYPE, Metrics
+from pdserve.telemetry.metrics_server import MetricsServer
 from pdserve.telemetry.propagation import extract_context, inject_metadata, stream_span
 from pdserve.telemetry.tracing import NoopTracing, SdkTracing, Tracing, setup_tracing
 from pdserve.telemetry.tracing_config import OtlpProtocol, TracingConfig, resolve_tracing_config
 
 __all__ = [
+    "EXPOSITION_CONTENT_TYPE",
     "Metrics",
     "MetricsServer",
     "NoopTracing",

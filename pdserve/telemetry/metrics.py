@@ -1,38 +1,33 @@
 """Prometheus metrics of one pdserve process, on a registry the `Metrics` object owns.
 
 Every process (router, prefill, decode) builds one `Metrics`, records with plain Python values
-and serves `/metrics` with `serve(port)`. Label values: enums are labelled by their lowercase
-name (Priority.VIP -> "vip", FinishReason.STOP -> "stop", PreemptionMode.SWAP -> "swap"),
-strings as given.
+and serves `/metrics` with `serve(port)` (the router's HTTP door serves `exposition()` too).
+Label values: enums are labelled by their lowercase name (Priority.VIP -> "vip",
+FinishReason.STOP -> "stop", PreemptionMode.SWAP -> "swap"), strings as given.
+
+The families vLLM's users chart (latencies, queue time, running and waiting requests, KV usage,
+prefix cache, preemptions, tokens, finished requests) carry `model_name`: the name the model is
+served by. With `vllm_names` they are exported under vLLM's names as well (vllm_names.py).
 """
 
 from __future__ import annotations
 
 import enum
-import threading
-from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.registry import Collector
 
+from pdserve.telemetry.buckets import LATENCY_BUCKETS, RATIO_BUCKETS, TOKEN_LATENCY_BUCKETS, TRANSFER_BUCKETS
 from pdserve.telemetry.latency import TokenTimeline
+from pdserve.telemetry.metrics_server import MetricsServer, serve_metrics
+from pdserve.telemetry.vllm_names import VllmNames
 
-LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
-    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-)  # seconds: TTFT, end-to-end, queue time
-TOKEN_LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
-)  # seconds between tokens of one stream
-TRANSFER_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)  # seconds per KV transfer
-RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)  # measured / predicted
+EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what `exposition()` is: Prometheus text 0.0.4
 KV_BLOCK_STATES = ("free", "active", "cached", "swapped", "held", "reserved", "quarantined")
 # held, reserved and quarantined are active blocks under a lease: a KV send reads them, a prefill
 # worker writes them, a withdrawn receive may still write them
+MODEL = ("model_name",)
 
 Label = enum.Enum | str
 
@@ -41,51 +36,48 @@ def label(value: Label) -> str:
     return value.name.lower() if isinstance(value, enum.Enum) else value
 
 
-@dataclass(frozen=True)
-class MetricsServer:
-    """A running `/metrics` HTTP endpoint; `port` is the bound one (useful with port 0)."""
-
-    host: str
-    port: int
-    _server: WSGIServer
-    _thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5.0)
-
-
 class Metrics:
-    """The metric set every pdserve process exports (a role leaves unused ones at zero)."""
+    """The metric set every pdserve process exports (a role leaves unused ones at zero).
 
-    def __init__(self) -> None:
+    NOTE: the engine's gauges (running, waiting, KV usage) appear at a worker's first update: a
+    router exports none of them, so an average over pods counts workers only.
+    """
+
+    def __init__(self, model_name: str = "", vllm_names: bool = False) -> None:
+        self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         self._histograms()
         self._counters()
         self._gauges()
+        for family in (self.ttft, self.itl, self.e2e, self.prefix_cache_hit_tokens, self.prefix_cache_query_tokens,
+                       self.prompt_tokens, self.generation_tokens):
+            family.labels(model_name)  # at zero from the start
+        if vllm_names:
+            self.registry.register(VllmNames(self.model_families()))
+
+    def model_families(self) -> tuple[Collector, ...]:
+        """The metrics labelled by `model_name` (vLLM's names copy these)."""
+        return (self.ttft, self.itl, self.e2e, self.queue_time, self.requests, self.preemptions,
+                self.prefix_cache_hit_tokens, self.prefix_cache_query_tokens, self.prompt_tokens,
+                self.generation_tokens, self.running, self.waiting, self.kv_cache_usage)
 
     def _histograms(self) -> None:
         r = self.registry
         self.ttft = Histogram(
             "pdserve_time_to_first_token_seconds", "Arrival to first generated token.",
-            buckets=LATENCY_BUCKETS, registry=r,
+            MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )
         self.itl = Histogram(
             "pdserve_inter_token_latency_seconds", "Gap between consecutive token deliveries.",
-            buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+            MODEL, buckets=TOKEN_LATENCY_BUCKETS, registry=r,
         )
         self.e2e = Histogram(
             "pdserve_e2e_request_latency_seconds", "Arrival to the last token.",
-            buckets=LATENCY_BUCKETS, registry=r,
+            MODEL, buckets=LATENCY_BUCKETS, registry=r,
         )
         self.queue_time = Histogram(
             "pdserve_request_queue_time_seconds", "Arrival to first admission by the scheduler.",
-            ["priority"], buckets=LATENCY_BUCKETS, registry=r,
+            [*MODEL, "priority"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.kv_transfer = Histogram(
             "pdserve_kv_transfer_seconds", "Duration of one request's KV transfer.",
@@ -105,11 +97,11 @@ class Metrics:
     def _counters(self) -> None:
         r = self.registry
         self.requests = Counter(
-            "pdserve_requests_total", "Finished requests.", ["priority", "finish_reason"],
+            "pdserve_requests_total", "Finished requests.", [*MODEL, "priority", "finish_reason"],
             registry=r,
         )
         self.preemptions = Counter(
-            "pdserve_preemptions_total", "Preemptions by recovery mode.", ["mode"], registry=r,
+            "pdserve_preemptions_total", "Preemptions by recovery mode.", [*MODEL, "mode"], registry=r,
         )
         self.kv_transfer_bytes = Counter(
             "pdserve_kv_transfer_bytes_total", "KV bytes moved between workers.", registry=r,
@@ -125,14 +117,18 @@ class Metrics:
             registry=r,
         )
         self.prefix_cache_hit_tokens = Counter(
-            "pdserve_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.",
-            registry=r,
+            "pdserve_prefix_cache_hit_tokens_total", "Prompt tokens a worker's prefix cache held, of its finished "
+            "requests.", MODEL, registry=r,
+        )
+        self.prefix_cache_query_tokens = Counter(
+            "pdserve_prefix_cache_query_tokens_total", "Prompt tokens a worker looked up in its prefix cache, of "
+            "its finished requests (hit rate: hit over query tokens).", MODEL, registry=r,
         )
         self.prompt_tokens = Counter(
-            "pdserve_prompt_tokens_total", "Prompt tokens of admitted requests.", registry=r,
+            "pdserve_prompt_tokens_total", "Prompt tokens of finished requests.", MODEL, registry=r,
         )
         self.generation_tokens = Counter(
-            "pdserve_generation_tokens_total", "Generated tokens.", registry=r,
+            "pdserve_generation_tokens_total", "Generated tokens.", MODEL, registry=r,
         )
         self.tenant_requests = Counter(
             "pdserve_tenant_requests_total", "Finished requests by tenant (names come from the tenants file).",
@@ -185,11 +181,14 @@ class Metrics:
             "pdserve_kv_blocks", "KV cache blocks by state.", ["state"], registry=r,
         )
         self.running = Gauge(
-            "pdserve_requests_running", "Requests holding device KV blocks.", registry=r,
+            "pdserve_requests_running", "Requests holding device KV blocks.", MODEL, registry=r,
         )
         self.waiting = Gauge(
-            "pdserve_requests_waiting", "Requests waiting for admission (incl. swapped).",
-            registry=r,
+            "pdserve_requests_waiting", "Requests waiting for admission (incl. swapped).", MODEL, registry=r,
+        )
+        self.kv_cache_usage = Gauge(
+            "pdserve_kv_cache_usage_ratio", "Fraction of the device KV blocks in use (active over all; "
+            "blocks only the prefix cache keeps count as free).", MODEL, registry=r,
         )
         self.leases = Gauge(
             "pdserve_leases", "Leases a worker holds for other processes, by kind.", ["lease"], registry=r,
@@ -198,16 +197,16 @@ class Metrics:
             self.kv_blocks.labels(state=state).set(0)
 
     def observe_ttft(self, seconds: float) -> None:
-        self.ttft.observe(seconds)
+        self.ttft.labels(self.model_name).observe(seconds)
 
     def observe_inter_token(self, seconds: float) -> None:
-        self.itl.observe(seconds)
+        self.itl.labels(self.model_name).observe(seconds)
 
     def observe_e2e(self, seconds: float) -> None:
-        self.e2e.observe(seconds)
+        self.e2e.labels(self.model_name).observe(seconds)
 
     def observe_queue_time(self, seconds: float, priority: Label) -> None:
-        self.queue_time.labels(priority=label(priority)).observe(seconds)
+        self.queue_time.labels(self.model_name, label(priority)).observe(seconds)
 
     def observe_timeline(self, timeline: TokenTimeline) -> None:
         """TTFT, every inter-token gap and (when finished) end-to-end time of one request."""
@@ -230,7 +229,7 @@ class Metrics:
             self.kv_peer_unreachable.labels(peer=peer).inc()
 
     def count_request(self, priority: Label, finish_reason: Label) -> None:
-        self.requests.labels(priority=label(priority), finish_reason=label(finish_reason)).inc()
+        self.requests.labels(self.model_name, label(priority), label(finish_reason)).inc()
 
     def count_tenant_request(self, tenant: str, finish_reason: Label) -> None:
         self.tenant_requests.labels(tenant=tenant, finish_reason=label(finish_reason)).inc()
@@ -263,21 +262,26 @@ class Metrics:
         self.planner_changes.labels(from_role=from_role, to_role=to_role, reason=reason).inc()
 
     def count_preemption(self, mode: Label, n: int = 1) -> None:
-        self.preemptions.labels(mode=label(mode)).inc(n)
+        self.preemptions.labels(self.model_name, label(mode)).inc(n)
 
     def add_prompt_tokens(self, n: int) -> None:
-        self.prompt_tokens.inc(n)
+        self.prompt_tokens.labels(self.model_name).inc(n)
 
     def add_generation_tokens(self, n: int) -> None:
-        self.generation_tokens.inc(n)
+        self.generation_tokens.labels(self.model_name).inc(n)
 
-    def add_prefix_cache_hit_tokens(self, n: int) -> None:
-        self.prefix_cache_hit_tokens.inc(n)
+    def count_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        """One finished request's prompt looked up in this worker's prefix cache."""
+        self.prefix_cache_query_tokens.labels(self.model_name).inc(queried_tokens)
+        self.prefix_cache_hit_tokens.labels(self.model_name).inc(hit_tokens)
 
     def set_kv_blocks(self, *, free: int, active: int, cached: int, swapped: int, held: int = 0,
                       reserved: int = 0, quarantined: int = 0) -> None:
+        """Device blocks by state (free + active + cached: all of them) and host blocks (swapped)."""
         for state, count in zip(KV_BLOCK_STATES, (free, active, cached, swapped, held, reserved, quarantined)):
             self.kv_blocks.labels(state=state).set(count)
+        total = free + active + cached
+        self.kv_cache_usage.labels(self.model_name).set(active / total if total else 0.0)
 
     def count_lease_end(self, lease: Label, reason: Label) -> None:
         self.lease_ends.labels(lease=label(lease), reason=label(reason)).inc()
@@ -286,8 +290,8 @@ class Metrics:
         self.leases.labels(lease=label(lease)).set(count)
 
     def set_queue_sizes(self, *, running: int, waiting: int) -> None:
-        self.running.set(running)
-        self.waiting.set(waiting)
+        self.running.labels(self.model_name).set(running)
+        self.waiting.labels(self.model_name).set(waiting)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format, as served on /metrics."""
@@ -295,5 +299,4 @@ class Metrics:
 
     def serve(self, port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
         """Serve /metrics from a daemon thread; port 0 picks a free port."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
-        return MetricsServer(host=host, port=server.server_address[1], _server=server, _thread=thread)
+        return serve_metrics(self.registry, port, host)

@@ -1,4 +1,5 @@
-"""Keeps a worker's gauges current and counts its preemptions, from engine steps and stats."""
+"""Keeps a worker's gauges current (KV blocks and usage, running and waiting requests, leases) and
+counts its preemptions and prefix-cache lookups, from engine steps and stats."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class MetricsFeed:
             self.metrics.count_preemption(preemption.mode.value)
         for out in result.outputs:
             if out.finished:
-                self.metrics.add_prefix_cache_hit_tokens(out.request.num_cached_tokens)
+                self.metrics.count_prefix_cache(out.request.num_prompt_tokens, out.request.num_cached_tokens)
 
     async def refresh(self) -> None:
         stats = self.engine.stats

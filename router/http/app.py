@@ -4,6 +4,7 @@ gateway as the gRPC door.
     POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
     GET  /v1/models             GET  /health
     POST /tokenize              POST /detokenize         GET /version   (router/http/tokens.py)
+    GET  /metrics               the router's Prometheus metrics (as on --metrics-port), as vLLM serves them
 
 A client that disconnects cancels its handler (aiohttp's handler cancellation), which cancels
 the request in the flow and frees its blocks, as a cancelled gRPC call does.
@@ -21,6 +22,7 @@ from aiohttp import web
 from aiohttp_sse import sse_response
 
 from pdserve.errors import InvalidRequestError
+from pdserve.telemetry import EXPOSITION_CONTENT_TYPE
 from router.asks import Output, TextPrompt
 from router.gateway import Gateway
 from router.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
@@ -48,11 +50,13 @@ class HttpSettings:
 
 class HttpApi:
     def __init__(self, gateway: Gateway, settings: HttpSettings, token_text: Callable[[int], str],
-                 serving: Callable[[], bool]):
+                 serving: Callable[[], bool], exposition: Callable[[], bytes]):
+        """`exposition`: the router's metrics in Prometheus text format (Metrics.exposition)."""
         self.gateway = gateway
         self.settings = settings
         self.token_text = token_text
         self.serving = serving
+        self.exposition = exposition
         self.tokens = TokenRoutes(gateway.frontend, settings.model, settings.max_context)
 
     def application(self) -> web.Application:
@@ -61,8 +65,11 @@ class HttpApi:
                         web.post("/v1/completions", self.completions),
                         web.get("/v1/models", self.models), web.get("/health", self.health),
                         web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize),
-                        web.get("/version", self.version)])
+                        web.get("/version", self.version), web.get("/metrics", self.metrics)])
         return app
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.exposition(), headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdserve.checkpoint.source import served_name
 from pdserve.cli.supervisor import Supervisor
 from pdserve.client import Client, ClientOptions
 from pdserve.config import CacheConfig
@@ -168,10 +169,11 @@ def test_metrics_count_requests_and_blocks_return_to_zero(traced):
     for i in range(3):
         traced["client"].generate(f"Question {i}: what is", max_tokens=4, **GREEDY)
     router = _metrics(children["router"].metrics_port)
-    assert router["pdserve_time_to_first_token_seconds_count[]"] - before.get(
-        "pdserve_time_to_first_token_seconds_count[]", 0) == 3
+    model = str([("model_name", served_name(None))])  # the label of the families vLLM's users chart
+    assert router[f"pdserve_time_to_first_token_seconds_count{model}"] - before.get(
+        f"pdserve_time_to_first_token_seconds_count{model}", 0) == 3
     assert router[ratio] - before.get(ratio, 0) == 3  # the prediction's error, exported per request
-    assert router["pdserve_e2e_request_latency_seconds_count[]"] >= 3
+    assert router[f"pdserve_e2e_request_latency_seconds_count{model}"] >= 3
     for name in ("prefill", "decode"):
         port = children[name].metrics_port
         wait_until(lambda: _metrics(port)["pdserve_kv_blocks[('state', 'active')]"] == 0, 30,

@@ -291,6 +291,24 @@ def test_version_names_the_package_version(service):
         assert json.loads(answer.read())["version"]
 
 
+def test_metrics_on_the_http_port_carry_the_served_model_name(service, client, model):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.completions.create(model=model, prompt="Metrics, please:", max_tokens=2, temperature=0)
+    with urllib.request.urlopen(f"{service['http']}/metrics", timeout=10) as answer:
+        assert answer.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        families = {f.name: f for f in text_string_to_metric_families(answer.read().decode())}
+    for name in ("pdserve_time_to_first_token_seconds", "pdserve_e2e_request_latency_seconds",
+                 "pdserve_request_queue_time_seconds", "pdserve_requests", "pdserve_prompt_tokens",
+                 "pdserve_generation_tokens"):
+        assert {s.labels.get("model_name") for s in families[name].samples} == {model}, name
+    finished = [s.value for s in families["pdserve_requests"].samples if s.name == "pdserve_requests_total"]
+    assert sum(finished) >= 1
+    assert not families["pdserve_requests_waiting"].samples  # a worker's gauge: not the router's
+
+
 def test_a_list_of_prompts_gives_a_choice_per_prompt_and_sample_whole_and_streamed(client, model):
     prompts = ["The capital of Italy is", "Two plus two is"]
     alone = [client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0) for p in prompts]

@@ -19,10 +19,12 @@ COUNTERS = (
     "pdserve_preemptions_total",
     "pdserve_kv_transfer_bytes_total",
     "pdserve_prefix_cache_hit_tokens_total",
+    "pdserve_prefix_cache_query_tokens_total",
     "pdserve_prompt_tokens_total",
     "pdserve_generation_tokens_total",
 )
-GAUGES = ("pdserve_kv_blocks", "pdserve_requests_running", "pdserve_requests_waiting")
+GAUGES = ("pdserve_kv_blocks", "pdserve_requests_running", "pdserve_requests_waiting", "pdserve_kv_cache_usage_ratio")
+M = ("model_name", "m")  # the label of the families vLLM's users chart, as these tests name the model
 
 
 def _samples(text):
@@ -49,13 +51,13 @@ def _exercise(metrics):
     metrics.count_preemption("recompute", n=2)
     metrics.add_prompt_tokens(37)
     metrics.add_generation_tokens(8)
-    metrics.add_prefix_cache_hit_tokens(32)
+    metrics.count_prefix_cache(40, 32)
     metrics.set_kv_blocks(free=10, active=5, cached=3, swapped=2)
     metrics.set_queue_sizes(running=4, waiting=6)
 
 
 def test_exposition_has_every_name_with_its_type():
-    metrics = Metrics()
+    metrics = Metrics("m")
     _exercise(metrics)
     text = metrics.exposition().decode()
     families = _families(text)
@@ -69,22 +71,24 @@ def test_exposition_has_every_name_with_its_type():
 
 
 def test_recorded_values_and_labels():
-    metrics = Metrics()
+    metrics = Metrics("m")
     _exercise(metrics)
     samples = _samples(metrics.exposition().decode())
-    assert samples[("pdserve_requests_total", (("finish_reason", "length"), ("priority", "batch")))] == 1
-    assert samples[("pdserve_requests_total", (("finish_reason", "stop"), ("priority", "vip")))] == 1
-    assert samples[("pdserve_preemptions_total", (("mode", "swap"),))] == 1
-    assert samples[("pdserve_preemptions_total", (("mode", "recompute"),))] == 2
+    assert samples[("pdserve_requests_total", (("finish_reason", "length"), M, ("priority", "batch")))] == 1
+    assert samples[("pdserve_requests_total", (("finish_reason", "stop"), M, ("priority", "vip")))] == 1
+    assert samples[("pdserve_preemptions_total", (("mode", "swap"), M))] == 1
+    assert samples[("pdserve_preemptions_total", (("mode", "recompute"), M))] == 2
     assert samples[("pdserve_kv_transfer_bytes_total", ())] == 1 << 20
-    assert samples[("pdserve_prefix_cache_hit_tokens_total", ())] == 32
-    assert samples[("pdserve_request_queue_time_seconds_count", (("priority", "vip"),))] == 1
-    assert samples[("pdserve_time_to_first_token_seconds_sum", ())] == pytest.approx(0.2)
-    assert samples[("pdserve_time_to_first_token_seconds_bucket", (("le", "0.3"),))] == 1
-    assert samples[("pdserve_time_to_first_token_seconds_bucket", (("le", "0.15"),))] == 0
+    assert samples[("pdserve_prefix_cache_hit_tokens_total", (M,))] == 32
+    assert samples[("pdserve_prefix_cache_query_tokens_total", (M,))] == 40
+    assert samples[("pdserve_request_queue_time_seconds_count", (M, ("priority", "vip")))] == 1
+    assert samples[("pdserve_time_to_first_token_seconds_sum", (M,))] == pytest.approx(0.2)
+    assert samples[("pdserve_time_to_first_token_seconds_bucket", (("le", "0.3"), M))] == 1
+    assert samples[("pdserve_time_to_first_token_seconds_bucket", (("le", "0.15"), M))] == 0
     for state, count in (("free", 10), ("active", 5), ("cached", 3), ("swapped", 2)):
         assert samples[("pdserve_kv_blocks", (("state", state),))] == count
-    assert samples[("pdserve_requests_waiting", ())] == 6
+    assert samples[("pdserve_requests_waiting", (M,))] == 6
+    assert samples[("pdserve_kv_cache_usage_ratio", (M,))] == pytest.approx(5 / 18)
 
 
 def test_kv_block_states_are_exported_before_the_first_update():
@@ -104,29 +108,29 @@ def test_buckets_span_milliseconds_to_minutes():
 
 
 def test_observe_timeline_feeds_three_histograms():
-    metrics = Metrics()
+    metrics = Metrics("m")
     timeline = TokenTimeline(arrival=10.0)
     for now in (10.5, 10.52, 10.56):
         timeline.record(now)
     timeline.finish(10.6)
     metrics.observe_timeline(timeline)
     samples = _samples(metrics.exposition().decode())
-    assert samples[("pdserve_time_to_first_token_seconds_sum", ())] == pytest.approx(0.5)
-    assert samples[("pdserve_inter_token_latency_seconds_count", ())] == 2
-    assert samples[("pdserve_inter_token_latency_seconds_sum", ())] == pytest.approx(0.06)
-    assert samples[("pdserve_e2e_request_latency_seconds_sum", ())] == pytest.approx(0.6)
+    assert samples[("pdserve_time_to_first_token_seconds_sum", (M,))] == pytest.approx(0.5)
+    assert samples[("pdserve_inter_token_latency_seconds_count", (M,))] == 2
+    assert samples[("pdserve_inter_token_latency_seconds_sum", (M,))] == pytest.approx(0.06)
+    assert samples[("pdserve_e2e_request_latency_seconds_sum", (M,))] == pytest.approx(0.6)
 
 
 def test_registries_are_private():
-    first, second = Metrics(), Metrics()
+    first, second = Metrics("m"), Metrics("m")
     first.add_prompt_tokens(5)
-    assert _samples(second.exposition().decode())[("pdserve_prompt_tokens_total", ())] == 0
+    assert _samples(second.exposition().decode())[("pdserve_prompt_tokens_total", (M,))] == 0
     assert REGISTRY.get_sample_value("pdserve_prompt_tokens_total") is None
 
 
 @pytest.mark.timeout(30)
 def test_serve_on_a_free_port_then_stop():
-    metrics = Metrics()
+    metrics = Metrics("m")
     metrics.add_generation_tokens(3)
     server = metrics.serve(0)
     try:
@@ -136,6 +140,6 @@ def test_serve_on_a_free_port_then_stop():
             text = reply.read().decode()
     finally:
         server.stop()
-    assert _samples(text)[("pdserve_generation_tokens_total", ())] == 3
+    assert _samples(text)[("pdserve_generation_tokens_total", (M,))] == 3
     with pytest.raises(OSError):
         urllib.request.urlopen(server.url, timeout=2)
