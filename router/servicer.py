@@ -22,6 +22,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context):
         generation = await self.gateway.admit(context.invocation_metadata(), WireAsk(request), context.time_remaining())
+        if traceparent := generation.trace.metadata():  # W3C trace context out: the request's root span
+            await context.send_initial_metadata(traceparent)
         async for output in self.gateway.stream(generation):
             yield response_to_pb(generation.request_id, output)
 

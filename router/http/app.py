@@ -118,16 +118,17 @@ class HttpApi:
                       samples_per_prompt=openai.ask.count.n)
         outputs = self.gateway.stream(generation) if len(generations) == 1 else \
             merged(self.gateway, generations, openai.ask.count.n)
+        traced = dict(generation.trace.metadata())  # W3C trace context out: the request's root span
         if openai.stream:
-            return await self._stream(request, outputs, reply, openai.include_usage)
+            return await self._stream(request, outputs, reply, openai.include_usage, traced)
         try:
             whole = [output async for output in outputs]
         except Exception as exc:
             return error_response(exc)
-        return web.json_response(reply.whole(whole))
+        return web.json_response(reply.whole(whole), headers=traced)
 
     async def _stream(self, request: web.Request, outputs: AsyncIterator[Output], reply: Reply,
-                      include_usage: bool) -> web.StreamResponse:
+                      include_usage: bool, headers: dict[str, str]) -> web.StreamResponse:
         """The headers go out with the first output: a request refused or failed before it (an
         admission's 429 with Retry-After) is answered with its status, as a whole response is."""
         try:
@@ -137,7 +138,7 @@ class HttpApi:
                 first_output = None
             except Exception as exc:
                 return error_response(exc)
-            async with sse_response(request, allow_all_methods=True) as events:  # POST, as OpenAI streams
+            async with sse_response(request, allow_all_methods=True, headers=headers) as events:  # POST, as OpenAI streams
                 try:
                     if first_output is not None:
                         await events.send(json.dumps(reply.chunk(first_output)))

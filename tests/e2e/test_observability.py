@@ -70,11 +70,12 @@ def traced(collector):
         prefill = sup.spawn("prefill", ["prefill", *common, *engine, "--kv-blocks", "128"])
         d, p = sup.wait_ready(decode, 240), sup.wait_ready(prefill, 240)
         router = sup.spawn("router", ["router", *common, "--prefill-workers", f"127.0.0.1:{p}",
-                                      "--decode-workers", f"127.0.0.1:{d}"])
+                                      "--decode-workers", f"127.0.0.1:{d}", "--http-port", "0"])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
         wait_serving(target, 60)
         with Client(target, ClientOptions(timeout_s=300)) as client:
-            yield {"client": client, "receiver": receiver, "children": {c.name: c for c in sup.children}}
+            yield {"client": client, "receiver": receiver, "children": {c.name: c for c in sup.children},
+                   "target": target, "http": f"http://127.0.0.1:{router.http_port}"}
     finally:
         sup.stop()
 
@@ -179,3 +180,31 @@ def test_metrics_count_requests_and_blocks_return_to_zero(traced):
         wait_until(lambda: _metrics(port)["pdserve_kv_blocks[('state', 'active')]"] == 0, 30,
                    f"the {name} worker's active KV blocks back to 0")
     assert _metrics(children["prefill"].metrics_port)["pdserve_kv_transfer_bytes_total[]"] > 0
+
+
+def test_both_doors_answer_with_the_trace_context_of_the_requests_root_span(traced):
+    """W3C trace context in and out: a caller's traceparent comes back with its trace id and the
+    router's root span (the parent of everything the request did)."""
+    import json
+    import urllib.request
+
+    import grpc
+
+    from pdserve.v1 import generation_pb2 as pb
+    from pdserve.v1 import generation_pb2_grpc
+
+    sent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    with grpc.insecure_channel(traced["target"]) as channel:
+        call = generation_pb2_grpc.GenerationStub(channel).Generate(
+            pb.GenerateRequest(text="Hello", sampling=pb.SamplingParams(max_tokens=2)), metadata=[("traceparent", sent)],
+            timeout=120)
+        list(call)
+        grpc_back = dict(call.initial_metadata())["traceparent"]
+    request = urllib.request.Request(f"{traced['http']}/v1/completions", method="POST",
+                                     data=json.dumps({"prompt": "Hello", "max_tokens": 2}).encode(),
+                                     headers={"content-type": "application/json", "traceparent": sent})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        http_back = answer.headers["traceparent"]
+    for back in (grpc_back, http_back):
+        version, trace_id, span_id, _ = back.split("-")
+        assert (version, trace_id) == ("00", CLIENT_TRACE) and span_id != CLIENT_SPAN
