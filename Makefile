@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test protos grpcurl bench clean
+.PHONY: install run test protos grpcurl bench bench-aiperf clean
 
 install: $(STAMP) protos grpcurl
 
@@ -52,5 +52,10 @@ test: install
 bench: install
 	$(PY) benchmarks/run_all.py
 
+# NVIDIA's AIPerf (pinned, in .venv-aiperf) against `pdserve up`'s OpenAI door: chat, goodput,
+# cancellations, multi-turn; then `pdserve bench` on the same fleet (benchmarks/aiperf.py).
+bench-aiperf: install
+	$(PY) benchmarks/aiperf.py
+
 clean:
-	rm -rf $(VENV) pdserve/v1 build *.egg-info
+	rm -rf $(VENV) .venv-aiperf pdserve/v1 build *.egg-info
