@@ -8,6 +8,7 @@ instead of a growing queue. Used on both hops: a decode worker's stream to the r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,6 +26,15 @@ def merged_with_waiting(first: T, queue: asyncio.Queue, merge: Callable[[T, obje
             return first, item
         first = joined
     return first, NOTHING
+
+
+def joined_tokens(first: T, item: object) -> T | None:
+    """Two token events of one kind (fields token_ids, logprobs, prompt_logprobs) as one; None for
+    an item of another kind, or one with prompt log-probabilities (only a first token has them)."""
+    if type(item) is not type(first) or item.prompt_logprobs:
+        return None
+    return dataclasses.replace(first, token_ids=first.token_ids + item.token_ids,
+                               logprobs=first.logprobs + item.logprobs)
 
 
 class _Nothing:

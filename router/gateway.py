@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from pdserve.coalescing import NOTHING, merged_with_waiting
+from pdserve.coalescing import NOTHING, joined_tokens, merged_with_waiting
 from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.text_stream import TextStream
 from pdserve.requests import FinishReason
@@ -196,7 +196,7 @@ class Gateway:
             event = await events.get() if held is NOTHING else held
             held = NOTHING
             if isinstance(event, NewTokens):  # tokens waiting when the client comes back: one output
-                event, held = merged_with_waiting(event, events, _joined_tokens)
+                event, held = merged_with_waiting(event, events, joined_tokens)
             if isinstance(event, BaseException):
                 if not isinstance(event, asyncio.CancelledError):
                     raise event
@@ -254,13 +254,6 @@ class Gateway:
             for rank, i in enumerate(best({i: _logprob(o) for i, o in kept.items()}, count.n)):
                 for output in kept[i]:
                     yield _without_logprobs(dataclasses.replace(output, index=rank), generation.logprobs)
-
-
-def _joined_tokens(first: NewTokens, item: object) -> NewTokens | None:
-    """Two token events as one (None: `item` is another kind, or carries prompt log-probabilities)."""
-    if not isinstance(item, NewTokens) or item.prompt_logprobs:
-        return None
-    return NewTokens(first.token_ids + item.token_ids, first.logprobs + item.logprobs, first.prompt_logprobs)
 
 
 def _output_of(job: Job, event, text: TextStream, completion: int, index: int = 0) -> Output | None:

@@ -40,9 +40,6 @@ class TestHost:
         """The prefix that runs a command on this host."""
         return ["ip", "netns", "exec", self.name]
 
-    def run(self, *argv: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.launcher(), *argv], capture_output=True, text=True, timeout=timeout_s)
-
 
 @dataclass
 class HostNetwork:

@@ -294,7 +294,7 @@ class _Peer:
 
     label: str
     path: PeerPath
-    worker: UcxWorker | None  # None while it is being connected
+    worker: UcxWorker
     proven: bool = False
 
     @property
@@ -402,10 +402,11 @@ class UcxSender(KVSender):
             connecting = self._connecting[peer_address] = asyncio.get_running_loop().create_future()
             _, ucx_address = split_address(peer_address)
             made = _off_loop(NativeWorker.connected, self._config.options_for(path.path), ucx_address)
-            made.add_done_callback(lambda m: self._made(peer_address, _Peer(label, path, None), m, connecting))
+            made.add_done_callback(lambda m: self._made(peer_address, label, path, m, connecting))
         return connecting
 
-    def _made(self, peer_address: bytes, peer: _Peer, made: asyncio.Future, connecting: asyncio.Future) -> None:
+    def _made(self, peer_address: bytes, label: str, path: PeerPath, made: asyncio.Future,
+              connecting: asyncio.Future) -> None:
         self._connecting.pop(peer_address, None)
         error = made.exception()
         if error is None and self._closed:
@@ -415,8 +416,7 @@ class UcxSender(KVSender):
             connecting.set_exception(error)
             connecting.exception()  # retrieved: nobody may be waiting any more
             return
-        peer.worker = self._config.adopt(made.result())
-        self._peers[peer_address] = peer
+        peer = self._peers[peer_address] = _Peer(label, path, self._config.adopt(made.result()))
         self.paths[peer.label] = peer.path
         self._tell(peer.label, peer.path, reached=True)
         log.info("KV to peer %s: %s", peer.label, peer.path)

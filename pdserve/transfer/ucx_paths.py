@@ -79,7 +79,7 @@ def context_options(path: Path, options: Mapping[str, str], environ: Mapping[str
     """The UCX context options for `path`: the configured ones, plus the path's exclusions unless
     the operator chose the transports (a TLS option, or UCX_TLS in the environment)."""
     chosen = dict(options)
-    if "TLS" in chosen or "UCX_TLS" in environ or not _EXCLUDED[path]:
+    if fixed_transports(options, environ) is not None or not _EXCLUDED[path]:
         return chosen
     return {**chosen, "TLS": "^" + _EXCLUDED[path]}
 

@@ -219,14 +219,6 @@ class UcxWorker:
     def address(self) -> bytes:
         return bytes(self._worker.address.tobytes())
 
-    def connect(self, address: bytes) -> Endpoint:
-        """An endpoint to the worker at `address`; TransferError for one UCX could not unpack.
-        UCX may block here while the peer's host is resolved (seconds, with no route to it):
-        `NativeWorker.connected` does it off the loop."""
-        endpoint = Endpoint(_connect(self._lib, self._worker, address))
-        self._endpoints.append(endpoint)
-        return endpoint
-
     def endpoint(self) -> Endpoint:
         """The endpoint the worker was opened with (`NativeWorker.connected`)."""
         return self._endpoints[0]

@@ -8,7 +8,7 @@ import enum
 import time
 from collections.abc import AsyncIterator
 
-from pdserve.coalescing import NOTHING, merged_with_waiting
+from pdserve.coalescing import NOTHING, joined_tokens, merged_with_waiting
 from pdserve.worker.events import Departed, Event, Failed, Finished, FirstToken, Tokens
 
 
@@ -46,7 +46,7 @@ class Session:
         while True:
             event = await self._events.get() if held is NOTHING else held
             if isinstance(event, Tokens):
-                event, held = merged_with_waiting(event, self._events, _joined_tokens)
+                event, held = merged_with_waiting(event, self._events, joined_tokens)
             else:
                 held = NOTHING
             if isinstance(event, Failed):
@@ -59,10 +59,3 @@ class Session:
                 return
 
 
-
-def _joined_tokens(first: Tokens, item: object) -> Tokens | None:
-    """Two token events as one (None: `item` is not one to join: another kind, or one that
-    carries prompt log-probabilities, which only a first token has)."""
-    if not isinstance(item, Tokens) or item.prompt_logprobs:
-        return None
-    return Tokens(first.token_ids + item.token_ids, first.logprobs + item.logprobs, first.prompt_logprobs)
