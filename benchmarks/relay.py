@@ -19,7 +19,7 @@ part); clients in a process of their own (pdserve/bench/relay_clients.py) keep N
 
     .venv/bin/python benchmarks/relay.py [--quick] [--doors grpc,http] [--streams 64,256]
         [--rates 1000,3000,10000,30000,100000] [--tokens 200] [--warmup 2] [--measure 6]
-        [--stream-interval N] [--insecure] [--json PATH]
+        [--stream-interval N|Tms] [--insecure] [--json PATH]
 """
 
 from __future__ import annotations
@@ -163,8 +163,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200, help="per stream")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds before the window")
     p.add_argument("--measure", type=float, default=6.0, help="seconds of the window")
-    p.add_argument("--stream-interval", type=int, default=None,
-                   help="the router's --stream-interval (tokens per message); skipped where it has none")
+    p.add_argument("--stream-interval", default=None,
+                   help="the router's --stream-interval: tokens per message (4) or milliseconds (20ms); skipped "
+                        "where it has none")
     p.add_argument("--insecure", action="store_true", help="the router without a cluster token")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args()

@@ -99,9 +99,10 @@ class Departures:
         assert self.sender is not None and self.peer is not None
         detached, lease = departure.detached, departure.lease
         try:
-            check_target(target, self.sender, self.block_size, self.block_nbytes, detached.kv_tokens)
+            check_target(target, self.sender, self.block_size, self.block_nbytes, detached.kv_tokens,
+                         self.engine.engine.kv.groups.count)
             lease.renew(2 * departure.keep_s)  # the send's own deadlines end it first
-            cached, blocks = target.cached_blocks, detached.hold.blocks
+            cached, blocks = target.cached_blocks * self.engine.engine.kv.groups.count, detached.hold.blocks
             started = time.perf_counter()
             piece = Piece(target.transfer_id, 0, cached, blocks[cached:], departure.keep_s, target.secret,
                           len(self.sender.ports))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdserve.errors import ChecksumMismatch, InvalidRequestError
+from pdserve.kv.page_groups import NULL_PAGE
 from pdserve.transfer import CancelResult, TransferError, settled_all
 from pdserve.transfer.checksum import NONE
 from pdserve.worker.leases import Lease
@@ -48,7 +49,7 @@ class Intake:
     secret: bytes = field(repr=False)
     pieces: dict[int, asyncio.Task] = field(default_factory=dict)
     announced: set[int] = field(default_factory=set)  # indexes into block_ids of announced pieces
-    cached_blocks: int = 0
+    cached_blocks: int = 0  # leading entries of block_ids (G a block, pdserve/kv/page_groups.py) held already
     landed: dict[int, tuple[int, ...]] = field(default_factory=dict)  # seq -> the blocks its data goes to
     sums: dict[int, asyncio.Future] = field(default_factory=dict)  # seq -> the sum of its blocks as landed
 
@@ -70,6 +71,10 @@ class Intake:
         self.announced.update(span)
         self.landed[seq] = self.block_ids[block_index:end]
         return self.landed[seq]
+
+    def landed_pages(self, seq: int) -> list[int]:
+        """The pages piece `seq` wrote (its entries the decode worker needs), in order."""
+        return [page for page in self.landed[seq] if page != NULL_PAGE]
 
     def check_complete(self, num_pieces: int) -> None:
         """InvalidRequestError unless exactly pieces 0..num_pieces-1 were announced (at least

@@ -8,6 +8,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from decode_service.worker import DecodeJob, DecodeWorker
+from pdserve.kv.page_groups import pages_from_wire, pages_to_wire
 from pdserve.errors import InvalidRequestError
 from pdserve.parallel.kv_ranks import RankEnd
 from pdserve.rpc.bounds import check_id, kv_timeout
@@ -43,7 +44,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         r = request.request
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                         priority_from_pb(r.priority), kv_timeout(r.kv_timeout_s), request.local_prefill,
-                        tuple(r.output_token_ids), r.age_s)
+                        tuple(r.output_token_ids), r.age_s, self.refuse_if_aborted(r))
         with stream_span(
                 self.tracer, "pdserve.decode", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": job.request_id, "pdserve.local_prefill": job.local_prefill,
@@ -67,7 +68,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         if isinstance(event, Reserved):
             return wpb.DecodeEvent(reserved=wpb.KVReservation(
                 transfer_id=event.transfer_id, transport=self.transport, kv_address=self.kv_address,
-                block_ids=list(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
+                block_ids=pages_to_wire(event.block_ids), block_size=self.block_size, block_nbytes=self.block_nbytes,
                 decode_endpoint=self.address, kv_secret=event.secret, num_blocks=self.num_blocks,
                 cached_blocks=event.cached_blocks, ranks=self.kv_ranks, identity=self.kv_identity))
         if isinstance(event, Departed):
@@ -105,7 +106,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         if any(address not in self._receivers for address in request.kv_addresses):
             raise InvalidRequestError(f"transfer {request.transfer_id!r}: a KV address the sender means to send to "
                                       "is not one of this decode worker's receivers (a damaged reservation?)")
-        self.worker.push_kv(request.transfer_id, request.seq, request.block_index, tuple(request.src_block_ids),
+        self.worker.push_kv(request.transfer_id, request.seq, request.block_index, pages_from_wire(request.src_block_ids),
                             request.timeout_s, max(1, request.tensor_parallel_size))
         return wpb.KVPieceAck()
 

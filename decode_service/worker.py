@@ -35,12 +35,14 @@ from dataclasses import dataclass
 
 from decode_service.departures import Departures, Moved
 from decode_service.intake import Intake, Unsafe
+from pdserve.aborts import Owner
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.config import DeadlineConfig
 from pdserve.errors import ChecksumMismatch, InvalidRequestError
 from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.kv import BlockHold
+from pdserve.kv.page_groups import live_pairs
 from pdserve.parallel.kv_ranks import RanksReceiver
 from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
@@ -78,6 +80,7 @@ class DecodeJob:
     local_prefill: bool
     output_token_ids: tuple[int, ...] = ()
     age_s: float = 0.0  # since the router accepted it: queued as if it had arrived that long ago
+    owner: Owner | None = None  # its client's request: an Abort of it through any router ends it
 
 
 @dataclass(eq=False)
@@ -128,7 +131,7 @@ class DecodeWorker:
         self.live.check_free(job.request_id)
         if not job.local_prefill and self.receiver is None:
             raise InvalidRequestError("this worker takes no remote KV (colocated mode)")
-        return await self.live.open(_Live(job, Session(job.request_id)), lambda e: _add(e, job))
+        return await self.live.open(_Live(job, Session(job.request_id, job.owner)), lambda e: _add(e, job))
 
     def _end(self, live: _Live, abort: bool) -> None:
         """The request ended here (LiveRequests' end hook): withdraw the transfer, then (queued
@@ -157,7 +160,11 @@ class DecodeWorker:
             self.receiver.check_senders(senders)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        pairs = list(zip(src_blocks, intake.announce(seq, block_index, len(src_blocks))))
+        try:
+            pairs = live_pairs(src_blocks, intake.block_ids[block_index:block_index + len(src_blocks)])
+        except ValueError as exc:
+            raise InvalidRequestError(f"piece {seq} of {transfer_id}: {exc}") from None
+        intake.announce(seq, block_index, len(src_blocks))
         intake.lease.renew(intake.kv_timeout_s)
         task = asyncio.ensure_future(self.receiver.expect(transfer_id, seq, pairs, timeout_s, secret=intake.secret,
                                                           senders=senders))
@@ -265,7 +272,7 @@ class DecodeWorker:
         if task.exception() is None:
             if self.verifies:  # summed as landed, off the loop, while later pieces arrive
                 intake.sums[seq] = asyncio.ensure_future(
-                    blocks_checksum_off_loop(self.engine.engine.kv.data, intake.landed[seq]))
+                    blocks_checksum_off_loop(self.engine.engine.kv.data, intake.landed_pages(seq)))
             return
         self.live.fail(self.live[intake.request_id], task.exception())
 
@@ -315,7 +322,8 @@ class DecodeWorker:
         lease = self.leases.grant(LeaseKind.RESERVATION, f"Decode stream of {request.request_id}", len(block_ids),
                                   None, lambda reason: self._reservation_ended(live, reason))
         intake = Intake(transfer_id, request.request_id, block_ids, live.job.kv_timeout_s, lease,
-                        secrets.token_bytes(SECRET_BYTES), cached_blocks=cached_blocks)
+                        secrets.token_bytes(SECRET_BYTES),
+                        cached_blocks=cached_blocks * self.engine.engine.kv.groups.count)  # table entries
         live.intake = intake
         self.intakes[transfer_id] = intake
         live.session.push(Reserved(transfer_id, block_ids, intake.secret, cached_blocks))

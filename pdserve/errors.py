@@ -42,6 +42,11 @@ class EngineFailed(RuntimeError):
     here, so callers retry on another worker (maps to UNAVAILABLE)."""
 
 
+class ClientAborted(RuntimeError):
+    """Its client aborted the request, through whichever router (maps to ABORTED): it ends with
+    finish reason ABORT, and no one retries it."""
+
+
 class RequestFailed(RuntimeError):
     """The engine aborted this request because a step failed on it; other requests go on."""
 

@@ -31,6 +31,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
         self.refuse_unless_serving()
         r, t = request.request, request.target
         target = target_from_pb(t, self.transport, self.kv_identity)
+        owner = self.refuse_if_aborted(r)
         with stream_span(
                 self.tracer, "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),
@@ -38,7 +39,7 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
                             "pdserve.decode_endpoint": t.decode_endpoint}) as span:
             session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                                              priority_from_pb(r.priority), target, kv_timeout(r.kv_timeout_s),
-                                             tuple(r.output_token_ids), r.age_s)
+                                             tuple(r.output_token_ids), r.age_s, owner)
             try:
                 async for event in session.events():
                     self._observe(span, event)

@@ -26,6 +26,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from pdserve.aborts import Owner
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.errors import PeerFault
@@ -54,7 +55,7 @@ class PrefillJob:
     target: Target
     session: Session
     kv_timeout_s: float
-    sent_blocks: int = 0
+    sent_blocks: int = 0  # table entries (layer groups of a block) from the reservation's start
     seq: int = 0
     kv_bytes: int = 0
     kv_descriptors: int = 0
@@ -82,24 +83,27 @@ class PrefillWorker:
         self.peer = peer
         self.block_size = block_size
         self.block_nbytes = block_nbytes
+        self.groups = engine.engine.kv.groups.count  # table entries per block (layer groups)
         self.live: LiveRequests[PrefillJob] = LiveRequests(engine, self._end)
         self.leases = leases
         self.sums = sums
         engine.add_listener(self.on_step)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
-                   target: Target, kv_timeout_s: float, resumed: tuple[int, ...] = (), age_s: float = 0.0) -> Session:
+                   target: Target, kv_timeout_s: float, resumed: tuple[int, ...] = (), age_s: float = 0.0,
+                   owner: Owner | None = None) -> Session:
         """The prompt's KV (and a resume's: of the tokens generated so far, `resumed`, too) sent
-        into `target`, then the next token; queued as if it had arrived `age_s` ago.
+        into `target`, then the next token; queued as if it had arrived `age_s` ago; `owner`: its
+        client's request (an Abort of it through any router ends it).
         InvalidRequestError, with nothing started, for a bad id, timeout or reservation (the
         engine checks prompt, sampling, `resumed` and `age_s` itself)."""
         check_id("request_id", request_id)
         check_timeout("kv_timeout_s", kv_timeout_s)
         validate_resumed(resumed, sampling, self.engine.engine.limits)  # the engine sees max_tokens len(resumed) + 1
         kv_tokens = len(prompt) + len(resumed)
-        check_target(target, self.sender, self.block_size, self.block_nbytes, kv_tokens)
-        job = PrefillJob(request_id, kv_tokens, target, Session(request_id), kv_timeout_s,
-                         sent_blocks=target.cached_blocks, resumed=len(resumed))
+        check_target(target, self.sender, self.block_size, self.block_nbytes, kv_tokens, self.groups)
+        job = PrefillJob(request_id, kv_tokens, target, Session(request_id, owner), kv_timeout_s,
+                         sent_blocks=target.cached_blocks * self.groups, resumed=len(resumed))
         # the first token only; min_tokens capped with it (what bans an end for that one token stays)
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": (),
                                        "min_tokens": min(sampling.min_tokens, len(resumed) + 1)})
@@ -133,14 +137,14 @@ class PrefillWorker:
     def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold: BlockHold | None, step_s: float) -> None:
         request = chunk.request
         job.cached_tokens = request.num_cached_tokens
-        if job.seq == 0 and job.sent_blocks == job.target.cached_blocks:
+        if job.seq == 0 and job.sent_blocks == job.target.cached_blocks * self.groups:
             job.queue_seconds = max(0.0, (request.first_scheduled_time or request.arrival_time) - request.arrival_time)
         job.session.push(Chunk(chunk.start, chunk.num_tokens, request.num_cached_tokens, step_s))
         final = chunk.samples
-        complete = -(-job.kv_tokens // self.block_size) if final else chunk.end // self.block_size
+        complete = (-(-job.kv_tokens // self.block_size) if final else chunk.end // self.block_size) * self.groups
         blocks = hold.blocks if hold is not None else chunk.block_table
         piece = None
-        if complete > job.sent_blocks:
+        if complete > job.sent_blocks:  # table entries, `groups` a block
             piece = Piece(job.target.transfer_id, job.seq, job.sent_blocks, tuple(blocks[job.sent_blocks:complete]),
                           job.kv_timeout_s, job.target.secret, len(self.sender.ports))
             job.seq += 1
@@ -191,7 +195,7 @@ class PrefillWorker:
     async def _complete(self, job: PrefillJob, first_token: int) -> None:
         await self.peer.complete_kv(job.target.decode_endpoint, job.target.transfer_id, job.seq, first_token,
                                     job.target.secret, job.checksums if self.sums is not None else ())
-        job.session.push(FirstToken(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks,
+        job.session.push(FirstToken(first_token, job.cached_tokens, job.kv_bytes, job.sent_blocks // self.groups,
                                      job.kv_descriptors, job.kv_seconds, job.queue_seconds, job.first_logprobs,
                                      job.prompt_logprobs))
 

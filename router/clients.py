@@ -5,6 +5,7 @@
                                                                    KV moves to another decode worker
                --WorkerClients.prefill(address).open(job, reservation)--> PrefillCall: Chunk... FirstToken
                --WorkerClients.stats(address, role)-->                   WorkerSnapshot (the pool's health watch)
+    gateway    --WorkerClients.abort(address, role, owner, scope)-->   an Abort of a request another router runs
 
 Two implementations: `router/grpc_clients.py` (the real workers) and `tests/router/fake_workers.py`
 (in-process workers that can be killed, stalled, slowed, partitioned or failed at any step).
@@ -22,6 +23,7 @@ import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from pdserve.aborts import AbortScope, Owner
 from pdserve.identity import WorkerIdentity
 from pdserve.requests import Priority, SamplingParams
 from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
@@ -36,6 +38,7 @@ class FaultKind(enum.Enum):
     WITHDRAWN = "withdrawn"  # the worker gave the request back (it leaves that role): elsewhere, nobody charged
     INCOMPATIBLE = "incompatible"  # the worker refused KV of another model or layout: another pair, nobody charged
     CORRUPT = "corrupt"  # KV landed other than its sender summed it: the sender is charged, the request goes elsewhere
+    ABORTED = "aborted"  # its client aborted it (through another router): it ends, nobody charged
 
 
 class Culprit(enum.Enum):
@@ -71,6 +74,7 @@ class WorkerJob:
     metadata: tuple[tuple[str, str], ...] = ()
     timeout_s: float | None = None  # what is left of the client's deadline
     age_s: float = 0.0  # since the router accepted the request: workers queue it as that old
+    owner: Owner | None = None  # the client's request: an Abort of it through any router reaches this attempt
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,11 @@ class WorkerClients(abc.ABC):
     async def set_role(self, address: str, role: str, timeout_s: float) -> tuple[str, str]:
         """Ask an elastic worker to serve `role` (WorkerControl.SetRole): (its role now, the one
         it changes to, "" if none). Raises WorkerFault."""
+
+    @abc.abstractmethod
+    async def abort(self, address: str, role: str, owner: Owner, scope: AbortScope, timeout_s: float) -> bool | None:
+        """Abort the owner's requests the worker holds (pdserve/worker/client_aborts.py): whether it
+        held one; None when it did not answer in time."""
 
     @abc.abstractmethod
     async def forget(self, address: str) -> None:

@@ -6,7 +6,7 @@
     DECODING       P's first token -> client; D streams the following tokens until Finished
     depart         D leaves (drains, changes role) or is short of blocks: the request departs
                    (router/departing.py), is placed on D', and D moves its KV there (MOVING_KV)
-    a WorkerFault in any phase -> router/recovery.py: retry, resume, complete, or fail
+    a WorkerFault in any phase -> router/recovery.py: retry, resume, complete, abort, or fail
 
 A pinned request (a canary, router/canary.py) runs on its pair alone: no admission, no retry.
 
@@ -25,10 +25,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from pdserve.aborts import AbortScope
 from pdserve.admission import Admission, Verdict
 from pdserve.rpc.errors import Unavailable
 from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 from router.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
+from router.aborting import FleetAborts
 from router.admitting import Admitter, Plan, admission_attributes, defer, refusal
 from router.flow_types import MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
 from router.departing import Departer, Leaving, LeftFor
@@ -52,6 +54,7 @@ class RequestFlow:
         self.placer = Placer(pool, clients, config, self.observed)
         self.admitter = Admitter(self.placer.predictor, config.admission, config.local_prefill)
         self.departer = Departer(pool, clients, self.placer, config, self.observed, self._blame)
+        self.aborts = FleetAborts(pool, clients)  # Aborts of requests another router runs
 
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
         state = FlowState(RequestProtocol(job.request_id))
@@ -64,7 +67,9 @@ class RequestFlow:
                     decision = self._recover(job, state, fault)
                     yield Milestone(decision.action.value, {"pdserve.fault": fault.message,
                                                             "pdserve.fault_kind": fault.kind.value})
-                    if decision.action == Action.COMPLETE:
+                    if decision.action == Action.ABORT:  # through another router: the workers' tombstones are spent
+                        await self.aborts.send(job.owner, AbortScope.FORGET)
+                    if decision.action in (Action.COMPLETE, Action.ABORT):
                         yield state.done(decision.reason)
         except Exception as exc:
             if not state.protocol.done:
@@ -82,7 +87,7 @@ class RequestFlow:
         if job.pinned and decision.action in (Action.RETRY, Action.RESUME):  # a canary tries its pair alone
             decision = Decision(Action.FAIL, Unavailable(f"on the pinned pair {job.pin}: {fault.message}"))
         signal = {Action.RETRY: Signal.RETRY, Action.RESUME: Signal.RESUME, Action.COMPLETE: Signal.COMPLETE,
-                  Action.FAIL: Signal.FAIL}[decision.action]
+                  Action.ABORT: Signal.CANCEL, Action.FAIL: Signal.FAIL}[decision.action]
         log.warning("request %s in %s: %s -> %s", job.request_id, state.protocol.phase.value, fault,
                     decision.action.value)
         state.protocol.advance(signal, fault.message)
@@ -190,7 +195,8 @@ class RequestFlow:
         out = tuple(state.generated[:-1] if moving_kv else state.generated)
         sampling = dataclasses.replace(job.sampling, prompt_logprobs=None) if out else job.sampling  # sent once
         return WorkerJob(worker_id, job.prompt, sampling, job.priority, self.config.kv_timeout_s,
-                         out, job.metadata, job.timeout_s(), job.age_s())
+                         out, job.metadata, job.timeout_s(), job.age_s(),
+                         None if job.pinned else job.owner)  # a canary: no client may abort it
 
     def _blame(self, state: FlowState, fault: WorkerFault, role: str, address: str) -> None:
         """Charge the worker that caused the fault and avoid it for the rest of this request. One

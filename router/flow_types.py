@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdserve.aborts import Owner
 from pdserve.admission import AdmissionPolicy
 from pdserve.config import DeadlineConfig
 from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
@@ -33,6 +34,12 @@ class Job:
     # A sample of n (router/samples.py) after the first: its first attempt runs on this decode
     # worker, which prefills it from its prefix cache (the first sample's KV); a retry is placed anew.
     beside: str | None = None
+    client_id: str = ""  # the client's request id when request_id is not it (a sample's job)
+
+    @property
+    def owner(self) -> Owner:
+        """The client's request this job serves: what an Abort names."""
+        return Owner(self.tenant, self.client_id or self.request_id)
 
     @property
     def pinned(self) -> bool:
@@ -126,6 +133,7 @@ class FlowConfig:
     # A request waits this long (within its deadline) for a usable worker, then UNAVAILABLE: long enough
     # for a stalled worker to be seen and its peer taken, short enough for a client to go elsewhere.
     wait_for_worker_s: float = 5.0
+    no_worker_retry_after_s: float = 1.0  # ... its retry hint (a worker back, or another router)
     resume_wait_s: float = 30.0  # ... and this long for a request whose tokens are out (a resume)
     probe_timeout_s: float = 1.0  # MatchPrefix probes of prefill and decode workers
     recovery: RecoveryPolicy = RecoveryPolicy()

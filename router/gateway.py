@@ -8,9 +8,11 @@ one RequestFlow per request, and text out.
                                                  source.ask(): the door's wire to an Ask
                                                  priority, ids, tokens off the loop
                                           ◀───  Generation
-      stream(generation) ◀───────────────────── Output ... Output(finish=...)
+      stream(generation) ◀───────────────────── Output ... Output(finish=...), paced by the stream
+                                                 interval (router/pacing.py; default: as they come)
       abort(metadata, request_id) ───────────▶  the caller's request: ABORTED, ENDED, or PENDING
-                                                 (a tombstone: router/tombstones.py)
+                                                 (a tombstone: router/tombstones.py); one another
+                                                 router runs, through the workers (router/aborting.py)
 
 Errors are core exceptions (pdserve/rpc/errors.py maps them to gRPC, router/http/errors.py to
 HTTP). A request whose door went away (its task cancelled) is cancelled in the flow, which frees
@@ -26,18 +28,21 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from pdserve.coalescing import NOTHING, joined_tokens, merged_with_waiting
+from pdserve.aborts import Owner
 from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.text_stream import TextStream
 from pdserve.requests import FinishReason
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import Unauthenticated, status_of
+from router.aborting import abort_elsewhere
 from router.asks import Ask, AskSource, ChatPrompt, Finish, Output, SampleCount, TextPrompt, TokenPrompt, Usage
 from router.flow import RequestFlow
 from router.flow_types import Done, Job, NewTokens
 from router.frontend import Frontend
 from router.limits import InputLimits
+from router.pacing import Ending, Pacer
 from router.samples import Samples, best
+from router.stream_interval import StreamInterval
 from router.telemetry import RequestTrace
 from router.tenants import ANONYMOUS, Tenant, Tenants, open_tenants
 from router.tombstones import AbortOutcome, RecentIds, TombstoneConfig
@@ -65,8 +70,9 @@ class Generation:
 class Gateway:
     def __init__(self, frontend: Frontend, flow: RequestFlow, traces: TraceFactory, drain: Drain,
                  max_active: int = MAX_ACTIVE, tenants: Tenants = open_tenants(),
-                 tombstones: TombstoneConfig = TombstoneConfig()):
+                 tombstones: TombstoneConfig = TombstoneConfig(), interval: StreamInterval = StreamInterval()):
         self.frontend = frontend
+        self.interval = interval
         self.flow = flow
         self.traces = traces
         self.drain = drain
@@ -130,9 +136,10 @@ class Gateway:
                 del self.active[job.request_id]
                 self.ended.add(job.tenant, job.request_id)
 
-    def abort(self, metadata: Metadata, request_id: str) -> AbortOutcome:
-        """The caller's request of that id aborted (ABORTED), found ended (ENDED), or not seen yet:
-        then its Generate, arriving within the tombstones' time, ends at once (PENDING)."""
+    async def abort(self, metadata: Metadata, request_id: str) -> AbortOutcome:
+        """The caller's request of that id aborted (ABORTED), here or through the workers (another
+        router runs it: router/aborting.py), found ended (ENDED), or not seen yet: then its
+        Generate, arriving within the tombstones' time at any router, ends at once (PENDING)."""
         tenant = self._tenant(metadata).name
         running = self.active.get(request_id)
         if running is not None and running.tenant == tenant:
@@ -140,10 +147,7 @@ class Gateway:
                 return AbortOutcome.ENDED
             running.pump.cancel()
             return AbortOutcome.ABORTED
-        if self.ended.has(tenant, request_id):
-            return AbortOutcome.ENDED
-        self.tombstones.add(tenant, request_id)
-        return AbortOutcome.PENDING
+        return await abort_elsewhere(self.flow.aborts, Owner(tenant, request_id), self.ended, self.tombstones)
 
     def _caller(self, metadata: Metadata) -> Tenant:
         """Refuses while draining, and a missing or wrong bearer token."""
@@ -191,24 +195,19 @@ class Gateway:
     async def _outputs(self, job: Job, events: asyncio.Queue, trace: RequestTrace) -> AsyncIterator[Output]:
         text = TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop)
         completion = 0
-        held: object = NOTHING
+        pacer = Pacer(events, self.interval, lambda _, event: trace.on_event(event))
         while True:
-            event = await events.get() if held is NOTHING else held
-            held = NOTHING
-            if isinstance(event, NewTokens):  # tokens waiting when the client comes back: one output
-                event, held = merged_with_waiting(event, events, joined_tokens)
-            if isinstance(event, BaseException):
-                if not isinstance(event, asyncio.CancelledError):
-                    raise event
+            item = await pacer.next()
+            if isinstance(item, BaseException):
+                if not isinstance(item, asyncio.CancelledError):
+                    raise item
                 trace.finish(FinishReason.ABORT, completion)
                 yield _last(job, Done(FinishReason.ABORT, 0, 0), completion)
                 return
-            trace.on_event(event)
-            if isinstance(event, NewTokens):
-                completion += len(event.token_ids)
-            output = _output_of(job, event, text, completion)
+            output = _output_of(job, item[1], text, completion)
             if output is None:
                 continue
+            completion += len(output.token_ids)
             if output.finish is not None:
                 trace.finish(output.finish.reason, completion)
                 yield output
@@ -223,8 +222,10 @@ class Gateway:
         texts = {i: TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop) for i in range(count.drawn)}
         completion = dict.fromkeys(range(count.drawn), 0)
         kept: dict[int, list[Output]] = {i: [] for i in range(count.drawn)}
+        pacer = Pacer(events, self.interval,
+                      lambda i, event: i == 0 and 0 not in _ended(kept) and trace.on_event(event))
         while kept.keys() - _ended(kept):
-            item = await events.get()
+            item = await pacer.next()
             if isinstance(item, BaseException):  # the whole run was cancelled (an Abort)
                 for i in sorted(kept.keys() - _ended(kept)):
                     kept[i].append(_last(job, Done(FinishReason.ABORT, 0, 0), completion[i], index=i))
@@ -238,14 +239,11 @@ class Gateway:
                 if not isinstance(event, asyncio.CancelledError):
                     raise event
                 event = Done(FinishReason.ABORT, 0, 0)
-            if index == 0:
-                trace.on_event(event)
-            if isinstance(event, NewTokens):
-                completion[index] += len(event.token_ids)
             output = _output_of(job, event, texts[index], completion[index], index)
             if isinstance(event, NewTokens) and output.finish is not None:  # a stop string ended it
                 samples.stop(index)
             if output is not None:
+                completion[index] += len(output.token_ids)
                 kept[index].append(output)
                 if not count.ranked:
                     yield _without_logprobs(output, generation.logprobs)
@@ -258,16 +256,24 @@ class Gateway:
 
 def _output_of(job: Job, event, text: TextStream, completion: int, index: int = 0) -> Output | None:
     """A flow event of sample `index` as its output (None: nothing for the caller); `completion`:
-    its tokens so far, this event's included. A stop string in the text ends it (finish STOP)."""
+    its tokens before this event. A stop string in the text ends it (finish STOP) with the token
+    that completed it: tokens after it are not the caller's."""
     if isinstance(event, NewTokens):
         delta = text.push(event.token_ids)
         if delta.stopped:
-            return _last(job, Done(FinishReason.STOP, 0, 0), completion, event.token_ids, delta.text,
-                         tuple(event.logprobs), index, event.prompt_logprobs)
+            return _last(job, Done(FinishReason.STOP, 0, 0), completion + delta.tokens,
+                         event.token_ids[:delta.tokens], delta.text, tuple(event.logprobs[:delta.tokens]), index,
+                         event.prompt_logprobs)
         return Output(tuple(event.token_ids), delta.text, tuple(event.logprobs), index=index,
                       prompt_logprobs=event.prompt_logprobs)
     if isinstance(event, Done):
         return _last(job, event, completion, text=text.finish(), index=index)
+    if isinstance(event, Ending):
+        output = _output_of(job, event.tokens, text, completion, index)
+        if output.finish is not None:  # a stop string in its last tokens
+            return output
+        return _last(job, event.done, completion + len(output.token_ids), output.token_ids,
+                     output.text + text.finish(), output.logprobs, index, output.prompt_logprobs)
     return None
 
 
@@ -310,10 +316,11 @@ class _Active:
 
 
 async def _pump(flow: RequestFlow, job: Job, events: asyncio.Queue) -> None:
-    """Every way it ends puts a last item on `events`; a task cancelled before it ran does not
-    run this at all: the done-callback in stream() covers that (an Abort racing the stream)."""
+    """Its events as sample 0's (router/pacing.py's items). Every way it ends puts a last item on
+    `events`; a task cancelled before it ran does not run this at all: the done-callback in
+    stream() covers that (an Abort racing the stream)."""
     try:
         async for event in flow.run(job):
-            events.put_nowait(event)
+            events.put_nowait((0, event))
     except BaseException as exc:  # handed to the output loop, which maps it
         events.put_nowait(exc)

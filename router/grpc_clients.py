@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import grpc
 
+from pdserve.aborts import AbortScope, Owner
 from pdserve.rpc.channels import ChannelPool
+from pdserve.rpc.owners import owner_to_pb, scope_to_pb
 from pdserve.rpc.stats import identity_from_pb
 from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, sampling_to_pb
 from pdserve.rpc.errors import FAULT_METADATA, NOBODY, SENDER  # what a worker names as a failure's cause
@@ -35,7 +37,9 @@ _KIND_OF = {
     grpc.StatusCode.OUT_OF_RANGE: FaultKind.REFUSED,
     grpc.StatusCode.RESOURCE_EXHAUSTED: FaultKind.OVERLOADED,
     grpc.StatusCode.DATA_LOSS: FaultKind.CORRUPT,
+    grpc.StatusCode.ABORTED: FaultKind.ABORTED,
 }
+_NOBODYS = (FaultKind.TIMEOUT, FaultKind.ABORTED)  # the client's deadline, the client's Abort
 
 
 def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
@@ -50,7 +54,7 @@ def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
     if SENDER in named:  # KV landed here other than its sender summed it: the sender's fault
         return WorkerFault(FaultKind.CORRUPT, address, message, Culprit.PEER)
     kind = _KIND_OF.get(exc.code(), FaultKind.FAILED)
-    return WorkerFault(kind, address, message, Culprit.NOBODY if kind == FaultKind.TIMEOUT else Culprit.SELF)
+    return WorkerFault(kind, address, message, Culprit.NOBODY if kind in _NOBODYS else Culprit.SELF)
 
 
 class GrpcCall(Call):
@@ -74,7 +78,7 @@ def _worker_request(job: WorkerJob) -> wpb.WorkerRequest:
     return wpb.WorkerRequest(request_id=job.request_id, prompt_token_ids=list(job.prompt),
                              sampling=sampling_to_pb(job.sampling), priority=priority_to_pb(job.priority),
                              kv_timeout_s=job.kv_timeout_s, output_token_ids=list(job.output_token_ids),
-                             age_s=job.age_s)
+                             age_s=job.age_s, owner=owner_to_pb(job.owner) if job.owner is not None else None)
 
 
 def _decode_event(event: wpb.DecodeEvent):
@@ -178,9 +182,8 @@ class GrpcWorkerClients(WorkerClients):
         return GrpcPrefillClient(self.channels.get(address), address)
 
     async def stats(self, address: str, role: str, timeout_s: float) -> WorkerSnapshot:
-        stub_cls = worker_pb2_grpc.PrefillWorkerStub if role == "prefill" else worker_pb2_grpc.DecodeWorkerStub
         try:
-            s = await stub_cls(self.channels.get(address)).Stats(wpb.StatsRequest(), timeout=timeout_s)
+            s = await self._stub(address, role).Stats(wpb.StatsRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise fault_of(exc, address) from None
         return WorkerSnapshot(free_blocks=s.blocks_free + s.blocks_cached, total_blocks=s.blocks_total,
@@ -197,5 +200,16 @@ class GrpcWorkerClients(WorkerClients):
             raise fault_of(exc, address) from None
         return response.role, response.next_role
 
+    async def abort(self, address: str, role: str, owner: Owner, scope: AbortScope, timeout_s: float) -> bool | None:
+        request = wpb.WorkerAbortRequest(owner=owner_to_pb(owner), scope=scope_to_pb(scope))
+        try:
+            return (await self._stub(address, role).Abort(request, timeout=timeout_s)).found
+        except grpc.aio.AioRpcError:
+            return None
+
     async def forget(self, address: str) -> None:
         await self.channels.drop(address)
+
+    def _stub(self, address: str, role: str):
+        stub_cls = worker_pb2_grpc.PrefillWorkerStub if role == "prefill" else worker_pb2_grpc.DecodeWorkerStub
+        return stub_cls(self.channels.get(address))

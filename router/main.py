@@ -119,7 +119,7 @@ async def start_router(args: argparse.Namespace) -> RouterService:
                                                  rebalance_interval_s=args.rebalance_interval_s or None))
     tracer = obs.tracing.tracer()
     gateway = Gateway(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),
-                      drainer, args.max_active, tenants)
+                      drainer, args.max_active, tenants, interval=args.stream_interval)
     bindings = [ServiceBinding(generation_pb2_grpc.add_GenerationServicer_to_server, GenerationServicer(gateway),
                                generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)]
     server = await start_server(bindings, args.host, args.port, security.server_credentials(),

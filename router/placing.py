@@ -47,7 +47,7 @@ class Placer:
         try:
             decode = choose_decode(workers, cached, avoid)
         except NoWorker as exc:
-            raise Unavailable(str(exc)) from None
+            raise self.none_usable(exc) from None
         return decode, cached.get(decode.address, 0)
 
     def pinned(self, pin: tuple[str, str]) -> tuple[Worker, Worker]:
@@ -98,7 +98,7 @@ class Placer:
         try:
             return (await self.predictor.remote(job, state, decode))[0]
         except NoWorker as exc:
-            raise Unavailable(str(exc)) from None
+            raise self.none_usable(exc) from None
 
     def roomier_decode(self, job: Job, state: FlowState, current: Worker, block_size: int) -> Worker | None:
         """A usable decode worker other than `current` (and pairing with it: the request's KV may
@@ -124,6 +124,10 @@ class Placer:
             return None
         seconds, best = min(options, key=lambda o: o[0])
         return best if seconds < remaining / 2 and remaining - seconds >= MOVE_GAIN_S else None
+
+    def none_usable(self, exc: NoWorker) -> Unavailable:
+        """UNAVAILABLE once the wait for a usable worker is over, with a retry hint."""
+        return Unavailable(str(exc), self.config.no_worker_retry_after_s)
 
     def wait_until(self, job: Job, state: FlowState) -> float:
         """When to stop waiting for a usable worker: a request with nothing out yet waits

@@ -1,4 +1,4 @@
-"""What a worker fault leads to, for one request: retry, resume, complete, or fail with a status.
+"""What a worker fault leads to, for one request: retry, resume, complete, abort, or fail with a status.
 
 Policy only: it reads the fault, what the request has produced and met so far, and decides;
 `router/flow.py` carries the decision out. Who is charged for a fault (the breakers) is
@@ -6,6 +6,8 @@ decided here too, by `charged_to`.
 
     fault                                   no token out yet        tokens out
     ------------------------------------    --------------------    ----------------------------
+    ABORTED: its client's Abort, sent to    end (finish ABORT)      (same)
+    another router, reached the worker
     client's deadline passed                fail DEADLINE_EXCEEDED  (same)
     REFUSED by the worker (bad request)     fail INVALID_ARGUMENT   (same)
     every token already out                 -                       complete (LENGTH / STOP)
@@ -32,6 +34,7 @@ class Action(enum.Enum):
     RETRY = "retry"
     RESUME = "resume"
     COMPLETE = "complete"
+    ABORT = "abort"  # its client aborted it: it ends as aborted (finish ABORT), no status
     FAIL = "fail"
 
 
@@ -39,7 +42,7 @@ class Action(enum.Enum):
 class Decision:
     action: Action
     error: Exception | None = None  # for FAIL: what the client's stream ends with
-    reason: FinishReason | None = None  # for COMPLETE
+    reason: FinishReason | None = None  # for COMPLETE and ABORT
 
 
 class RequestPoisoned(RuntimeError):
@@ -56,6 +59,8 @@ class RecoveryPolicy:
     def decide(self, fault: WorkerFault, history: Collection[WorkerFault], generated: list[int],
                sampling: SamplingParams, attempts: int, deadline: float | None) -> Decision:
         """`history` holds every fault of this request, `fault` included."""
+        if fault.kind == FaultKind.ABORTED:
+            return Decision(Action.ABORT, reason=FinishReason.ABORT)
         if deadline is not None and time.monotonic() >= deadline:
             return Decision(Action.FAIL, TimeoutError("the request's deadline passed"))
         if fault.kind == FaultKind.REFUSED and fault.culprit == Culprit.SELF:

@@ -12,7 +12,8 @@
                      tokens' log-probabilities sum highest are the answer, in that order
 
 A fault in any sample is handled for it alone (its retry or resume is placed anew); an error that
-ends one ends the request. Cancelling the request cancels every sample.
+ends one ends the request. Cancelling the request cancels every sample; so does one sample's end by
+an Abort sent to another router (finish ABORT: router/aborting.py), and later ones never start.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
+from pdserve.requests import FinishReason
 from router.asks import SampleCount
 from router.flow import RequestFlow
 from router.flow_types import Done, Job, Milestone, NewTokens
@@ -29,6 +31,7 @@ def sample_job(first: Job, index: int, decode: str | None) -> Job:
     """Sample `index` of `first`'s prompt, beside its decode worker (None: placed as any request)."""
     seed = None if first.sampling.seed is None else first.sampling.seed + index
     return dataclasses.replace(first, request_id=f"{first.request_id}/{index}", beside=decode,
+                               client_id=first.owner.request_id,
                                sampling=dataclasses.replace(first.sampling, seed=seed, prompt_logprobs=None))
 
 
@@ -46,6 +49,7 @@ class Samples:
         self._decode: str | None = None  # sample 0's decode worker, from its placements
         self._streamed = 0  # sample 0's token events
         self._started = asyncio.Event()
+        self._aborted = False  # a sample ended by its client's Abort through another router
 
     async def run(self) -> None:
         """Until every sample ended; cancelled, it cancels them all."""
@@ -53,6 +57,9 @@ class Samples:
             self.tasks[0] = asyncio.ensure_future(self._one(0, self.first))
             await self._started.wait()
             for i in range(1, self.count.drawn):
+                if self._aborted:
+                    self.put(i, asyncio.CancelledError())
+                    continue
                 self.tasks[i] = asyncio.ensure_future(self._one(i, sample_job(self.first, i, self._decode)))
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         finally:
@@ -71,6 +78,8 @@ class Samples:
                 if index == 0:
                     self._watch(event)
                 self.put(index, event)
+                if isinstance(event, Done) and event.reason is FinishReason.ABORT:
+                    self._abort_others(index)
             self.put(index, None)
         except BaseException as exc:
             self.put(index, exc)
@@ -78,6 +87,12 @@ class Samples:
                 raise
         finally:
             self._started.set()  # sample 0 ended (or failed): the others start now, wherever placed
+
+    def _abort_others(self, index: int) -> None:
+        self._aborted = True
+        for i, task in self.tasks.items():
+            if i != index:
+                task.cancel()
 
     def _watch(self, event) -> None:
         if isinstance(event, Milestone) and event.name == "placement":

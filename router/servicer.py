@@ -28,7 +28,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             yield response_to_pb(generation.request_id, output)
 
     async def Abort(self, request: pb.AbortRequest, context) -> pb.AbortResponse:
-        outcome = self.gateway.abort(context.invocation_metadata(), request.request_id)
+        outcome = await self.gateway.abort(context.invocation_metadata(), request.request_id)
         return pb.AbortResponse(found=outcome == AbortOutcome.ABORTED, outcome=ABORT_OUTCOMES[outcome])
 
 

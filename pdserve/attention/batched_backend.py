@@ -14,6 +14,7 @@ A second implementation of the torch backend's contract, for passes dominated by
 Layers with a window or another scale (LayerAttention) are planned apart: their chunks with the
 reference's windowed masks, their decodes by sparse products listing only the window's positions
 (the C kernel attends whole contexts at 1 / sqrt(head_dim) only, so it serves full layers alone).
+A hybrid model's pool plans each layer group apart too: each reads and writes its own pages.
 
 The reference (`torch`) backend stays the oracle; tests/attention/test_attention_batched.py
 compares the two, and the engine tests compare both to transformers token for token.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, attention_kinds, layer_kind
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, plan_key, plan_keys
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, block_tables, plan_pool_rows, pool_attention
 from pdserve.attention.torch_backend import Chunk, attend_chunk, plan_chunk
@@ -42,14 +43,14 @@ class _Decodes:
 
 @dataclass
 class _Plan:
-    slot_mapping: torch.Tensor
-    decodes: _Decodes | None
-    chunks: dict[LayerAttention, tuple[Chunk, ...]]  # by the kind of layer
+    slot_mapping: dict[int, torch.Tensor]  # by layer group
+    decodes: dict[int, _Decodes] | None  # by layer group
+    chunks: dict[PlanKey, tuple[Chunk, ...]]  # by layer group and kind of layer
     num_tokens: int
     native: NativePlan | None = None  # the decodes' plan for the C kernel, when it runs them (full layers)
     native_writes: bool = False  # the C kernel's library copies K/V into the pool (slots checked)
-    pools: dict[LayerAttention, PoolRows] = field(default_factory=dict)  # else by kind, built on first use
-    all_full: bool = True  # every layer of the pass is FULL_ATTENTION
+    pools: dict[PlanKey, PoolRows] = field(default_factory=dict)  # else by group and kind, built on first use
+    all_full: bool = True  # every layer of the pass is FULL_ATTENTION, in one group
 
 
 class BatchedTorchBackend(AttentionBackend):
@@ -68,34 +69,38 @@ class BatchedTorchBackend(AttentionBackend):
         if not kv.data.is_contiguous():
             raise ValueError("torch-batched attention reads the KV pool as one contiguous tensor")
         device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
-        self._layers, kinds = tuple(layers), attention_kinds(layers)
-        singles = tuple(s for s in batch.seqs if s.query_len == 1)
-        longer = [s for s in batch.seqs if s.query_len > 1]
-        chunks = {kind: tuple(plan_chunk(s, size, device, dtype, kind) for s in longer) for kind in kinds}
-        decodes = _Decodes(_rows([s.query_start for s in singles], device), singles) if singles else None
-        native, writes = None, False
-        if self.native is not None and kv.data.dtype == torch.float32:
-            native = plan_native_decodes(self.native, singles, kv) if singles and FULL_ATTENTION in kinds else None
+        self._layers, keys = tuple(layers), plan_keys(kv, layers)
+        views = {g: batch.group(g) for g in dict.fromkeys(g for g, _ in keys)}
+        chunks = {(g, kind): tuple(plan_chunk(s, size, device, dtype, kind) for s in views[g].seqs if s.query_len > 1)
+                  for g, kind in keys}
+        singles = {g: tuple(s for s in view.seqs if s.query_len == 1) for g, view in views.items()}
+        rows = _rows([s.query_start for s in singles[0]], device) if singles[0] else None
+        decodes = {g: _Decodes(rows, seqs) for g, seqs in singles.items()} if rows is not None else None
+        native, writes, full = None, False, keys == ((0, FULL_ATTENTION),)
+        if self.native is not None and kv.data.dtype == torch.float32 and not kv.groups.windowed:
+            native = plan_native_decodes(self.native, singles[0], kv) if singles[0] and (0, FULL_ATTENTION) in keys \
+                else None
             writes = self.native.slots_problem(batch.slot_mapping, kv.data) is None  # else kv.write says what is wrong
-        self._plan = _Plan(batch.slot_mapping, decodes, chunks, batch.num_tokens, native, writes,
-                           all_full=kinds == (FULL_ATTENTION,))
+        self._plan = _Plan({g: view.slot_mapping for g, view in views.items()}, decodes, chunks, batch.num_tokens,
+                           native, writes, all_full=full)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
         assert plan is not None, "begin() must be called before forward()"
+        key = plan_key(kv, self._layers, layer)
         if plan.native_writes:
-            self.native.write(kv.data, layer, plan.slot_mapping, k, v)
+            self.native.write(kv.data, layer, plan.slot_mapping[0], k, v)
         else:
-            kv.write(layer, plan.slot_mapping, k, v)
-        kind = layer_kind(self._layers, layer)
-        chunks = plan.chunks[kind]
+            kv.write(layer, plan.slot_mapping[key[0]], k, v)
+        chunks = plan.chunks[key]
         if plan.decodes is None:
             return self._chunks_only(q, k, v, kv.layer(layer), chunks, plan.num_tokens)
-        decoded = self._decode(layer, kind, q, kv, plan, plan.decodes)  # [B, H, D]
-        if not chunks and _covers(plan.decodes.rows, plan.num_tokens):
+        decodes = plan.decodes[key[0]]
+        decoded = self._decode(layer, key, q, kv, plan, decodes)  # [B, H, D]
+        if not chunks and _covers(decodes.rows, plan.num_tokens):
             return decoded
         out = torch.empty_like(q)
-        out[plan.decodes.rows] = decoded
+        out[decodes.rows] = decoded
         cache = kv.layer(layer)
         for chunk in chunks:
             out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
@@ -105,17 +110,18 @@ class BatchedTorchBackend(AttentionBackend):
         plan = self._plan
         if plan is None or plan.native is None or not plan.native_writes or not plan.all_full:
             return None
-        if plan.chunks[FULL_ATTENTION]:
+        if plan.chunks[(0, FULL_ATTENTION)]:
             return None
-        return (self.native, plan.native) if _covers(plan.decodes.rows, plan.num_tokens) else None
+        return (self.native, plan.native) if _covers(plan.decodes[0].rows, plan.num_tokens) else None
 
-    def _decode(self, layer: int, kind: LayerAttention, q: torch.Tensor, kv: KVCache, plan: _Plan,
+    def _decode(self, layer: int, key: PlanKey, q: torch.Tensor, kv: KVCache, plan: _Plan,
                 decodes: _Decodes) -> torch.Tensor:
+        kind = key[1]
         if plan.native is not None and kind == FULL_ATTENTION:
             return self.native.attend(q[decodes.rows], kv.data, layer, plan.native)
-        if kind not in plan.pools:
-            plan.pools[kind] = plan_pool_rows(list(decodes.seqs), kv, q.shape[1], kind.window)
-        return pool_attention(q[decodes.rows], kv, layer, plan.pools[kind], kind.scale)
+        if key not in plan.pools:
+            plan.pools[key] = plan_pool_rows(list(decodes.seqs), kv, q.shape[1], kind.window)
+        return pool_attention(q[decodes.rows], kv, kv.slot(layer), plan.pools[key], kind.scale)
 
     @staticmethod
     def _chunks_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor,

@@ -15,6 +15,8 @@ planned on the pass's first layer and reused by the others. Each other kind of l
 (LayerAttention: a window, another scale) has a wrapper of its own, planned with `window_left`
 (W - 1: the positions before the query it sees) and `sm_scale`, on the same workspace (the
 wrappers run one after another on one stream).
+A hybrid model's pool (layer groups, pdserve/kv/page_groups.py) has a layout and a wrapper per
+(group, kind): each group's layers read their own pages.
 NOTE: the windowed plans have not run on a GPU yet; tests/attention checks their arguments only.
 """
 
@@ -26,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, layer_kind
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, plan_key
 from pdserve.attention.batch import ForwardBatch
 from pdserve.attention.selection import HALF_DTYPES
 from pdserve.kv.kv_cache import KVCache
@@ -72,29 +74,32 @@ class FlashInferBackend(AttentionBackend):
     def __init__(self, device: str | torch.device):
         self._device = torch.device(device)
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self._device)
-        self._wrappers = {FULL_ATTENTION: self._new_wrapper()}  # by kind of layer; others made on first use
-        self._layout: PagedLayout | None = None
-        self._slot_mapping: torch.Tensor | None = None
+        # by layer group and kind of layer; others made on first use
+        self._wrappers: dict[PlanKey, Any] = {(0, FULL_ATTENTION): self._new_wrapper()}
+        self._batch: ForwardBatch | None = None
+        self._layouts: dict[int, PagedLayout] = {}  # by layer group, made on first use
         self._layers: tuple[LayerAttention, ...] = ()
-        self._planned: set[LayerAttention] = set()
+        self._planned: set[PlanKey] = set()
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
         if kv.data.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"flashinfer attention needs a float16/bfloat16 KV pool, got {kv.data.dtype}")
-        self._layout = paged_layout(batch, kv.block_size, kv.data.device)
-        self._slot_mapping = batch.slot_mapping
+        self._batch, self._layouts = batch, {}
         self._layers = tuple(layers)
         self._planned = set()
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        layout = self._layout
-        assert layout is not None, "begin() must be called before forward()"
-        kv.write(layer, self._slot_mapping, k, v)
-        kind = layer_kind(self._layers, layer)
-        if kind not in self._planned:
-            self._plan(kind, layout, q, kv)
+        assert self._batch is not None, "begin() must be called before forward()"
+        key = plan_key(kv, self._layers, layer)
+        view = self._batch.group(key[0])
+        kv.write(layer, view.slot_mapping, k, v)
+        if key[0] not in self._layouts:
+            self._layouts[key[0]] = paged_layout(view, kv.block_size, kv.data.device)
+        layout = self._layouts[key[0]]
+        if key not in self._planned:
+            self._plan(key, layout, q, kv)
         queries = q if layout.row_order is None else q[layout.row_order]
-        out = self._wrappers[kind].run(queries.contiguous(), kv.layer(layer))  # [T, H, D]
+        out = self._wrappers[key].run(queries.contiguous(), kv.layer(layer))  # [T, H, D]
         if layout.row_order is None:
             return out
         return out.new_zeros((q.shape[0], *out.shape[1:])).index_copy_(0, layout.row_order, out)
@@ -104,10 +109,10 @@ class FlashInferBackend(AttentionBackend):
 
         return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, kv_layout="NHD")
 
-    def _plan(self, kind: LayerAttention, layout: PagedLayout, q: torch.Tensor, kv: KVCache) -> None:
-        if kind not in self._wrappers:
-            self._wrappers[kind] = self._new_wrapper()
-        self._wrappers[kind].plan(
+    def _plan(self, key: PlanKey, layout: PagedLayout, q: torch.Tensor, kv: KVCache) -> None:
+        if key not in self._wrappers:
+            self._wrappers[key] = self._new_wrapper()
+        self._wrappers[key].plan(
             layout.qo_indptr,
             layout.kv_indptr,
             layout.kv_indices,
@@ -119,9 +124,9 @@ class FlashInferBackend(AttentionBackend):
             causal=True,
             q_data_type=q.dtype,
             kv_data_type=kv.data.dtype,
-            **_kind_options(kind),
+            **_kind_options(key[1]),
         )
-        self._planned.add(kind)
+        self._planned.add(key)
 
 
 def _kind_options(kind: LayerAttention) -> dict[str, Any]:

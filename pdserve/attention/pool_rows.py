@@ -86,8 +86,8 @@ def plan_pool_rows(seqs: list[SeqSpan], kv: KVCache, num_heads: int, seen: int |
 
 def pool_attention(q: torch.Tensor, kv: KVCache, layer: int, plan: PoolRows,
                    scale: float | None = None) -> torch.Tensor:
-    """q: [B, H, D] -> [B, H, D], each sequence attending the positions `plan` lists in `layer`,
-    scores scaled by `scale` (None: 1 / sqrt(D))."""
+    """q: [B, H, D] -> [B, H, D], each sequence attending the positions `plan` lists in `layer`
+    (the layer's place in a page: KVCache.slot), scores scaled by `scale` (None: 1 / sqrt(D))."""
     batch, num_heads, head_dim = q.shape
     pool = kv.data.view(-1, head_dim)
     start = layer * plan.layer_stride

@@ -12,7 +12,8 @@ The pass is split into two kinds of work, planned once in `begin`:
     bottom-right causal mask.
 
 A layer with a window (LayerAttention) gets its own plan, the same work with masks that also hide
-the positions before its window; a pass plans once per kind of layer it holds.
+the positions before its window; a pass plans once per kind of layer it holds, and per layer
+group of a hybrid model's pool (each group reads its own pages: ForwardBatch.group).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, attention_kinds, layer_kind
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, plan_key, plan_keys
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.kv.kv_cache import KVCache
 
@@ -59,16 +60,16 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self) -> None:
-        self._plans: dict[LayerAttention, _Plan] = {}
+        self._plans: dict[PlanKey, _Plan] = {}
         self._layers: tuple[LayerAttention, ...] = ()
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
         self._layers = tuple(layers)
-        self._plans = {kind: _plan(batch, kv, kind) for kind in attention_kinds(self._layers)}
+        self._plans = {(g, kind): _plan(batch.group(g), kv, kind) for g, kind in plan_keys(kv, self._layers)}
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         assert self._plans, "begin() must be called before forward()"
-        plan = self._plans[layer_kind(self._layers, layer)]
+        plan = self._plans[plan_key(kv, self._layers, layer)]
         kv.write(layer, plan.slot_mapping, k, v)
         cache = kv.layer(layer)  # [num_blocks, 2, block_size, kv_heads, head_dim]
         if plan.covers_all:

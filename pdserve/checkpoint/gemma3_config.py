@@ -13,6 +13,9 @@
     norms, MLP            (1 + w) RMS norms, gelu_pytorch_tanh         the same (the file stores 1 + w)
     embeddings            times sqrt(hidden), tied                     the same
     final logits          final_logit_softcapping (none in Gemma 3)    gemma3.final_logit_softcapping
+    end of generation     eos_token_id; generation_config.json's       EOS, and <end_of_turn> where the
+                          [1, 106]: <eos>, <end_of_turn>               vocabulary has it (llama.cpp finds
+                                                                       a file's end of turn by its text)
 
 Attention-logit softcapping (Gemma 2's) and bidirectional attention (EmbeddingGemma) are refused.
 """
@@ -31,6 +34,7 @@ QUERY_PRE_ATTN_SCALAR = 256  # transformers' default
 LAYER_KINDS = ("sliding_attention", "full_attention")
 GELU_TANH_NAMES = ("gelu_pytorch_tanh",)
 GGUF_27B_LAYERS = 62  # llama.cpp scales the 27B's scores by its hidden size per head, not head_dim
+END_OF_TURN = "<end_of_turn>"
 
 
 def gemma3_from_hf(raw: dict[str, Any], base: ModelConfig) -> dict[str, Any]:
@@ -63,7 +67,17 @@ def gemma3_from_gguf(meta: dict[str, Any], base: ModelConfig) -> dict[str, Any]:
     return {
         **_common(base, window, locals_, _softcap(meta.get("gemma3.final_logit_softcapping")), float(per_head)),
         "local_rope_theta": float(meta.get("gemma3.rope.freq_base_swa", LOCAL_ROPE_THETA)),
+        "eos_token_ids": gguf_end_ids(meta, base.eos_token_ids),
     }
+
+
+def gguf_end_ids(meta: dict[str, Any], eos: tuple[int, ...]) -> tuple[int, ...]:
+    """`eos` (a file's end-of-generation ids) and, in a `gemma3` file, the id of <end_of_turn>."""
+    if meta.get("general.architecture") != "gemma3":
+        return eos
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    turn = [tokens.index(END_OF_TURN)] if END_OF_TURN in tokens else []
+    return tuple(dict.fromkeys([*eos, *turn]))
 
 
 def pattern_local_layers(num_layers: int, pattern: int) -> tuple[bool, ...]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pdserve.checkpoint.errors import ModelLoadError
 from pdserve.checkpoint.rope_scaling import RopeScaling
 from pdserve.kv.kv_shape import KVShape
+from pdserve.kv.page_groups import PageGroups
 
 
 class Architecture(str, enum.Enum):
@@ -105,5 +106,10 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def page_groups(self) -> PageGroups:
+        """The layer groups of its KV pages (one group unless its layers' windows differ)."""
+        return PageGroups.of(self.layer_windows) if self.layer_windows else PageGroups.single(self.num_layers)
+
     def kv_shape(self, block_size: int) -> KVShape:
+        """One block of its KV: every layer (a pool of layer groups holds pages of fewer: KVCache)."""
         return KVShape(self.num_layers, self.num_kv_heads, self.head_dim, block_size)

@@ -98,7 +98,7 @@ class Fleet:
         self.write_status()
 
     def drain(self, drain_timeout_s: float) -> None:
-        """The router first (it refuses new work and finishes what is in flight), then every
+        """The routers first (they refuse new work and finish what is in flight), then every
         worker; each gets SIGTERM and drain_timeout_s (+ a grace) before it is killed."""
         for watch in self.watches:
             watch.state = ChildState.STOPPING
@@ -125,15 +125,23 @@ class Fleet:
         os.replace(tmp, self.status_file)
 
     def status(self) -> dict:
-        router = next((w.child for w in self.watches if w.child.role == "router" and w.child.port), None)
+        """`router`, `http`: the first router's addresses; `routers`: every router's."""
+        routers = [_addresses(w.child) for w in self.watches if w.child.role == "router" and w.child.port]
+        first = routers[0] if routers else {"grpc": None, "http": None}
         return {
-            "router": f"127.0.0.1:{router.port}" if router else None,
-            "http": f"http://127.0.0.1:{router.http_port}/v1" if router and router.http_port else None,
+            "router": first["grpc"],
+            "http": first["http"],
+            "routers": routers,
             "cluster_token_file": str(self.cluster_token_file) if self.cluster_token_file else None,
             "children": [{"name": w.child.name, "role": w.child.role, "pid": w.child.pid, "port": w.child.port,
                           "metrics_port": w.child.metrics_port, "restarts": w.child.restarts,
                           "state": w.state.value} for w in self.watches],
         }
+
+
+def _addresses(router: Child) -> dict:
+    return {"name": router.name, "grpc": f"127.0.0.1:{router.port}",
+            "http": f"http://127.0.0.1:{router.http_port}/v1" if router.http_port else None}
 
 
 def describe_exit(code: int | None) -> str:

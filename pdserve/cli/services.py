@@ -24,6 +24,7 @@ from router.gateway import MAX_ACTIVE
 from router.limits import add_limit_flags
 from router.admission_flags import add_admission_flags
 from router.local_prefill import add_local_prefill_flags
+from router.stream_interval import add_stream_interval_flag
 
 DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
 PLANNER_PERIOD_S = 1.0  # --planner-period-s
@@ -113,6 +114,7 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="how long a request whose tokens are out (resuming after a fault) waits for a usable "
                         "worker before UNAVAILABLE")
     p.add_argument("--max-active", type=int, default=MAX_ACTIVE, help="requests in flight before RESOURCE_EXHAUSTED")
+    add_stream_interval_flag(p)
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
     p.add_argument("--http-port", type=int, default=None,
                    help="serve the OpenAI-compatible HTTP API here (0: any free port; default: gRPC only)")

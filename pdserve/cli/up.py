@@ -1,12 +1,15 @@
-"""`pdserve up`: router + prefill and decode workers as processes on loopback, supervised.
+"""`pdserve up`: routers + prefill and decode workers as processes on loopback, supervised.
+`--routers N` starts N routers in front of the same workers, each on ports of its own (the
+given ports, then the next ones; 0: any free port), each complete on its own (docs/ARCHITECTURE.md,
+"A tier of routers").
 
 A child that exits is restarted with backoff on the same port (pdserve/cli/fleet.py); the
-service stays up meanwhile. SIGTERM or Ctrl-C drains the router, then the workers, then exits 0.
+service stays up meanwhile. SIGTERM or Ctrl-C drains the routers, then the workers, then exits 0.
 
 The internal plane is closed: every child gets `--cluster-token-file`, a random token written
 0600 into the supervisor's workdir (or the file given with --cluster-token-file). The router
 serves its Registry on an internal port of its own, so workers started by hand with that token
-and `--register-with` can join.
+and `--register-with` (every router's internal address) can join.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.cli.services import DEFAULT_PORTS
 from pdserve.config import DeadlineConfig
 from pdserve.procs.health import wait_serving
-from pdserve.procs.supervisor import Supervisor
+from pdserve.procs.supervisor import Child, Supervisor
 from pdserve.rpc.security import write_cluster_token
+from router.flow_types import FlowConfig
 from router.admission_flags import add_admission_flags, admission_argv
 from router.local_prefill import add_local_prefill_flags, local_prefill_argv
+from router.stream_interval import add_stream_interval_flag, stream_interval_argv
 
 TICK_S = 0.2
 
@@ -43,9 +48,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Every flag of `pdserve up` (`pdserve serve` takes them too)."""
     deadlines = DeadlineConfig()
-    p.add_argument("--port", type=int, default=DEFAULT_PORTS["router"], help="the router's gRPC API")
+    p.add_argument("--port", type=int, default=DEFAULT_PORTS["router"],
+                   help="the router's gRPC API (router i of --routers: this + i)")
     p.add_argument("--http-port", type=int, default=8000,
-                   help="the router's OpenAI-compatible HTTP API (0: any free port; -1: none)")
+                   help="the router's OpenAI-compatible HTTP API (0: any free port; -1: none; router i: this + i)")
+    p.add_argument("--routers", type=_at_least_one, default=1,
+                   help="routers in front of the same workers, each with its own ports (a client may use any)")
+    p.add_argument("--wait-for-worker-s", type=float, default=FlowConfig().wait_for_worker_s,
+                   help="router: how long a request with nothing out yet waits for a usable worker before "
+                        "UNAVAILABLE (with a retry hint)")
     p.add_argument("--served-model-name", default=None,
                    help="the model's name in the HTTP API and every child's metrics (model_name)")
     p.add_argument("--vllm-metric-names", action="store_true",
@@ -82,6 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_flags(p)
     add_local_prefill_flags(p)
     add_admission_flags(p)
+    add_stream_interval_flag(p)
     p.set_defaults(run=run)
 
 
@@ -127,7 +139,8 @@ def cluster_token(args: argparse.Namespace, sup: Supervisor) -> Path:
     return args.cluster_token_file
 
 
-def start(args: argparse.Namespace, sup: Supervisor) -> int:
+def start(args: argparse.Namespace, sup: Supervisor) -> list[int]:
+    """Workers, then the routers; every router's gRPC port."""
     cluster_token(args, sup)
     roles = ["decode"] * args.decode_workers
     if args.mode == "disaggregated":
@@ -141,25 +154,47 @@ def start(args: argparse.Namespace, sup: Supervisor) -> int:
     addresses = {"prefill": [], "decode": []}
     for role, child in workers:
         addresses[role].append(f"127.0.0.1:{sup.wait_ready(child, args.ready_timeout)}")
-    router = sup.spawn("router", router_argv(args, addresses))
-    port = sup.wait_ready(router, args.ready_timeout)
-    for _, child in [*workers, ("router", router)]:
+    routers = [sup.spawn(_router_name(args, i), router_argv(args, addresses, i)) for i in range(args.routers)]
+    ports = [sup.wait_ready(router, args.ready_timeout) for router in routers]
+    _announce([child for _, child in workers], routers, args.cluster_token_file, sup.workdir)
+    return ports
+
+
+def _announce(workers: list[Child], routers: list[Child], token_file: Path, workdir: Path) -> None:
+    """Where every child listens: each router's gRPC and HTTP addresses, and their registries."""
+    for child in [*workers, *routers]:
         print(f"{child.name}: grpc 127.0.0.1:{child.port}, metrics http://127.0.0.1:{child.metrics_port}/metrics "
               f"(pid {child.pid})", flush=True)
-    if router.http_port:
-        print(f"router: HTTP (OpenAI API) http://127.0.0.1:{router.http_port}/v1", flush=True)
-    print(f"registry (workers' --register-with): 127.0.0.1:{_internal_port(router)}; cluster token in "
-          f"{args.cluster_token_file}", flush=True)
-    print(f"logs in {sup.workdir}", flush=True)
-    return port
+    for router in routers:
+        if router.http_port:
+            print(f"{router.name}: HTTP (OpenAI API) http://127.0.0.1:{router.http_port}/v1", flush=True)
+    registries = ",".join(f"127.0.0.1:{_internal_port(r)}" for r in routers)
+    print(f"registry (workers' --register-with): {registries}; cluster token in {token_file}", flush=True)
+    print(f"logs in {workdir}", flush=True)
 
 
-def _internal_port(router) -> int | None:
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, got {value}")
+    return value
+
+
+def _router_name(args: argparse.Namespace, index: int) -> str:
+    return "router" if args.routers == 1 else f"router-{index}"
+
+
+def _nth_port(port: int, index: int) -> int:
+    """Router `index`'s port from the one given (0: any free port; negative: none)."""
+    return port if port <= 0 else port + index
+
+
+def _internal_port(router: Child) -> int | None:
     return json.loads(router.ready_file.read_text()).get("internal_port")
 
 
-def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> list[str]:
-    argv = ["router", "--port", str(args.port), *metrics_argv(args),
+def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]], index: int = 0) -> list[str]:
+    argv = ["router", "--port", str(_nth_port(args.port, index)), *metrics_argv(args),
             "--prefill-workers", ",".join(addresses["prefill"]),
             "--decode-workers", ",".join(addresses["decode"]), "--drain-timeout-s", str(args.drain_timeout_s),
             "--cluster-token-file", str(args.cluster_token_file), "--internal-port", "0"]
@@ -170,14 +205,14 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]]) -> li
     if args.elastic:
         argv.append("--planner")
     argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover,
-             "--on-leave", args.on_leave]
+             "--on-leave", args.on_leave, "--wait-for-worker-s", str(args.wait_for_worker_s)]
     if args.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     if args.api_token_file:
         argv += ["--api-token-file", args.api_token_file]
     if args.http_port >= 0:
-        argv += ["--http-port", str(args.http_port)]
-    argv += local_prefill_argv(args) + admission_argv(args)
+        argv += ["--http-port", str(_nth_port(args.http_port, index))]
+    argv += local_prefill_argv(args) + admission_argv(args) + stream_interval_argv(args)
     return argv + ["--anonymous-max-priority", args.anonymous_max_priority or ("vip" if args.demo else "normal")]
 
 
@@ -186,14 +221,15 @@ def run(args: argparse.Namespace) -> int:
     fleet = Fleet(sup, status_file=args.status_file, cluster_token_file=cluster_token(args, sup))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        port = start(args, sup)
+        ports = start(args, sup)
         fleet.adopt()
-        wait_serving(f"127.0.0.1:{port}", args.ready_timeout)
-        print(f"pdserve is SERVING on 127.0.0.1:{port} (Ctrl-C to stop)", flush=True)
+        for port in ports:
+            wait_serving(f"127.0.0.1:{port}", args.ready_timeout)
+        print(f"pdserve is SERVING on {', '.join(f'127.0.0.1:{p}' for p in ports)} (Ctrl-C to stop)", flush=True)
         if args.demo:
             from pdserve.cli.demo import run_demo
 
-            run_demo(f"127.0.0.1:{port}")
+            run_demo(f"127.0.0.1:{ports[0]}")
         supervise(fleet, args.drain_timeout_s)
         return 0
     except KeyboardInterrupt:
@@ -209,7 +245,7 @@ def supervise(fleet: Fleet, drain_timeout_s: float) -> None:
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(TICK_S):
         fleet.tick()
-    print("stopping: draining the router, then the workers", flush=True)
+    print("stopping: draining the routers, then the workers", flush=True)
     fleet.drain(drain_timeout_s)
     print("pdserve stopped", flush=True)
 

@@ -49,7 +49,8 @@ class Completion:
 class PdserveError(Exception):
     """The server refused or failed the call: `code` is the gRPC status name
     (INVALID_ARGUMENT, UNAVAILABLE, ...), `details` the server's message, `retry_after_s` when the
-    server said when to try again (a RESOURCE_EXHAUSTED refusal by admission), else None."""
+    server said when to try again (a RESOURCE_EXHAUSTED refusal by admission, UNAVAILABLE when no
+    worker was usable within the router's wait), else None."""
 
     def __init__(self, code: str, details: str, retry_after_s: float | None = None):
         super().__init__(f"{code}: {details}")

@@ -25,12 +25,13 @@ def prompt_positions(chunk: ScheduledChunk) -> range:
     return range(start, max(start, min(chunk.end, request.num_prompt_tokens - 1)))
 
 
-def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device) -> ForwardBatch:
+def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device,
+                        groups: int = 1) -> ForwardBatch:
     """Logits rows: one per chunk that samples, in order, then the rows of `prompt_positions` of
-    each chunk, in order."""
+    each chunk, in order. `groups`: the pool's layer groups (tables interleave their pages)."""
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
+    slots: list[list[int]] = [[] for _ in range(groups)]  # per layer group
     seqs: list[SeqSpan] = []
     logits_rows: list[int] = []
     prompt_rows: list[int] = []
@@ -38,17 +39,23 @@ def build_forward_batch(chunks: Sequence[ScheduledChunk], block_size: int, devic
         query_start = len(ids)
         ids.extend(chunk.request.all_token_ids[chunk.start : chunk.end])
         positions.extend(range(chunk.start, chunk.end))
-        slots.extend(slots_for(chunk.block_table, chunk.start, chunk.end, block_size))
+        if groups == 1:
+            slots[0].extend(slots_for(chunk.block_table, chunk.start, chunk.end, block_size))
+        else:
+            for g in range(groups):
+                slots[g].extend(slots_for(chunk.block_table[g::groups], chunk.start, chunk.end, block_size))
         seqs.append(SeqSpan(query_start, chunk.num_tokens, chunk.end, tuple(chunk.block_table)))
         if chunk.samples:
             logits_rows.append(len(ids) - 1)
         prompt_rows.extend(query_start + p - chunk.start for p in prompt_positions(chunk))
+    group_slots = tuple(_long(group, device) for group in slots)
     return ForwardBatch(
         input_ids=_long(ids, device),
         positions=_long(positions, device),
-        slot_mapping=_long(slots, device),
+        slot_mapping=group_slots[0],
         seqs=tuple(seqs),
         logits_indices=_long(logits_rows + prompt_rows, device),
+        group_slots=group_slots if groups > 1 else (),
     )
 
 

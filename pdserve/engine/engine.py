@@ -23,7 +23,7 @@ from pdserve.engine.grammar_masks import GrammarMasks, grammar_backend
 from pdserve.engine.model_runner import ModelRunner, Sampled
 from pdserve.engine.outputs import AbortResult, Detached, RequestOutput, StepResult
 from pdserve.validation import Limits, validate_age, validate_request, validate_resumed
-from pdserve.kv.kv_cache import KVCache
+from pdserve.kv.kv_cache import kv_pools
 from pdserve.model.dtypes import serving_dtype
 from pdserve.engine.engine_model import EngineModel, load_engine_model
 from pdserve.model.loader import LoadedModel
@@ -55,10 +55,9 @@ class Engine:
         self.model_config = self.loaded.config
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
-        shape = self.model_config.kv_shape(config.cache.block_size)
-        self.kv = KVCache(shape, config.cache.num_blocks, dtype, config.device)
-        self.host_kv = KVCache(shape, config.cache.num_host_blocks, dtype, "cpu",
-                               pin_memory=torch.device(config.device).type == "cuda")
+        groups = self.model_config.page_groups()
+        self.kv, self.host_kv = kv_pools(self.model_config.kv_shape(config.cache.block_size), groups,
+                                         config.cache.num_blocks, config.cache.num_host_blocks, dtype, config.device)
         attn = make_attention_backend(config.attention_backend, torch.device(config.device), dtype)
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed,
                                   GrammarMasks(lambda: grammar_backend(config.model, self.model_config)))
@@ -66,7 +65,7 @@ class Engine:
         sched_cfg = with_preemption(config, self.measured)
         self.scheduler = make_scheduler(
             sched_cfg, config.cache, self.kv_bytes_per_token, self.max_model_len, clock,
-            hold_finished=hold_blocks,
+            hold_finished=hold_blocks, groups=groups,
         )
 
     @property

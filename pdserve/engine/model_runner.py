@@ -59,7 +59,7 @@ class ModelRunner:
         self._swap(output)
         if not output.chunks:
             return Sampled()
-        batch = build_forward_batch(output.chunks, self.kv.block_size, self.device)
+        batch = build_forward_batch(output.chunks, self.kv.block_size, self.device, self.kv.groups.count)
         sampling = [c for c in output.chunks if c.samples]
         masks = self.grammar.start([c.request for c in sampling])  # computed while the model runs
         rows = self._logits(batch)  # [S + prompt rows, V] float32 on the host, valid until the next step

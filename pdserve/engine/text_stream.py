@@ -1,5 +1,10 @@
 """Token ids in, text deltas out, for one request: streaming detokenisation plus stop strings.
 
+Work per push, not per token: the tokens of a push are decoded together and their text checked
+for stop strings once. A push in which a stop string ends the text is replayed token by token
+(once per request) to say which token completed it, so that what a caller gets does not depend
+on how the tokens were grouped.
+
 Used by the in-process LLM API and by the router (workers speak token ids only).
 """
 
@@ -15,6 +20,7 @@ from pdserve.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokeniz
 class TextDelta:
     text: str
     stopped: bool  # a stop string matched: the request ends here, `text` ends before it
+    tokens: int  # how many of the pushed tokens count: all, or (stopped) up to the one that completed the stop
 
 
 class TextStream:
@@ -27,13 +33,24 @@ class TextStream:
         return self._stops.stopped
 
     def push(self, token_ids: Sequence[int]) -> TextDelta:
+        if self._stops.empty:  # nothing to check: no marks, no replay
+            return TextDelta(self._detok.push_many(token_ids), False, len(token_ids))
+        marks = self._detok.mark(), self._stops.mark()
+        emit, stopped = self._stops.feed(self._detok.push_many(token_ids))
+        if not stopped or len(token_ids) == 1:
+            return TextDelta(emit, stopped, len(token_ids))
+        self._detok.rewind(marks[0])
+        self._stops.rewind(marks[1])
+        return self._push_each(token_ids)
+
+    def _push_each(self, token_ids: Sequence[int]) -> TextDelta:
         pieces = []
-        for token in token_ids:
+        for count, token in enumerate(token_ids, 1):
             emit, stopped = self._stops.feed(self._detok.push(token))
             pieces.append(emit)
             if stopped:
-                return TextDelta("".join(pieces), True)
-        return TextDelta("".join(pieces), False)
+                return TextDelta("".join(pieces), True, count)
+        return TextDelta("".join(pieces), False, len(token_ids))
 
     def finish(self) -> str:
         """Text held back at the end of a request that did not stop on a string."""

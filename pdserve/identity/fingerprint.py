@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 CHUNK = 8 << 20
 # In the key of a kept fingerprint: bumped whenever what a digest covers changes, so that a machine
 # never pairs a digest it kept from older code with one computed anew elsewhere.
-DIGEST_VERSION = 2
+DIGEST_VERSION = 3  # 3: a gemma3 GGUF's end-of-generation ids take in <end_of_turn>
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json")
 
 

@@ -7,6 +7,13 @@ does) and never touches KV bytes (the executor copies `swap_out` / `swap_in` pai
     block table of a request, B = block_size, C = num_computed_tokens
     [ b0 | b1 | ... | b(k-1) ]   covers tokens [0, k*B), k = ceil((C + new) / B) after allocate_slots
       └─ full blocks of computed tokens ─┘ go into the prefix cache (cache_computed, free)
+
+A hybrid model's pool (pdserve/kv/page_groups.py) holds pages of one layer group each: a block
+table then has G entries per block (entry i * G + g: block i of group g), and a windowed group's
+entries before its window are given back (NULL_PAGE) whenever the table grows, so a long request
+holds its global groups' pages for the whole context and its local groups' for the window only.
+Counts of blocks (`blocks_for`, `num_blocks`) stay in blocks of tokens; pool figures (available,
+free, active, reserve) are in pages; its prefix cache is pdserve/kv/grouped_radix_cache.py.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import NamedTuple
 
 from pdserve.config import CacheConfig
 from pdserve.kv.block_pool import Allocated, Allocation, BlockPool, OutOfBlocks
+from pdserve.kv.page_groups import NULL_PAGE, PageGroups
 from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixHandle
 from pdserve.kv.prefix_caches import make_prefix_cache
 from pdserve.kv.tokens import TokenView
@@ -71,12 +79,14 @@ class _Table:
 
 
 class KVManager:
-    def __init__(self, cfg: CacheConfig):
+    def __init__(self, cfg: CacheConfig, groups: PageGroups | None = None):
         self.block_size = cfg.block_size
-        self.device = BlockPool(cfg.num_blocks)
-        self.host = BlockPool(cfg.num_host_blocks)
-        self.prefix = make_prefix_cache(cfg.prefix_cache, self.device, cfg.block_size)
-        self.watermark_blocks = int(cfg.watermark * cfg.num_blocks)
+        self.groups = groups or PageGroups.single(1)
+        self._g = self.groups.count  # table entries per block
+        self.device = BlockPool(self.groups.pages(cfg.num_blocks))
+        self.host = BlockPool(self.groups.pages(cfg.num_host_blocks))
+        self.prefix = make_prefix_cache(cfg.prefix_cache, self.device, cfg.block_size, self.groups)
+        self.watermark_blocks = int(cfg.watermark * self.device.num_blocks)
         self._tables: dict[str, _Table] = {}
         self._host_tables: dict[str, tuple[int, ...]] = {}
         self._holds: dict[int, BlockHold] = {}
@@ -93,6 +103,22 @@ class KVManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages a table covering num_tokens tokens takes at most (its windowed groups' whole)."""
+        return self._g * self.blocks_for(num_tokens)
+
+    def num_blocks(self, request_id: str) -> int:
+        """Blocks (of tokens) the request's device table covers."""
+        return len(self._tables[request_id].blocks) // self._g
+
+    def num_host_blocks(self, request_id: str) -> int:
+        """Blocks (of tokens) the request's swapped-out table covers."""
+        return len(self._host_tables.get(request_id, ())) // self._g
+
+    def swap_in_cost(self, request_id: str) -> int:
+        """Device pages `swap_in` takes (at most)."""
+        return len(_live(self._host_tables.get(request_id, ())))
+
     def has_blocks(self, request_id: str) -> bool:
         return request_id in self._tables
 
@@ -103,8 +129,9 @@ class KVManager:
         return self._host_tables.get(request_id, ())
 
     def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
+        """Pages allocate_slots would take for num_new_tokens more."""
         held = len(self._tables[request.request_id].blocks) if request.request_id in self._tables else 0
-        return max(0, self.blocks_for(request.num_computed_tokens + num_new_tokens) - held)
+        return max(0, self.pages_for(request.num_computed_tokens + num_new_tokens) - held)
 
     def probe(self, token_ids: Sequence[int]) -> int:
         """Leading tokens of token_ids whose KV the prefix cache holds."""
@@ -126,34 +153,47 @@ class KVManager:
     def admission_cost(self, match: MatchResult, num_new_tokens: int) -> int:
         """How far `admit` would lower num_available: new blocks plus matched blocks that are
         cached (unreferenced) now."""
-        revived = sum(1 for block in match.blocks if self.device.refcount(block) == 0)
-        return self.blocks_for(match.num_tokens + num_new_tokens) - len(match.blocks) + revived
+        revived = sum(1 for block in _live(match.blocks) if self.device.refcount(block) == 0)
+        return self.pages_for(match.num_tokens + num_new_tokens) - len(match.blocks) + revived
 
-    def admit(self, request: Request, match: MatchResult, num_new_tokens: int, reserve: int = 0) -> Allocation:
+    def admit(self, request: Request, match: MatchResult, num_new_tokens: int, reserve: int = 0,
+              start: int | None = None) -> Allocation:
         """Give a request without blocks the matched prefix plus blocks for num_new_tokens more,
-        leaving `reserve` blocks available afterwards; all or nothing."""
+        leaving `reserve` blocks available afterwards; all or nothing. `start`: the position its
+        next query is at (default: the first new token's), which windowed groups need the window of."""
         assert request.request_id not in self._tables, f"{request.request_id} already holds blocks"
-        for block in match.blocks:
+        for block in _live(match.blocks):
             self.device.incref(block)
-        result = self._take(self.blocks_for(match.num_tokens + num_new_tokens) - len(match.blocks), reserve)
+        end = match.num_tokens + num_new_tokens
+        needed = self.groups.needed(self.blocks_for(end), match.num_tokens if start is None else start,
+                                    self.block_size) if self.groups.windowed else None
+        fresh = None if needed is None else needed[len(match.blocks):]
+        count = self.pages_for(end) - len(match.blocks) if fresh is None else sum(fresh)
+        result = self._take(count, reserve)
         if isinstance(result, OutOfBlocks):
-            self.device.free(match.blocks)
+            self.device.free(_live(match.blocks))
             return result
-        table = _Table([*match.blocks, *result.blocks], match.last, len(match.blocks))
+        pages = [*match.blocks, *(result.blocks if fresh is None else _spread(result.blocks, fresh))]
+        table = _Table(pages, match.last, len(match.blocks) // self._g)
         self._tables[request.request_id] = table
         return table.allocated
 
     def reserve(self, request: Request, match: MatchResult, reserve: int = 0) -> Allocation:
         """Blocks for the remote KV (match_prompt's tokens): the matched prefix shared (its KV is
-        here already), fresh blocks for the rest (their KV arrives from elsewhere)."""
-        return self.admit(request, match, request.num_remote_tokens - match.num_tokens, reserve)
+        here already), fresh blocks for the rest (their KV arrives from elsewhere). A windowed
+        group gets pages for its window before the last of those tokens only: nothing else of it
+        is ever read here, so nothing else of it is sent."""
+        return self.admit(request, match, request.num_remote_tokens - match.num_tokens, reserve,
+                          start=max(0, request.num_remote_tokens - 1))
 
     def allocate_slots(self, request: Request, num_new_tokens: int, reserve: int = 0) -> Allocation:
         """Blocks covering [0, num_computed_tokens + num_new_tokens); the whole table on success."""
         table = self._tables[request.request_id]
-        need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(table.blocks)
-        if need <= 0:  # every running decode, every step: blocks_for inlined
+        need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) * self._g - len(table.blocks)
+        if need <= 0:  # every running decode, every step: pages_for inlined
             return table.allocated
+        if self.groups.windowed:
+            self._give_back(table, request.num_computed_tokens)
         result = self._take(need, reserve)
         if isinstance(result, OutOfBlocks):
             return result
@@ -161,14 +201,24 @@ class KVManager:
         table.refresh()
         return table.allocated
 
+    def _give_back(self, table: _Table, start: int) -> None:
+        """Free the pages of windowed groups that no query at `start` or later sees."""
+        needed = self.groups.needed(len(table.blocks) // self._g, start, self.block_size)
+        dead = [i for i, keep in enumerate(needed) if not keep and table.blocks[i] != NULL_PAGE]
+        if dead:
+            self.device.free([table.blocks[i] for i in dead])
+            for i in dead:
+                table.blocks[i] = NULL_PAGE
+            table.refresh()
+
     def tables_with_room(self, requests: Sequence[Request], start: int, limit: int) -> list[tuple[int, ...]]:
         """Block tables of requests[start:], in order, while each already covers one more token
         (allocate_slots(request, 1) would allocate nothing); at most `limit`. One call for the
         decodes of a step that need no block, instead of one allocate_slots each."""
-        tables, block_size, out = self._tables, self.block_size, []
+        tables, block_size, groups, out = self._tables, self.block_size, self._g, []
         for request in itertools.islice(requests, start, start + limit):
             table = tables[request.request_id]
-            if request.num_computed_tokens >= len(table.blocks) * block_size:
+            if request.num_computed_tokens * groups >= len(table.blocks) * block_size:
                 break
             out.append(table.allocated.blocks)
         return out
@@ -217,20 +267,23 @@ class KVManager:
         self.cache_computed(request)
         table = self._tables.pop(request.request_id, None)
         if table is not None:
-            self.device.free(table.blocks)
-        self.host.free(self._host_tables.pop(request.request_id, ()))
+            self.device.free(_live(table.blocks))
+        self.host.free(_live(self._host_tables.pop(request.request_id, ())))
 
     def swap_out(self, request: Request) -> SwapResult:
         """Move the blocks of computed tokens to host blocks: (device, host) pairs to copy before
         the next forward pass. The device blocks are released (full ones stay cached)."""
         table = self._tables[request.request_id]
-        host = self.host.allocate(self.blocks_for(request.num_computed_tokens))
+        kept = table.blocks[: self.pages_for(request.num_computed_tokens)]
+        live = _live(kept)
+        host = self.host.allocate(len(live))
         if isinstance(host, OutOfBlocks):
             return host
         self.cache_computed(request)
-        pairs = tuple(zip(table.blocks, host.blocks))
-        self.device.free(self._tables.pop(request.request_id).blocks)
-        self._host_tables[request.request_id] = host.blocks
+        pairs = tuple(zip(live, host.blocks))
+        self.device.free(_live(self._tables.pop(request.request_id).blocks))
+        self._host_tables[request.request_id] = host.blocks if len(live) == len(kept) else \
+            tuple(_spread(host.blocks, [b != NULL_PAGE for b in kept]))
         return SwapPlan(pairs)
 
     def swap_in(self, request: Request, reserve: int = 0) -> SwapResult:
@@ -238,17 +291,20 @@ class KVManager:
         prefix cache are reused instead of copied. Host blocks are released at end_step."""
         host = self._host_tables[request.request_id]
         match = self.prefix.match(TokenView(request, request.num_computed_tokens))
-        for block in match.blocks:
+        for block in _live(match.blocks):
             self.device.incref(block)
-        result = self._take(len(host) - len(match.blocks), reserve)
+        live = _live(host[len(match.blocks):])
+        result = self._take(len(live), reserve)
         if isinstance(result, OutOfBlocks):
-            self.device.free(match.blocks)
+            self.device.free(_live(match.blocks))
             return result
-        table = _Table([*match.blocks, *result.blocks], match.last, len(match.blocks))
+        rest = host[len(match.blocks):]
+        pages = result.blocks if len(live) == len(rest) else _spread(result.blocks, [b != NULL_PAGE for b in rest])
+        table = _Table([*match.blocks, *pages], match.last, len(match.blocks) // self._g)
         self._tables[request.request_id] = table
         del self._host_tables[request.request_id]
-        self._host_releasing.extend(host)
-        return SwapPlan(tuple(zip(host[len(match.blocks):], result.blocks)))
+        self._host_releasing.extend(_live(host))
+        return SwapPlan(tuple(zip(live, result.blocks)))
 
     def end_step(self) -> None:
         """The executor has run the step: host blocks read by its swap-ins may be reused.
@@ -266,10 +322,10 @@ class KVManager:
         self.cache_computed(request)
         table = self._tables.get(request.request_id)
         count = self.blocks_for(request.num_computed_tokens if num_tokens is None else num_tokens)
-        blocks = tuple(table.blocks[:count]) if table is not None else ()
-        for block in blocks:
+        blocks = tuple(table.blocks[: count * self._g]) if table is not None else ()
+        for block in _live(blocks):
             self.device.incref(block)
-        self._hold_refs.update(blocks)
+        self._hold_refs.update(_live(blocks))
         hold = BlockHold(request.request_id, blocks, min(request.num_computed_tokens, count * self.block_size),
                          next(self._hold_ids))
         self._holds[hold.hold_id] = hold
@@ -294,10 +350,11 @@ class KVManager:
         """Give back a hold's references. Idempotent."""
         if self._holds.pop(hold.hold_id, None) is None:
             return
-        _drop(self._hold_refs, hold.blocks)
+        live = _live(hold.blocks)
+        _drop(self._hold_refs, live)
         if hold.quarantined:
-            _drop(self._quarantine_refs, hold.blocks)
-        self.device.free(hold.blocks)
+            _drop(self._quarantine_refs, live)
+        self.device.free(live)
 
     def num_held_only(self) -> int:
         """Blocks only holds keep: they come back when those holds are released."""
@@ -316,20 +373,21 @@ class KVManager:
         self.device.check_integrity()
         self.host.check_integrity()
         self.prefix.check_integrity(self.device)
-        device_refs = Counter(b for t in self._tables.values() for b in t.blocks)
-        held = Counter(b for h in self._holds.values() for b in h.blocks)
+        device_refs = Counter(b for t in self._tables.values() for b in _live(t.blocks))
+        held = Counter(b for h in self._holds.values() for b in _live(h.blocks))
         assert held == self._hold_refs, "hold references drifted"
-        quarantined = Counter(b for h in self._holds.values() if h.quarantined for b in h.blocks)
+        quarantined = Counter(b for h in self._holds.values() if h.quarantined for b in _live(h.blocks))
         assert quarantined == self._quarantine_refs, "quarantine references drifted"
         device_refs.update(held)
         for block in range(self.device.num_blocks):
             assert self.device.refcount(block) == device_refs[block], f"device block {block} refcount"
-        host_refs = Counter(b for blocks in self._host_tables.values() for b in blocks)
+        host_refs = Counter(b for blocks in self._host_tables.values() for b in _live(blocks))
         host_refs.update(self._host_releasing)
         for block in range(self.host.num_blocks):
             assert self.host.refcount(block) == host_refs[block], f"host block {block} refcount"
         for table in self._tables.values():
             assert table.allocated.blocks == tuple(table.blocks)
+            assert len(table.blocks) % self._g == 0, "a table covers part of a block's groups"
             assert table.cursor.depth == table.num_cached or table.cursor.depth == 0
 
 
@@ -338,3 +396,14 @@ def _drop(refs: Counter[int], blocks: Sequence[int]) -> None:
         refs[block] -= 1
         if not refs[block]:
             del refs[block]
+
+
+def _live(blocks: Sequence[int]) -> Sequence[int]:
+    """The pages a table entry list holds (NULL_PAGE entries left out)."""
+    return blocks if NULL_PAGE not in blocks else [b for b in blocks if b != NULL_PAGE]
+
+
+def _spread(pages: Sequence[int], needed: Sequence[bool]) -> list[int]:
+    """Table entries: the next of `pages` where needed, NULL_PAGE elsewhere."""
+    taken = iter(pages)
+    return [next(taken) if keep else NULL_PAGE for keep in needed]

@@ -73,3 +73,12 @@ def block_keys(token_ids: Sequence[int], block_size: int, first: int, end: int) 
     """Token ids of blocks first..end-1, one tuple per block."""
     return [tuple(token_ids[i * block_size:(i + 1) * block_size]) for i in range(first, end)]
 
+
+
+def tree_nodes(root):
+    """Every node below `root` of a radix tree (nodes with a `children` dict), in no set order."""
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children.values())

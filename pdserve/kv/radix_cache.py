@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pdserve.kv.block_pool import BlockPool
-from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixCache, PrefixHandle, block_keys
+from pdserve.kv.prefix_cache import InsertResult, MatchResult, PrefixCache, PrefixHandle, block_keys, tree_nodes
 
 
 class _Node:
@@ -76,18 +76,11 @@ class RadixPrefixCache(PrefixCache):
             self._pool.evict(block)
         return len(victims)
 
-    def _nodes(self):
-        stack = list(self._root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
     def num_blocks(self) -> int:
         return len(self._by_block)
 
     def check_integrity(self, pool: BlockPool) -> None:
-        nodes = list(self._nodes())
+        nodes = list(tree_nodes(self._root))
         assert len(nodes) == len(self._by_block), "node count drifted"
         assert all(self._by_block[n.block] is n for n in nodes), "block index drifted"
         blocks = {n.block for n in nodes}

@@ -27,7 +27,7 @@ from pdserve.parallel.config import TensorParallelConfig
 
 if TYPE_CHECKING:
     from pdserve.attention.base import AttentionBackend
-    from pdserve.kv.kv_cache import KVCache
+    from pdserve.kv.kv_cache import kv_pools
     from pdserve.parallel.communicator import Communicator
 
 EXIT_PARENT_GONE = 3
@@ -71,16 +71,15 @@ def store_key(stage: str, rank: int) -> str:
 
 def build_state(spec: FollowerSpec, comm: Communicator) -> FollowerState:
     from pdserve.attention import make_attention_backend
-    from pdserve.kv.kv_cache import KVCache
+    from pdserve.kv.kv_cache import kv_pools
     from pdserve.model.dtypes import serving_dtype
     from pdserve.parallel.shard_load import load_model_shard
 
     cfg, device = spec.engine, rank_device(spec.engine.device, spec.rank)
     dtype = serving_dtype(cfg.dtype, device)
     loaded = load_model_shard(cfg.model, device, dtype, comm)
-    shape = loaded.config.kv_shape(cfg.cache.block_size)
-    kv = KVCache(shape, cfg.cache.num_blocks, dtype, device)
-    host_kv = KVCache(shape, cfg.cache.num_host_blocks, dtype, "cpu", pin_memory=device.type == "cuda")
+    kv, host_kv = kv_pools(loaded.config.kv_shape(cfg.cache.block_size), loaded.config.page_groups(),
+                           cfg.cache.num_blocks, cfg.cache.num_host_blocks, dtype, device)
     attn = make_attention_backend(cfg.attention_backend, device, dtype)
     return FollowerState(loaded.model, kv, host_kv, attn, device)
 

@@ -41,17 +41,19 @@ class ForwardPlan:
     slot_mapping: np.ndarray  # [T] int64
     logits_indices: np.ndarray  # [S] int64
     seqs: tuple[SeqSpan, ...]
+    group_slots: tuple[np.ndarray, ...] = ()  # per layer group of a hybrid model's pool
 
     @classmethod
     def of(cls, batch: ForwardBatch) -> "ForwardPlan":
         arrays = (batch.input_ids, batch.positions, batch.slot_mapping, batch.logits_indices)
-        return cls(*(t.cpu().numpy() for t in arrays), batch.seqs)
+        return cls(*(t.cpu().numpy() for t in arrays), batch.seqs, tuple(t.cpu().numpy() for t in batch.group_slots))
 
     def batch(self, device: torch.device) -> ForwardBatch:
         ids, positions, slots, rows = (torch.from_numpy(a).to(device)
                                        for a in (self.input_ids, self.positions, self.slot_mapping,
                                                  self.logits_indices))
-        return ForwardBatch(ids, positions, slots, self.seqs, rows)
+        groups = tuple(torch.from_numpy(a).to(device) for a in self.group_slots)
+        return ForwardBatch(ids, positions, slots, self.seqs, rows, groups)
 
     def run(self, state: "FollowerState") -> None:
         state.model.forward(self.batch(state.device), state.kv, state.attn)

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import grpc
 
-from pdserve.errors import (ChecksumMismatch, CorruptKV, DuplicateRequestError, EngineFailed, IncompatibleError,
-                            InvalidRequestError, OverloadedError, PeerFault)
+from pdserve.errors import (ChecksumMismatch, ClientAborted, CorruptKV, DuplicateRequestError, EngineFailed,
+                            IncompatibleError, InvalidRequestError, OverloadedError, PeerFault)
 from pdserve.rpc.convert import WireError
 from pdserve.tokenizer.base import ChatTemplateError
 
@@ -28,7 +28,12 @@ RETRY_METADATA = "grpc-retry-pushback-ms"  # when to try again (gRFC A6's server
 
 
 class Unavailable(RuntimeError):
-    """No worker can take the request now, or the one serving it died (maps to UNAVAILABLE)."""
+    """No worker can take the request now, or the one serving it died (maps to UNAVAILABLE).
+    `retry_after_s`, when known: when trying again may find one (sent as OverloadedError's is)."""
+
+    def __init__(self, message: str = "", retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Withdrawn(Unavailable):
@@ -60,6 +65,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ClientAborted, grpc.StatusCode.ABORTED),
 )
 
 
@@ -80,7 +86,7 @@ class Failure(NamedTuple):
     code: grpc.StatusCode
     details: str
     peer: str | None  # a PeerFault's culprit, sent as trailing metadata
-    retry_after_s: float | None = None  # an OverloadedError's hint, sent as RETRY_METADATA
+    retry_after_s: float | None = None  # the refusal's hint (retry_after_of), sent as RETRY_METADATA
 
     def end(self, context: grpc.aio.ServicerContext) -> None:
         """Sets the call's status; the handler then returns (no AbortError, whose traceback
@@ -103,7 +109,12 @@ def failure_of(exc: Exception) -> Failure:
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
     peer = exc.peer if isinstance(exc, PeerFault) else NOBODY if isinstance(exc, Withdrawn) else \
         SENDER if isinstance(exc, ChecksumMismatch) else None
-    return Failure(code, details or type(exc).__name__, peer, exc.retry_after_s if isinstance(exc, OverloadedError) else None)
+    return Failure(code, details or type(exc).__name__, peer, retry_after_of(exc))
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """When trying again may succeed, for a refusal that knows (full queues, no worker now)."""
+    return exc.retry_after_s if isinstance(exc, (OverloadedError, Unavailable)) else None
 
 
 class Undecodable:

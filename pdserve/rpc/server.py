@@ -11,6 +11,7 @@ from grpc_reflection.v1alpha import reflection
 
 from pdserve.rpc.errors import ErrorInterceptor
 
+LIVENESS = "liveness"  # health's service for liveness probes: SERVING while the process answers, ready or not
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -45,6 +46,7 @@ class RunningServer:
     health_server: grpc.aio.Server | None = None
 
     async def set_serving(self, serving: bool) -> None:
+        """Readiness: the overall status ("") and every service's; LIVENESS stays SERVING."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *self.service_names):
             await self.health.set(name, status)
@@ -81,6 +83,7 @@ async def start_server(
     if health_port is not None:
         running.health_server = await _start_health_server(health_servicer, host, health_port)
     await running.set_serving(False)
+    await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
     return running
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from pdserve.config import CacheConfig, SchedulerConfig
 from pdserve.kv.manager import KVManager
+from pdserve.kv.page_groups import PageGroups
 from pdserve.scheduler.base import Scheduler
 from pdserve.scheduler.chunking import CappedChunks, ChunkPolicy, WholePrompt
 from pdserve.scheduler.finished_kv import FreeFinished, HoldFinished
@@ -42,13 +43,14 @@ def _modes(cfg: SchedulerConfig, cache: CacheConfig, kv_bytes_per_token: int) ->
 
 def make_scheduler(sched_cfg: SchedulerConfig, cache_cfg: CacheConfig, kv_bytes_per_token: int,
                    max_model_len: int, clock: Callable[[], float] = time.monotonic, *,
-                   hold_finished: bool = False) -> Scheduler:
+                   hold_finished: bool = False, groups: PageGroups | None = None) -> Scheduler:
     """Context limit: max_model_len, capped by the device pool so one request always fits alone.
     `hold_finished` (prefill workers): a finished request's blocks stay in a hold until
-    release_hold, so its KV can still be sent."""
+    release_hold, so its KV can still be sent. `groups`: a hybrid model's layer groups (the pool
+    then holds cache_cfg.num_blocks blocks' bytes in pages of one group each)."""
     if sched_cfg.policy not in POLICIES:
         raise ValueError(f"unknown scheduler policy {sched_cfg.policy!r}; one of {sorted(POLICIES)}")
-    kv = KVManager(cache_cfg)
+    kv = KVManager(cache_cfg, groups)
     max_model_len = min(max_model_len, cache_cfg.num_blocks * cache_cfg.block_size)
     queues = Queues(_order(sched_cfg), sched_cfg.max_running)
     preemptor = Preemptor(kv, queues, LowestClassLatest(), _modes(sched_cfg, cache_cfg, kv_bytes_per_token))

@@ -36,6 +36,6 @@ class HoldAll(FinishedKV):
     the engine knows the transfer is over (abort or finish while receiving)."""
 
     def settle(self, kv: KVManager, request: Request) -> BlockHold | None:
-        hold = kv.hold(request, num_tokens=len(kv.block_table(request.request_id)) * kv.block_size)
+        hold = kv.hold(request, num_tokens=kv.num_blocks(request.request_id) * kv.block_size)
         kv.free(request)
         return hold

@@ -38,5 +38,5 @@ class VipReserve:
 
     def worst_case_blocks(self, request: Request) -> int:
         """NOTE: a request never outgrows prompt + max_tokens: it finishes there."""
-        return self._kv.blocks_for(min(request.num_prompt_tokens + request.sampling.max_tokens,
+        return self._kv.pages_for(min(request.num_prompt_tokens + request.sampling.max_tokens,
                                        self._max_model_len))

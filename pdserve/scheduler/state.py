@@ -183,14 +183,14 @@ def _check_request(request: Request, kv: KVManager, receiving: bool) -> None:
     rid, computed = request.request_id, request.num_computed_tokens
     assert 0 <= computed <= request.num_tokens
     if request.state == RequestState.RUNNING:
-        held = len(kv.block_table(rid))
+        held = kv.num_blocks(rid)
         assert not kv.host_blocks(rid)
         if receiving:
             assert computed == 0 and held == kv.blocks_for(request.num_remote_tokens)
         else:
             assert kv.blocks_for(computed) <= held <= kv.blocks_for(request.num_tokens), f"{rid} table size"
     elif request.state == RequestState.SWAPPED:
-        assert not kv.has_blocks(rid) and len(kv.host_blocks(rid)) == kv.blocks_for(computed)
+        assert not kv.has_blocks(rid) and kv.num_host_blocks(rid) == kv.blocks_for(computed)
     else:
         assert request.state == RequestState.WAITING and computed == 0, f"{rid} waiting with KV"
         assert not kv.has_blocks(rid) and not kv.host_blocks(rid)

@@ -132,7 +132,7 @@ class Steps:
         if head.group == Group.RUNNING:
             return self._kv.num_new_blocks(request, self._chunk_size(plan, request, request.num_computed_tokens))
         if head.group == Group.SWAPPED:
-            return len(self._kv.host_blocks(request.request_id))
+            return self._kv.swap_in_cost(request.request_id)
         if request.request_id in self._q.remote:
             match = self._kv.match_prompt(request)
             return self._kv.admission_cost(match, request.num_remote_tokens - match.num_tokens)
@@ -206,7 +206,7 @@ class Steps:
             return False
         request.num_cached_tokens = match.num_tokens
         self._q.reserve(request, plan.now)
-        plan.reserved.append(Reservation(request, result.blocks, len(match.blocks)))
+        plan.reserved.append(Reservation(request, result.blocks, match.num_tokens // self._kv.block_size))
         plan.touched.add(request.request_id)
         return True
 

@@ -209,11 +209,13 @@ class Metrics:
         self.queue_time.labels(self.model_name, label(priority)).observe(seconds)
 
     def observe_timeline(self, timeline: TokenTimeline) -> None:
-        """TTFT, every inter-token gap and (when finished) end-to-end time of one request."""
+        """TTFT, every inter-token gap and (when finished) end-to-end time of one request: once, at
+        its end, a gap per delivery (a step's tokens arrive as one), never per token."""
         if timeline.ttft is not None:
             self.observe_ttft(timeline.ttft)
+        itl = self.itl.labels(self.model_name)
         for gap in timeline.inter_token_latencies():
-            self.observe_inter_token(gap)
+            itl.observe(gap)
         if timeline.e2e is not None:
             self.observe_e2e(timeline.e2e)
 

@@ -67,7 +67,8 @@ class Tokenizer(ABC):
 
         Raises ChatTemplateError for a malformed message, a template error (including the
         template's own `raise_exception`), or a model without a chat template: there is no
-        fallback format, because a guessed one silently degrades answers.
+        guessed format, because a guessed one silently degrades answers (the one fallback is an
+        architecture's own documented format, for a GGUF file that leaves it out: chat_fallback.py).
 
         NOTE: the text does not say which special-token strings the template wrote: `encode` of
         it would turn strings typed into messages into control tokens. Use `apply_chat_template`.

@@ -1,14 +1,17 @@
-"""Streaming detokenisation: one token in, only new complete text out.
+"""Streaming detokenisation: tokens in (one, or a step's worth), only new complete text out.
 
-Each push decodes a short window instead of the whole output:
+Each push decodes a short window instead of the whole output, twice per push whatever the number
+of tokens it brings (the tokenizer's native decode does the per-token work):
 
     ids:   ... | prefix_offset ........ read_offset ........ len(ids)
                  |<- already emitted ->|<- not yet emitted ->|
     new text = decode(ids[prefix:]) minus decode(ids[prefix:read])
 
 The window is emitted only when its text does not end in U+FFFD, i.e. when the bytes so far end
-on a complete character; a character split across tokens is held back until its last byte comes.
-`read_offset` therefore always sits on a character boundary, so decoding from there is exact.
+on a complete character; a character split across tokens is held back until its last byte comes
+(a push of several tokens emits up to the last one that ends a character: an unfinished one
+spans at most MAX_SPLIT_TOKENS tokens). `read_offset` therefore always sits on a character
+boundary, so decoding from there is exact.
 
 NOTE: for byte-level tokenizers the concatenation of every `push` and the final `flush` equals
 `decode(output_ids)`. The window starts with a few prompt tokens as context; for decoders that
@@ -19,11 +22,21 @@ as `decode(prompt + output)` would.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from pdserve.tokenizer.base import Tokenizer
 
 _CONTEXT_TOKENS = 4
 _REPLACEMENT = "\ufffd"
+MAX_SPLIT_TOKENS = 3  # a character's first three UTF-8 bytes at most, in as many tokens
+
+
+class DetokenizerMark(NamedTuple):
+    """Where a detokenizer stood (`mark`), to go back to (`rewind`)."""
+
+    ids: int
+    prefix_offset: int
+    read_offset: int
 
 
 class IncrementalDetokenizer:
@@ -55,20 +68,39 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one generated token; the text it completes (possibly empty)."""
-        self._ids.append(token_id)
-        self._output_ids.append(token_id)
-        return self._advance(final=False)
+        return self.push_many((token_id,))
+
+    def push_many(self, token_ids: Sequence[int]) -> str:
+        """Add generated tokens; the text they complete (possibly empty), in one window's decode."""
+        pushed_from = len(self._ids)
+        self._ids.extend(token_ids)
+        self._output_ids.extend(token_ids)
+        return self._advance(final=False, shortest=max(pushed_from + 1, len(self._ids) - MAX_SPLIT_TOKENS))
+
+    def mark(self) -> DetokenizerMark:
+        return DetokenizerMark(len(self._ids), self._prefix_offset, self._read_offset)
+
+    def rewind(self, mark: DetokenizerMark) -> None:
+        """Back to where `mark` was taken: the tokens pushed since are forgotten."""
+        del self._output_ids[len(self._output_ids) - (len(self._ids) - mark.ids):]
+        del self._ids[mark.ids:]
+        self._prefix_offset, self._read_offset = mark.prefix_offset, mark.read_offset
 
     def flush(self) -> str:
         """Text still held back at the end of the stream (an unfinished character as U+FFFD)."""
-        return self._advance(final=True)
+        return self._advance(final=True, shortest=len(self._ids))
 
-    def _advance(self, final: bool) -> str:
-        window = self._ids[self._prefix_offset :]
+    def _advance(self, final: bool, shortest: int) -> str:
+        """Emits the window up to the last token that ends a character (at `shortest` or after:
+        ends before it were tried by earlier pushes)."""
         before = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        text = self._decode(window)
+        end = len(self._ids)
+        text = self._decode(self._ids[self._prefix_offset : end])
+        while not final and text.endswith(_REPLACEMENT) and end > shortest:  # the tokens before a split character
+            end -= 1
+            text = self._decode(self._ids[self._prefix_offset : end])
         if len(text) <= len(before) or (text.endswith(_REPLACEMENT) and not final):
             return ""
         self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
+        self._read_offset = end
         return text[len(before) :]

@@ -13,8 +13,9 @@ from typing import Any
 
 from tokenizers import Tokenizer as Backend
 
+from pdserve.checkpoint.gemma3_config import gguf_end_ids
 from pdserve.tokenizer.base import UnsupportedTokenizerError
-from pdserve.tokenizer.chat_template import ChatTemplate
+from pdserve.tokenizer.chat_fallback import gguf_chat_template
 from pdserve.tokenizer.fast import FastTokenizer, SpecialTokens
 from pdserve.tokenizer.gguf_bpe import byte_alphabet, byte_level_backend
 from pdserve.tokenizer.gguf_metadata import read_gguf_metadata
@@ -38,11 +39,11 @@ def gguf_backend(meta: dict[str, Any], path: str = "") -> Backend:
 
 
 def gguf_special_tokens(meta: dict[str, Any]) -> SpecialTokens:
-    """BOS and every end-of-generation id (EOS, end-of-turn, end-of-message)."""
+    """BOS and every end-of-generation id (EOS, end-of-turn, end-of-message; Gemma 3's <end_of_turn>)."""
     eos = [meta.get(f"tokenizer.ggml.{key}") for key in ("eos_token_id", "eot_token_id", "eom_token_id")]
     return SpecialTokens(
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=tuple(dict.fromkeys(i for i in eos if i is not None)),
+        eos_token_ids=gguf_end_ids(meta, tuple(dict.fromkeys(i for i in eos if i is not None))),
     )
 
 
@@ -60,6 +61,4 @@ class GGUFTokenizer(FastTokenizer):
 
     def __init__(self, path: str) -> None:
         meta = _with_kind_defaults(read_gguf_metadata(path))
-        source = meta.get("tokenizer.chat_template")
-        template = ChatTemplate(source) if source else None
-        super().__init__(gguf_backend(meta, path), gguf_special_tokens(meta), template)
+        super().__init__(gguf_backend(meta, path), gguf_special_tokens(meta), gguf_chat_template(meta, path))

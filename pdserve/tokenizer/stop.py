@@ -1,7 +1,8 @@
 """Stop strings over a text stream.
 
 The matcher keeps back the longest tail of the text that could still grow into a stop string,
-so a stop string split across pieces is found and never half-emitted:
+so a stop string split across pieces is found and never half-emitted; each piece is searched with
+that tail only (the new text plus at most the longest stop string's length), never the text before:
 
     fed:   "The answer is 4" | "2.\\n\\nUser"        stops = ("\\n\\nUser",)
     emit:  "The answer is 4"  | "2."   stopped        (the stop string itself is never emitted)
@@ -31,6 +32,13 @@ def validate_stop_strings(stops: Sequence[str]) -> tuple[str, ...]:
     return tuple(stops)
 
 
+class StopMark(NamedTuple):
+    """Where a matcher stood (`mark`), to go back to (`rewind`)."""
+
+    held: str
+    stopped: bool
+
+
 class StopStringMatcher:
     """Finds the earliest stop string in a stream fed piece by piece. One per request."""
 
@@ -43,10 +51,22 @@ class StopStringMatcher:
     def stopped(self) -> bool:
         return self._stopped
 
+    @property
+    def empty(self) -> bool:
+        """No stop strings: nothing fed ever stops the stream."""
+        return not self._stops
+
+    def mark(self) -> StopMark:
+        return StopMark(self._held, self._stopped)
+
+    def rewind(self, mark: StopMark) -> None:
+        """Back to where `mark` was taken: the text fed since is forgotten."""
+        self._held, self._stopped = mark
+
     def feed(self, text: str) -> StopResult:
         """Add the next piece of the stream. After a stop, every feed returns ("", True)."""
-        if self._stopped:
-            return StopResult("", True)
+        if self._stopped or not self._stops:
+            return StopResult("" if self._stopped else text, self._stopped)
         buffer = self._held + text
         match = self._earliest_match(buffer)
         keep = self._partial_tail(buffer)
@@ -77,9 +97,10 @@ class StopStringMatcher:
     def _partial_tail(self, buffer: str) -> int:
         """Length of the longest tail of `buffer` that is a proper prefix of a stop string."""
         longest = 0
+        last = buffer[-1:]
         for stop in self._stops:
             for size in range(min(len(stop) - 1, len(buffer)), longest, -1):
-                if buffer.endswith(stop[:size]):
+                if stop[size - 1] == last and buffer.endswith(stop[:size]):
                     longest = size
                     break
         return longest

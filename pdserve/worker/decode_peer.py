@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from pdserve.kv.page_groups import pages_from_wire, pages_to_wire
 from pdserve.errors import CorruptKV, IncompatibleError, InvalidRequestError, PeerFault
 from pdserve.rpc.bounds import check_address, check_id, check_kv_address
 from pdserve.rpc.channels import ChannelPool
@@ -27,7 +28,7 @@ def target_from_pb(t: wpb.KVReservation, transport: str, identity: str) -> Targe
     if t.transport != transport:
         raise InvalidRequestError(f"reservation over transport {t.transport[:32]!r}; this worker sends over "
                                   f"{transport!r}")
-    return Target(check_id("transfer_id", t.transfer_id), check_kv_address(t.kv_address), tuple(t.block_ids),
+    return Target(check_id("transfer_id", t.transfer_id), check_kv_address(t.kv_address), pages_from_wire(t.block_ids),
                   t.block_size, t.block_nbytes, check_address("decode_endpoint", t.decode_endpoint),
                   t.kv_secret, t.num_blocks, t.cached_blocks, kv_ranks_from_pb(t.ranks))
 
@@ -41,7 +42,7 @@ class GrpcDecodePeer(DecodePeer):
 
     async def push_kv(self, endpoint: str, piece: Piece) -> None:
         message = wpb.KVPiece(transfer_id=piece.transfer_id, seq=piece.seq, block_index=piece.block_index,
-                              src_block_ids=list(piece.src_block_ids), timeout_s=piece.timeout_s,
+                              src_block_ids=pages_to_wire(piece.src_block_ids), timeout_s=piece.timeout_s,
                               kv_secret=piece.secret, tensor_parallel_size=piece.senders if piece.senders > 1 else 0,
                               kv_addresses=list(piece.addresses))
         try:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pdserve.errors import InvalidRequestError, PeerFault
+from pdserve.kv.page_groups import NULL_PAGE, live_pairs
 from pdserve.parallel.kv_ranks import RankEnd, RanksSender, check_ends
 from pdserve.transfer import TransferError, TransferResult
 from pdserve.transfer.checksum import NONE
@@ -80,9 +81,11 @@ class DecodePeer(abc.ABC):
         they do not."""
 
 
-def check_target(target: Target, sender: RanksSender, block_size: int, block_nbytes: int, kv_tokens: int) -> None:
-    """InvalidRequestError unless `sender` (blocks of `block_size` tokens, `block_nbytes` per rank)
-    can fill `target` with the KV of `kv_tokens` tokens: its secret, layout and block ids."""
+def check_target(target: Target, sender: RanksSender, block_size: int, block_nbytes: int, kv_tokens: int,
+                 groups: int = 1) -> None:
+    """InvalidRequestError unless `sender` (blocks of `block_size` tokens, `block_nbytes` per rank,
+    pages of `groups` layer groups) can fill `target` with the KV of `kv_tokens` tokens: its
+    secret, layout and block ids (a table entry per block and group: pdserve/kv/page_groups.py)."""
     try:
         check_secret(target.secret)
     except ValueError as exc:
@@ -97,19 +100,20 @@ def check_target(target: Target, sender: RanksSender, block_size: int, block_nby
         raise InvalidRequestError(
             f"KV layout mismatch: decode blocks are {target.block_size} tokens / {target.block_nbytes} bytes, "
             f"here {block_size} / {block_nbytes} (same model and block size needed)")
-    _check_blocks(target, -(-kv_tokens // block_size))
+    _check_blocks(target, groups * -(-kv_tokens // block_size), groups)
 
 
-def _check_blocks(target: Target, needed: int) -> None:
-    """One distinct decode block per block of the KV, each inside the pool it states, and at
-    least the last one to send."""
+def _check_blocks(target: Target, needed: int, groups: int) -> None:
+    """One distinct decode block per block (and layer group) of the KV, each inside the pool it
+    states, unless the decode worker needs none there (NULL_PAGE), and at least the last one to send."""
     ids = target.block_ids
     if len(ids) != needed:
         raise InvalidRequestError(f"reservation of {len(ids)} blocks for KV of {needed} blocks")
-    if not 0 <= target.cached_blocks < len(ids):
+    if not 0 <= target.cached_blocks * groups < len(ids):
         raise InvalidRequestError(f"cached_blocks {target.cached_blocks} of a {len(ids)}-block reservation: the "
                                   "last block is always sent")
-    if len(set(ids)) != len(ids) or any(b >= target.num_blocks for b in ids):
+    live = [b for b in ids if b != NULL_PAGE]
+    if len(set(live)) != len(live) or any(not 0 <= b < target.num_blocks for b in live) or ids[-1] == NULL_PAGE:
         raise InvalidRequestError(f"reservation block ids repeated or outside the decode pool of "
                                   f"{target.num_blocks} blocks")
 
@@ -124,7 +128,10 @@ async def send_piece(sender: RanksSender, peer: DecodePeer, target: Target, piec
     # The decode worker confirms these are its receivers before any byte goes (a damaged address
     # could crash the transport's native code).
     await peer.push_kv(target.decode_endpoint, dataclasses.replace(piece, addresses=tuple(e.address for e in ends)))
-    pairs = list(zip(piece.src_block_ids, target.block_ids[piece.block_index:]))
+    try:
+        pairs = live_pairs(piece.src_block_ids, target.block_ids[piece.block_index:])
+    except ValueError as exc:
+        raise InvalidRequestError(f"KV of {piece.transfer_id}: {exc}") from None
 
     async def send() -> TransferResult:
         try:
@@ -132,5 +139,6 @@ async def send_piece(sender: RanksSender, peer: DecodePeer, target: Target, piec
         except TransferError as exc:
             raise PeerFault(f"KV send to {target.decode_endpoint} failed: {exc}") from exc
 
-    result, checksum = await sums.send(piece.src_block_ids, send) if sums is not None else (await send(), NONE)
+    sent = [src for src, _ in pairs]
+    result, checksum = await sums.send(sent, send) if sums is not None else (await send(), NONE)
     return Sent(result.nbytes, len(result.runs), time.perf_counter() - started, checksum)

@@ -8,10 +8,13 @@ from typing import Protocol
 from opentelemetry import trace
 
 from pdserve.engine.async_engine import AsyncEngine
+from pdserve.aborts import Owner
 from pdserve.rpc.drain import Drain
+from pdserve.rpc.owners import owner_of, scope_from_pb
 from pdserve.identity import WorkerIdentity
 from pdserve.rpc.stats import identity_to_pb, stats_to_pb
 from pdserve.v1 import worker_pb2 as wpb
+from pdserve.worker.client_aborts import ClientAborts
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.prefix_probe import cached_prefix
 from pdserve.worker.role import RoleState
@@ -38,6 +41,15 @@ class CommonWorkerRpcs:
         self.address = ""  # host:port the fleet reaches this worker at: set at start-up, before it serves
         self.roles: RoleState | None = None  # an elastic worker's role, shared by both roles' servicers
         self.identity: WorkerIdentity | None = None  # what it serves: set at start-up, before it serves
+        # Aborts by owner, over this role's requests (an elastic worker's roles share one: serve_roles).
+        self.aborts = ClientAborts([worker.live])
+
+    def refuse_if_aborted(self, request: wpb.WorkerRequest) -> Owner | None:
+        """The request's owner, unless its client's Abort came first (ClientAborted: ABORTED). Call
+        it in the same turn of the event loop as the open that enters the request in its table."""
+        owner = owner_of(request)
+        self.aborts.refuse_if_aborted(owner)
+        return owner
 
     def refuse_unless_serving(self) -> None:
         """New work of this servicer's role: refused while draining, and on an elastic worker
@@ -54,7 +66,11 @@ class CommonWorkerRpcs:
         return wpb.MatchPrefixResponse(cached_tokens=await cached_prefix(self.worker.engine, request.token_ids))
 
     async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
-        return wpb.WorkerAbortResponse(found=self.worker.live.abort(request.request_id))
+        """One attempt by its id (its router's), or every request of an owner (any router's)."""
+        owner = owner_of(request)
+        if owner is None:
+            return wpb.WorkerAbortResponse(found=self.worker.live.abort(request.request_id))
+        return wpb.WorkerAbortResponse(found=self.aborts.apply(owner, scope_from_pb(request.scope)))
 
     async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
         engine = self.worker.engine

@@ -8,6 +8,7 @@ import enum
 import time
 from collections.abc import AsyncIterator
 
+from pdserve.aborts import Owner
 from pdserve.coalescing import NOTHING, joined_tokens, merged_with_waiting
 from pdserve.worker.events import Departed, Event, Failed, Finished, FirstToken, Tokens
 
@@ -21,8 +22,10 @@ class Ending(enum.Enum):
 
 
 class Session:
-    def __init__(self, request_id: str):
+    def __init__(self, request_id: str, owner: Owner | None = None):
+        """`owner`: the client's request it serves (an Abort of it through any router ends it)."""
         self.request_id = request_id
+        self.owner = owner
         self.created = time.monotonic()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self.ending = Ending.OPEN

@@ -23,6 +23,7 @@ from pdserve.rpc.stats import identity_to_pb
 from pdserve.rpc.security import Security, security_from_args
 from pdserve.rpc.server import ServiceBinding, start_server
 from pdserve.v1 import worker_pb2
+from pdserve.worker.client_aborts import ClientAborts
 from pdserve.worker.leases import Leases
 from pdserve.worker.metrics_feed import MetricsFeed
 from pdserve.worker.observability import Observability, start_observability
@@ -80,8 +81,9 @@ async def serve_roles(args: argparse.Namespace, ground: Groundwork, registered_a
                       in_flight: Callable[[], int], extra: tuple[ServiceBinding, ...] = ()) -> WorkerService:
     """`serve` for one or more roles' servicers on one server (an elastic worker: both, and its
     WorkerControl in `extra`); it registers as `registered_as`, and `transfers` close at its stop."""
+    aborts = ClientAborts([servicer.worker.live for _, servicer in roles])  # one per process, over every role
     for _, servicer in roles:
-        servicer.identity = ground.identity
+        servicer.identity, servicer.aborts = ground.identity, aborts
     bindings = [ServiceBinding(role.add_to_server, servicer, worker_pb2.DESCRIPTOR.services_by_name[role.service].full_name)
                 for role, servicer in roles]
     server = await start_server([*bindings, *extra], args.host, args.port, ground.security.server_credentials(),

@@ -8,8 +8,7 @@ import math
 import grpc
 from aiohttp import web
 
-from pdserve.errors import OverloadedError
-from pdserve.rpc.errors import failure_of
+from pdserve.rpc.errors import failure_of, retry_after_of
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -53,5 +52,5 @@ def error_response(exc: Exception) -> web.Response:
 
 def retry_headers(exc: Exception) -> dict[str, str]:
     """`Retry-After` (whole seconds, rounded up) for a refusal that knows when room may come."""
-    retry_after = exc.retry_after_s if isinstance(exc, OverloadedError) else None
+    retry_after = retry_after_of(exc)
     return {} if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}

@@ -71,16 +71,19 @@ class StreamedCalls:
 
     def __init__(self, names: frozenset[str]):
         self.names = names
-        self._sent: list[str] = []
         self._held = ""
+        self._spoke = False  # text other than whitespace was sent
+        self._holding = False  # a call began: everything from here is held (it only grows)
 
     def feed(self, text: str) -> str:
+        """Work on `text` and the held tail only, never on what was sent before."""
         self._held += text
-        if self._holding_all():
+        self._holding = self._holding or self._holding_all()
+        if self._holding:
             return ""
         cut = _safe_prefix(self._held)
         out, self._held = self._held[:cut], self._held[cut:]
-        self._sent.append(out)
+        self._spoke = self._spoke or bool(out.strip())
         return out
 
     def finish(self) -> Parsed:
@@ -91,8 +94,8 @@ class StreamedCalls:
         return parsed if parsed.calls else Parsed(self._held, ())
 
     def _holding_all(self) -> bool:
-        started = "".join(self._sent) + self._held
-        return TOOL_CALL_OPEN in self._held or (not "".join(self._sent).strip() and started.lstrip().startswith("{"))
+        """A call's marker held, or a bare JSON object (what was sent before it only whitespace)."""
+        return TOOL_CALL_OPEN in self._held or (not self._spoke and self._held.lstrip().startswith("{"))
 
 
 def _safe_prefix(text: str) -> int:

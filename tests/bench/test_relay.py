@@ -18,17 +18,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.small_fleet, pytest.mark.timeout(30)]
 TOKENS = 6
 
 
-@pytest.fixture(scope="module")
-def relay(tmp_path_factory):
+def _relay(workdir, *router_flags: str):
+    """The fake decode worker and a real router in front of it; stopped when the generator closes."""
     from pdserve.procs.health import wait_serving
     from pdserve.procs.supervisor import Supervisor
 
-    workdir = tmp_path_factory.mktemp("relay")
     fake = fake_workers.start_process(workdir, workdir / "sent.jsonl")
     sup = Supervisor(env={**os.environ, "HF_HUB_OFFLINE": "1"}, workdir=workdir)
     try:
         router = sup.spawn("router", ["router", "--port", "0", "--http-port", "0", "--colocated", "--insecure",
-                                      "--decode-workers", fake.address, "--canary-interval-s", "0"])
+                                      "--decode-workers", fake.address, "--canary-interval-s", "0", *router_flags])
         target = f"127.0.0.1:{sup.wait_ready(router, 20)}"
         wait_serving(target, 10)
         yield {"target": target, "http": f"http://127.0.0.1:{router.http_port}", "log": workdir / "sent.jsonl",
@@ -39,16 +38,34 @@ def relay(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def relay(tmp_path_factory):
+    yield from _relay(tmp_path_factory.mktemp("relay"))
+
+
+@pytest.fixture(scope="module")
+def paced_relay(tmp_path_factory):
+    """The router with --stream-interval 3: a message per 3 tokens after the first."""
+    yield from _relay(tmp_path_factory.mktemp("paced-relay"), "--stream-interval", "3")
+
+
+@pytest.fixture(scope="module")
 def ids() -> tuple[int, ...]:
     return word_ids(load_tokenizer(None))
 
 
-async def _one(door, request_id: str, ids: tuple[int, ...]) -> Stream:
-    stream = Stream(request_id)
-    try:
-        await door.stream(stream, list(ids[:4]), TOKENS)
-    finally:
-        await door.close()
+def _one(relay: dict, door: str, request_id: str, ids: tuple[int, ...]) -> Stream:
+    """One stream of TOKENS tokens through `door` of `relay`, once the fake worker is idle again."""
+    async def run() -> Stream:
+        opened = GrpcDoor(relay["target"]) if door == "grpc" else await HttpDoor.open(relay["http"])
+        stream = Stream(request_id)
+        try:
+            await opened.stream(stream, list(ids[:4]), TOKENS)
+        finally:
+            await opened.close()
+        return stream
+
+    stream = asyncio.run(run())
+    relay["fake"].wait_idle()
     return stream
 
 
@@ -63,12 +80,7 @@ def test_a_request_id_carries_its_pace():
 
 @pytest.mark.parametrize("door", ["grpc", "http"])
 def test_a_stream_through_each_door_arrives_whole_and_in_order(relay, ids, door):
-    async def run() -> Stream:
-        opened = GrpcDoor(relay["target"]) if door == "grpc" else await HttpDoor.open(relay["http"])
-        return await _one(opened, relay_id(0.002, f"test-{door}"), ids)
-
-    stream = asyncio.run(run())
-    relay["fake"].wait_idle()
+    stream = _one(relay, door, relay_id(0.002, f"test-{door}"), ids)
     assert stream.finish == "length"
     assert len(stream.received) == TOKENS and in_order(stream, ids)
     assert stream.received == sorted(stream.received)
@@ -96,3 +108,11 @@ def test_a_short_load_measures_the_router_and_joins_the_send_log(relay, ids):
     assert result["cpu_s"]["router"] > 0 and set(result["cpu_s"]) == {"router", "fake", "client", "machine"}
     added = router_added_ms(result, SendLogReader(relay["log"]).read_new())
     assert 100 <= len(added) and all(0 < ms < 5000 for ms in added)
+
+
+@pytest.mark.parametrize("door", ["grpc", "http"])
+def test_with_a_stream_interval_each_door_gets_the_same_tokens_in_fewer_messages(paced_relay, ids, door):
+    stream = _one(paced_relay, door, relay_id(0.002, f"paced-{door}"), ids)
+    assert stream.finish == "length" and len(stream.received) == TOKENS and in_order(stream, ids)
+    # the first token, one message of 3, the last 2 with the finish: a message's tokens share its receipt time
+    assert len(set(stream.received)) <= 3

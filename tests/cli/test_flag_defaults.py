@@ -74,3 +74,23 @@ def test_serve_takes_the_model_first_and_every_up_flag(monkeypatch):
     assert ran["model"] == "/models/x.gguf"
     assert "--max-num-seqs" in up.worker_argv(main.build_parser().parse_args(["serve", "--max-num-seqs", "64",
                                                                                "--cluster-token-file", "t"]), "decode")
+
+
+def test_up_puts_each_of_its_routers_on_ports_of_its_own_in_front_of_the_same_workers(monkeypatch):
+    from pdserve.cli import up
+
+    args = main.build_parser().parse_args(["up", "--routers", "3", "--port", "6000", "--http-port", "0",
+                                           "--wait-for-worker-s", "2", "--cluster-token-file", "t"])
+    workers = {"prefill": ["127.0.0.1:1"], "decode": ["127.0.0.1:2", "127.0.0.1:3"]}
+    argvs = [up.router_argv(args, workers, i) for i in range(args.routers)]
+
+    def flag(argv: list[str], name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    assert [flag(a, "--port") for a in argvs] == ["6000", "6001", "6002"]
+    assert [flag(a, "--http-port") for a in argvs] == ["0", "0", "0"]  # any free port, each its own
+    assert {(flag(a, "--prefill-workers"), flag(a, "--decode-workers"), flag(a, "--wait-for-worker-s"))
+            for a in argvs} == {("127.0.0.1:1", "127.0.0.1:2,127.0.0.1:3", "2.0")}
+    assert _defaults(["up"], monkeypatch)["routers"] == 1
+    with pytest.raises(SystemExit):
+        main.build_parser().parse_args(["up", "--routers", "0"])

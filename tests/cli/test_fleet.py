@@ -79,6 +79,7 @@ def test_the_status_file_names_the_router_and_every_child(tmp_path):
     fleet, _, _, _ = _fleet(tmp_path)
     status = _status(tmp_path)
     assert status["router"] == "127.0.0.1:7000"
+    assert status["routers"] == [{"name": "router", "grpc": "127.0.0.1:7000", "http": None}]
     assert [(c["name"], c["role"], c["pid"], c["port"], c["metrics_port"], c["restarts"]) for c in status["children"]] \
         == [("decode-0", "decode", 1001, 7001, 8001, 0), ("router", "router", 1002, 7000, 8000, 0)]
 

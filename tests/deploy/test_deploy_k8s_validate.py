@@ -20,9 +20,9 @@ PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 PROBE_HANDLERS = {"grpc", "httpGet", "tcpSocket", "exec"}
 READINESS_SERVICE = {"router": "pdserve.v1.Generation", "prefill": "", "decode": ""}
 REPLICAS = {
-    "base": {"pdserve-router": 1, "pdserve-prefill": 1, "pdserve-decode": 1},
-    "cpu-demo": {"pdserve-router": 1, "pdserve-prefill": 1, "pdserve-decode": 1},
-    "cpu-demo-elastic": {"pdserve-router": 1, "pdserve-prefill": 1, "pdserve-decode": 2},
+    "base": {"pdserve-router": 2, "pdserve-prefill": 1, "pdserve-decode": 1},
+    "cpu-demo": {"pdserve-router": 2, "pdserve-prefill": 1, "pdserve-decode": 1},
+    "cpu-demo-elastic": {"pdserve-router": 2, "pdserve-prefill": 1, "pdserve-decode": 2},
     "gpu": {"pdserve-router": 2, "pdserve-prefill": 2, "pdserve-decode": 2},
 }
 GPU = "nvidia.com/gpu"

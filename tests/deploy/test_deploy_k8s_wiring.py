@@ -152,3 +152,17 @@ def _exposed_keys(volumes: dict[str, Manifest], secret: str) -> set[str]:
     if items:
         return {item["path"] for item in items}
     return set(GENERATED_SECRET_KEYS[secret])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_routers_are_a_tier_of_at_least_two_that_disruptions_and_nodes_never_take_whole(rendered, layout):
+    router = named(rendered[layout], "Deployment", "pdserve-router")
+    budget = next(b for b in rendered[layout] if b["kind"] == "PodDisruptionBudget"
+                  and selected_by(b["spec"]["selector"]["matchLabels"], rendered[layout]) == [router])
+    assert router["spec"]["replicas"] >= 2
+    assert router["spec"]["replicas"] - budget["spec"]["maxUnavailable"] >= 1  # one stays through a disruption
+    assert router["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # and through a rollout
+    spread = router["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert selected_by(term["labelSelector"]["matchLabels"], rendered[layout]) == [router]

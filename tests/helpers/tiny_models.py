@@ -149,13 +149,14 @@ def tiny_qwen3(folder: Path, seed: int = 4) -> Path:
     return _save(folder, config, Qwen3ForCausalLM, seed)
 
 
-def tiny_gemma3(folder: Path, seed: int = 5, query_pre_attn_scalar: int = 24) -> Path:
+def tiny_gemma3(folder: Path, seed: int = 5, query_pre_attn_scalar: int = 24, max_positions: int = 512) -> Path:
     """Gemma 3: 7 layers in transformers' default pattern (5 with a sliding window of GEMMA3_WINDOW
     tokens, one global, one more windowed), local rope base 10000 and global 1e6 with linear
     scaling (factor 4) on the global layer only, four (1 + w) norms a layer with random weights,
     per-head q/k norms, GeGLU, head_dim 32 over 4 query and 2 KV heads, scores scaled by
     `query_pre_attn_scalar` ** -0.5 (32, head_dim, is what a GGUF file can say), embeddings
-    scaled by sqrt(hidden), tied. Not in TINY_MODELS: its tests build it themselves."""
+    scaled by sqrt(hidden), tied; `max_positions` positions. Not in TINY_MODELS: its tests build it
+    themselves."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     rope = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
@@ -163,7 +164,7 @@ def tiny_gemma3(folder: Path, seed: int = 5, query_pre_attn_scalar: int = 24) ->
     config = Gemma3TextConfig(**_common(head_dim=32, num_hidden_layers=7, sliding_window=GEMMA3_WINDOW,
                                         query_pre_attn_scalar=query_pre_attn_scalar, rope_parameters=rope,
                                         hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
-                                        pad_token_id=0))
+                                        pad_token_id=0, max_position_embeddings=max_positions))
     return _save(folder, config, Gemma3ForCausalLM, seed)
 
 

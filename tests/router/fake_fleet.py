@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from pdserve.aborts import AbortScope, Owner
 from pdserve.requests import FinishReason
 from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Tokens
 from router.clients import Call, DecodeClient, Departure, MovedKV, PrefillClient, Reservation
@@ -27,7 +28,8 @@ class FakeDecodeClient(DecodeClient):
         if w.next_role or w.role != "decode":  # changing role, or changed: it gives new decode work back
             return FakeCall(w, None, WorkerFault(FaultKind.WITHDRAWN, w.address, f"{w.address}: leaving decode"))
         try:
-            session = w.open_session(job.request_id, -(-(len(job.prompt) + job.sampling.max_tokens) // size))
+            session = w.open_session(job.request_id, -(-(len(job.prompt) + job.sampling.max_tokens) // size),
+                                     job.owner)
         except WorkerFault as fault:
             return FakeCall(w, None, fault)
         session.received = asyncio.get_running_loop().create_future()
@@ -112,7 +114,7 @@ class FakePrefillClient(PrefillClient):
     def open(self, job: WorkerJob, target: Reservation) -> Call:
         w = self.worker
         try:
-            session = w.open_session(job.request_id, -(-_kv_tokens(job) // w.fleet.config.block_size))
+            session = w.open_session(job.request_id, -(-_kv_tokens(job) // w.fleet.config.block_size), job.owner)
         except WorkerFault as fault:
             return FakeCall(w, None, fault)
         w.run(session, self._serve(job, target, session))
@@ -224,6 +226,12 @@ class FakeFleet(WorkerClients):
             await asyncio.sleep(timeout_s)
             raise WorkerFault(FaultKind.TIMEOUT, address, f"{address}: Stats timed out", Culprit.NOBODY)
         return worker.snapshot()
+
+    async def abort(self, address: str, role: str, owner: Owner, scope: AbortScope, timeout_s: float) -> bool | None:
+        worker = self.workers[address]
+        if worker.stalled:
+            await asyncio.sleep(timeout_s)
+        return None if worker.killed or worker.stalled else worker.abort(owner, scope)
 
     async def forget(self, address: str) -> None:
         return None

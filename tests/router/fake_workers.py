@@ -3,7 +3,8 @@
 A `FakeFleet` (tests/router/fake_fleet.py) plays prefill and decode workers on one asyncio loop, with the semantics of the
 real ones: a decode worker reserves blocks, a prefill worker holds its blocks while it computes
 and writes chunk by chunk into the reservation, then sends the first token; closing a call ends
-the request on the worker, which frees its blocks. Tokens are a function of the prompt and the
+the request on the worker, which frees its blocks; an Abort by owner ends the owner's requests
+there or leaves a tombstone. Tokens are a function of the prompt and the
 position only, so a request resumed elsewhere continues exactly.
 
 Faults (`Trigger`), at any point a request passes on a worker:
@@ -23,9 +24,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pdserve.aborts import AbortScope, Owner, RecentIds
 from pdserve.identity import WorkerIdentity
 from pdserve.requests import TokenLogprobs
-from router.clients import Call, FaultKind, WorkerFault, WorkerSnapshot
+from router.clients import Call, Culprit, FaultKind, WorkerFault, WorkerSnapshot
 
 DECODE_POINTS = ("open", "reserved", "received", "token", "last")  # last: every token out, Finished not yet
 MOVE_POINTS = ("departed", "move")  # decode: it left with its KV (Depart); MoveKV of that KV begins
@@ -82,6 +84,7 @@ class FakeSession:
     written: int = 0  # decode: blocks written by the prefill worker
     departing: asyncio.Future | None = None  # decode: Depart asked; resolved with the tokens generated then
     keep_kv_s: float | None = None  # ... and how long its KV waits for MoveKV (None: given back)
+    owner: Owner | None = None  # the client's request (an Abort through any router ends it)
 
 
 @dataclass
@@ -136,6 +139,7 @@ class FakeWorker:
         self.skew = 0  # added to every token it generates (set by a test: a worker that computes wrong)
         self.reserving = asyncio.Event()  # cleared by a test: its reservations (decode) or prefills wait, queued
         self.reserving.set()
+        self.tombstones = RecentIds()  # owners aborted before a request of theirs came (as ClientAborts)
 
     def cached_prefix(self, token_ids: tuple[int, ...]) -> int | None:
         """What MatchPrefix answers: the longest cached prefix set by a test; None while down."""
@@ -182,16 +186,33 @@ class FakeWorker:
         if session.closed:
             raise asyncio.CancelledError
 
-    def open_session(self, worker_id: str, blocks: int) -> FakeSession:
+    def open_session(self, worker_id: str, blocks: int, owner: Owner | None = None) -> FakeSession:
         if self.killed:
             raise WorkerFault(FaultKind.GONE, self.address, f"{self.address}: connection refused")
+        if owner is not None and self.tombstones.take(*owner):
+            raise WorkerFault(FaultKind.ABORTED, self.address, f"{self.address}: aborted before it came", Culprit.NOBODY)
         if blocks > self.free:
             raise WorkerFault(FaultKind.OVERLOADED, self.address, f"{self.address}: out of KV blocks")
         self.free -= blocks
         self.opened += 1
-        session = FakeSession(worker_id, blocks, epoch=self.epoch)
+        session = FakeSession(worker_id, blocks, epoch=self.epoch, owner=owner)
         self.sessions[worker_id] = session
         return session
+
+    def abort(self, owner: Owner, scope: AbortScope) -> bool:
+        """As pdserve/worker/client_aborts.py: the owner's sessions end ABORTED (their blocks come
+        back when they next run), or a tombstone; FORGET drops one."""
+        if scope is AbortScope.FORGET:
+            self.tombstones.take(*owner)
+            return False
+        held = [s for s in self.sessions.values() if s.owner == owner and not s.closed]
+        for session in held:
+            session.events.put_nowait(WorkerFault(FaultKind.ABORTED, self.address, "aborted by its client",
+                                                  Culprit.NOBODY))
+            _close(session)
+        if not held and scope is AbortScope.REMEMBER:
+            self.tombstones.add(*owner)
+        return bool(held)
 
     def hold(self, worker_id: str, session: FakeSession, last_token: int) -> None:
         """The session's blocks stay taken for a move (at most its keep time), not freed at its end."""
@@ -277,6 +298,11 @@ class FakeCall(Call):
 
     def close(self) -> None:
         if self.session is not None:
-            self.session.closed = True
-            if self.session.received is not None and not self.session.received.done():
-                self.session.received.cancel()
+            _close(self.session)
+
+
+def _close(session: FakeSession) -> None:
+    """The worker ends it when it next runs (a decode session waiting for its KV at once)."""
+    session.closed = True
+    if session.received is not None and not session.received.done():
+        session.received.cancel()

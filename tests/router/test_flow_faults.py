@@ -10,6 +10,7 @@ import pytest
 
 from pdserve.rpc.errors import Unavailable
 from router.breaker import BreakerState
+from router.flow_types import FlowConfig
 from tests.router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger
 from router.recovery import RequestPoisoned
 from tests.helpers.waiting import async_wait_until
@@ -111,8 +112,9 @@ def test_no_worker_within_the_wait_is_unavailable():
         async with harness(decode=("d0",), wait_for_worker_s=0.3) as h:
             h.fleet.workers["d0"].kill()
             await async_wait_until(lambda: not h.pool.of_role("decode"), 30, "d0 out of rotation")
-            with pytest.raises(Unavailable):
+            with pytest.raises(Unavailable) as refused:
                 await collect(h.flow, job())
+            assert refused.value.retry_after_s == FlowConfig().no_worker_retry_after_s  # a hint to try again
 
     asyncio.run(main())
 

@@ -22,6 +22,7 @@ def _error(code: grpc.StatusCode, trailing=()) -> grpc.aio.AioRpcError:
     (grpc.StatusCode.INTERNAL, FaultKind.FAILED, Culprit.SELF),
     (grpc.StatusCode.UNKNOWN, FaultKind.FAILED, Culprit.SELF),
     (grpc.StatusCode.ALREADY_EXISTS, FaultKind.FAILED, Culprit.SELF),
+    (grpc.StatusCode.ABORTED, FaultKind.ABORTED, Culprit.NOBODY),  # its client's Abort, through another router
 ])
 def test_status_codes_map_to_fault_kinds(code, kind, culprit):
     fault = fault_of(_error(code), "w:1")

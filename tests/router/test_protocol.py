@@ -88,6 +88,13 @@ def test_recovery_fails_refusals_deadlines_poison_and_exhausted_attempts_with_th
     assert isinstance(_decide(_fault(), attempts=4).error, Unavailable)
 
 
+def test_recovery_ends_a_request_its_client_aborted_through_another_router_whatever_came_before():
+    aborted = _fault(FaultKind.ABORTED, culprit=Culprit.NOBODY)
+    for decision in (_decide(aborted), _decide(aborted, generated=[5], attempts=4), _decide(aborted, deadline=0.0)):
+        assert (decision.action, decision.reason, decision.error) == (Action.ABORT, FinishReason.ABORT, None)
+    assert charged_to(aborted) is None
+
+
 def test_only_a_worker_found_gone_is_charged():
     assert charged_to(_fault()) == "d0"
     assert charged_to(_fault(FaultKind.FAILED)) is None

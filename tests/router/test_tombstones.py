@@ -92,7 +92,7 @@ async def _generate(gateway: Gateway, tenant: str, request_id: str):
 
 def test_an_abort_before_its_generate_cancels_it_on_arrival_and_nothing_runs(tokenizer, tmp_path):
     async def body(gateway, h):
-        assert gateway.abort(_as("a"), "early") == AbortOutcome.PENDING
+        assert await gateway.abort(_as("a"), "early") == AbortOutcome.PENDING
         outputs = await _generate(gateway, "a", "early")
         served = await _generate(gateway, "a", "early")  # the tombstone is spent: the id serves again
         return outputs, served, sum(len(w.sessions) for w in h.fleet.workers.values())
@@ -106,7 +106,7 @@ def test_an_abort_before_its_generate_cancels_it_on_arrival_and_nothing_runs(tok
 def test_an_abort_of_an_ended_request_says_so_and_leaves_no_tombstone(tokenizer, tmp_path):
     async def body(gateway, h):
         await _generate(gateway, "a", "done")
-        ended = gateway.abort(_as("a"), "done")
+        ended = await gateway.abort(_as("a"), "done")
         again = await _generate(gateway, "a", "done")
         return ended, again, len(gateway.tombstones)
 
@@ -120,9 +120,9 @@ def test_a_tenant_cannot_abort_another_tenants_request(tokenizer, tmp_path):
         stream = asyncio.ensure_future(_generate(gateway, "a", "mine"))
         while "mine" not in gateway.active:
             await asyncio.sleep(0.001)
-        foreign = gateway.abort(_as("b"), "mine")  # b's tombstone, not a's request
+        foreign = await gateway.abort(_as("b"), "mine")  # b's tombstone, not a's request
         outputs = await stream
-        own = gateway.abort(_as("a"), "mine")
+        own = await gateway.abort(_as("a"), "mine")
         return foreign, outputs, own
 
     foreign, outputs, own = _run(tokenizer, tmp_path, body)
@@ -135,7 +135,7 @@ def test_an_abort_of_a_running_request_aborts_it(tokenizer, tmp_path):
         stream = asyncio.ensure_future(_generate(gateway, "a", "live"))
         while "live" not in gateway.active:
             await asyncio.sleep(0.001)
-        outcome = gateway.abort(_as("a"), "live")
+        outcome = await gateway.abort(_as("a"), "live")
         return outcome, await stream
 
     outcome, outputs = _run(tokenizer, tmp_path, body)

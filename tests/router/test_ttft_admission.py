@@ -74,7 +74,8 @@ async def test_a_request_no_path_serves_within_its_objective_is_refused_before_a
         opened = []
         for w in h.fleet.workers.values():
             original = w.open_session
-            w.open_session = lambda wid, blocks, _o=original, _w=w: opened.append(_w.address) or _o(wid, blocks)
+            w.open_session = lambda wid, blocks, *more, _o=original, _w=w: \
+                opened.append(_w.address) or _o(wid, blocks, *more)
         seen = []
         with pytest.raises(OverloadedError, match="refused.*predicted") as refused:
             async for event in h.flow.run(job()):

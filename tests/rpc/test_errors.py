@@ -93,3 +93,21 @@ def test_cancellation_and_aborts_pass_through():
         with pytest.raises(kind):
             asyncio.run(_call(_wrap_unary(fn), Request(), context))
         assert context.code is None
+
+
+def test_a_refusal_with_a_retry_hint_sends_it_on_both_doors():
+    from router.http.errors import retry_headers
+    from pdserve.errors import OverloadedError
+    from pdserve.rpc.errors import Unavailable
+
+    for exc, code in ((Unavailable("no decode worker is ready", 1.0), grpc.StatusCode.UNAVAILABLE),
+                      (OverloadedError("queues are full", 2.5), grpc.StatusCode.RESOURCE_EXHAUSTED)):
+        async def refusing(request, context):
+            raise exc
+
+        context = Context()
+        asyncio.run(_call(_wrap_unary(refusing), Request(), context))
+        pushback_ms = round(exc.retry_after_s * 1000)
+        assert context.code == code and context.trailing == (("grpc-retry-pushback-ms", str(pushback_ms)),)
+        assert retry_headers(exc) == {"Retry-After": str(-(-pushback_ms // 1000))}
+    assert retry_headers(Unavailable("draining")) == {}

@@ -76,7 +76,7 @@ def test_decode_round_trips_the_reference_strings(request, key):
 
 
 def test_gemma3_facts(gemma3):
-    assert gemma3.bos_token_id == 2 and gemma3.eos_token_ids == (1,)
+    assert gemma3.bos_token_id == 2 and gemma3.eos_token_ids == (1, 106)  # <eos>, <end_of_turn>
     assert gemma3.vocab_size == 262144
     assert gemma3.encode("Hello") == [2, *gemma3.encode("Hello", add_special_tokens=False)]
     assert gemma3.encode("\n\n   x", add_special_tokens=False)[:2] == [108, 139]  # user-defined, whole

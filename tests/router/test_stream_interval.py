@@ -1,0 +1,149 @@
+"""The router's --stream-interval through the gateway (both doors' one path) over fake workers:
+a client gets the same tokens, text, finish and usage with and without it, in messages of at
+least N tokens after the first; with n samples, per sample; a stop string ends the request at
+the same token whatever the grouping."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from pdserve.requests import SamplingParams
+from pdserve.rpc.drain import Drain
+from pdserve.tokenizer import load_tokenizer
+from pdserve.validation import Limits
+from router.asks import Ask, Output, SampleCount, TokenPrompt, sizes_of
+from router.frontend import Frontend
+from router.gateway import Gateway
+from router.http.app import HttpApi, HttpSettings
+from router.flow_types import NewTokens
+from router.stream_interval import StreamInterval
+from tests.router.fake_trace import FakeTrace
+from tests.router.flow_harness import PROMPT, expected, harness
+
+pytestmark = pytest.mark.timeout(120)
+TOKENS = 48
+EVERY_4 = StreamInterval(tokens=4)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(None)
+
+
+class _Source:
+    """An Ask as the gateway's AskSource, as a door hands one over."""
+
+    def __init__(self, ask: Ask):
+        self._ask = ask
+
+    def sizes(self):
+        return sizes_of(self._ask)
+
+    def ask(self) -> Ask:
+        return self._ask
+
+
+def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTrace] | None = None):
+    made = [] if traces is None else traces
+
+    def trace(metadata) -> FakeTrace:
+        made.append(FakeTrace())
+        return made[-1]
+
+    async def main():
+        async with harness() as h:
+            frontend = Frontend(tokenizer, Limits(49152, 8192))
+            try:
+                return await body(Gateway(frontend, h.flow, trace, Drain(), interval=interval))
+            finally:
+                frontend.close()
+
+    return asyncio.run(main())
+
+
+def _serve(tokenizer, interval: StreamInterval, ask: Ask, traces: list[FakeTrace] | None = None) -> list[Output]:
+    async def body(gateway: Gateway) -> list[Output]:
+        generation = await gateway.admit((), _Source(ask), None)
+        return [output async for output in gateway.stream(generation)]
+
+    return _with_gateway(tokenizer, interval, body, traces)
+
+
+def _sse_chunks(tokenizer, interval: StreamInterval) -> list[dict]:
+    """/v1/completions, streamed, as its chunks (the HTTP door)."""
+    async def body(gateway: Gateway) -> list[dict]:
+        api = HttpApi(gateway, HttpSettings("fake", 8192, 1 << 20), str, lambda: True, lambda: b"")
+        async with TestClient(TestServer(api.application())) as client:
+            response = await client.post("/v1/completions", json={
+                "model": "fake", "prompt": list(PROMPT), "max_tokens": TOKENS, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}})
+            lines = [line for line in (await response.text()).splitlines() if line.startswith("data: ")]
+        return [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
+
+    return _with_gateway(tokenizer, interval, body)
+
+
+def _ask(max_tokens: int = TOKENS, n: int = 1, stop: tuple[str, ...] = ()) -> Ask:
+    return Ask(TokenPrompt(PROMPT), SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop),
+               count=SampleCount(n))
+
+
+def _whole(outputs: list[Output], index: int = 0) -> tuple:
+    """What the client got for one sample: its tokens, text, finish."""
+    mine = [o for o in outputs if o.index == index]
+    return ([t for o in mine for t in o.token_ids], "".join(o.text for o in mine), mine[-1].finish)
+
+
+def _token_messages(outputs: list[Output], index: int = 0) -> list[tuple[int, ...]]:
+    """The token ids of each message but the last (the finish, which sends what is held)."""
+    return [o.token_ids for o in outputs if o.index == index][:-1]
+
+
+def test_the_interval_groups_tokens_and_the_client_gets_the_same_output(tokenizer):
+    plain, traces = _serve(tokenizer, StreamInterval(), _ask()), []
+    grouped = _serve(tokenizer, EVERY_4, _ask(), traces)
+    assert _whole(grouped) == _whole(plain)
+    arrived = [e.token_ids for e in traces[0].events if isinstance(e, NewTokens)]  # as they came, not as sent
+    assert [t for ids in arrived for t in ids] == _whole(plain)[0]
+    assert _whole(grouped)[0] == expected(max_tokens=TOKENS)
+    messages = _token_messages(grouped)
+    assert messages[0] and all(len(ids) >= EVERY_4.tokens for ids in messages[1:] if ids)
+    assert len(grouped) <= TOKENS // EVERY_4.tokens + 3  # first, groups, the rest and the finish
+
+
+def test_n_samples_are_grouped_each_on_its_own(tokenizer):
+    plain = _serve(tokenizer, StreamInterval(), _ask(n=2))
+    grouped = _serve(tokenizer, EVERY_4, _ask(n=2))
+    for index in (0, 1):
+        assert _whole(grouped, index) == _whole(plain, index)
+        assert all(len(ids) >= EVERY_4.tokens for ids in _token_messages(grouped, index)[1:] if ids)
+
+
+def test_a_stop_string_ends_at_the_same_token_whatever_the_grouping(tokenizer):
+    whole_text = _whole(_serve(tokenizer, StreamInterval(), _ask()))[1]
+    stop = whole_text[len(whole_text) // 2:len(whole_text) // 2 + 3]
+    assert stop.strip(), whole_text
+    plain = _serve(tokenizer, StreamInterval(), _ask(stop=(stop,)))
+    grouped = _serve(tokenizer, EVERY_4, _ask(stop=(stop,)))
+    assert _whole(grouped)[1] == _whole(plain)[1] == whole_text[:whole_text.index(stop)]
+    assert _whole(grouped)[:2] == _whole(plain)[:2]
+    tokens, _, finish = _whole(grouped)
+    assert finish.reason.name == "STOP" and finish.usage.completion_tokens == len(tokens) < TOKENS
+    assert dataclasses.replace(finish.usage) == _whole(plain)[2].usage
+
+
+def test_the_http_door_streams_the_same_text_in_fewer_chunks(tokenizer):
+    plain, grouped = _sse_chunks(tokenizer, StreamInterval()), _sse_chunks(tokenizer, EVERY_4)
+
+    def whole(chunks):
+        choices = [c["choices"][0] for c in chunks if c["choices"]]
+        return "".join(c["text"] for c in choices), choices[-1]["finish_reason"], chunks[-1]["usage"]
+
+    assert whole(grouped) == whole(plain)
+    assert whole(grouped)[2]["completion_tokens"] == TOKENS
+    assert len(grouped) <= TOKENS // EVERY_4.tokens + 3  # first, groups, the rest with the finish, usage

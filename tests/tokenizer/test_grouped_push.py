@@ -1,0 +1,76 @@
+"""Tokens pushed a step's worth at a time (IncrementalDetokenizer.push_many, TextStream.push):
+the same text as one token at a time, whole characters in every piece, and a stop string ending
+at the same token whatever the grouping."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tests.tokenizer.test_detokenizer import RECORDED_GENERATION, chat_prompt
+from tests.tokenizer.texts import VARIED_TEXTS
+
+from pdserve.engine.text_stream import TextStream
+from pdserve.tokenizer import IncrementalDetokenizer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _groups(rng: random.Random, ids: list[int]) -> list[list[int]]:
+    groups, at = [], 0
+    while at < len(ids):
+        size = rng.randrange(1, 9)
+        groups.append(ids[at:at + size])
+        at += size
+    return groups
+
+
+def _grouped(tokenizer, prompt, groups) -> list[str]:
+    detok = IncrementalDetokenizer(tokenizer, prompt)
+    return [detok.push_many(g) for g in groups] + [detok.flush()]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_groups_stream_the_same_text_in_whole_characters(smol, seed):
+    rng = random.Random(seed)
+    prompt = chat_prompt(smol)
+    for ids in [RECORDED_GENERATION, *(smol.encode(t) for t in VARIED_TEXTS if t)]:
+        pieces = _grouped(smol, prompt, _groups(rng, ids))
+        assert "".join(pieces) == smol.decode(ids)
+        assert all("\ufffd" not in piece for piece in pieces[:-1])
+
+
+def test_a_group_ending_inside_a_character_sends_the_characters_before_it(smol):
+    emoji = smol.encode("🎉")
+    ids = smol.encode("ok") + emoji[:-1]
+    detok = IncrementalDetokenizer(smol, [])
+    assert detok.push_many(ids) == "ok"
+    assert detok.push_many(emoji[-1:]) == "🎉"
+
+
+def _stream(tokenizer, prompt, groups, stops) -> tuple[str, bool, int]:
+    text, taken = TextStream(tokenizer, prompt, stops), 0
+    pieces = []
+    for group in groups:
+        delta = text.push(group)
+        pieces.append(delta.text)
+        taken += delta.tokens
+        if delta.stopped:
+            return "".join(pieces), True, taken
+    return "".join(pieces) + text.finish(), False, taken
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stop_string_ends_at_the_same_token_in_any_grouping(smol, seed):
+    rng = random.Random(seed)
+    prompt = chat_prompt(smol)
+    for source in VARIED_TEXTS:
+        ids = smol.encode(source)
+        full = smol.decode(ids)
+        if len(full.strip()) < 6:
+            continue
+        start = rng.randrange(len(full) - 3)
+        stops = (full[start:start + rng.randrange(1, 4)], "never there")
+        one_by_one = _stream(smol, prompt, [[t] for t in ids], stops)
+        assert _stream(smol, prompt, _groups(rng, ids), stops) == one_by_one
+        assert one_by_one[:2] == (full[:full.index(stops[0])], True)
