@@ -16,6 +16,10 @@ so nothing is downloaded. Runs, each printed as AIPerf prints it:
     .venv/bin/python benchmarks/aiperf.py --target http://HOST:8000 --model NAME --tokenizer DIR
 
 Then `pdserve bench` runs its own chat load on the same fleet, for its table beside AIPerf's.
+
+With the fleet it starts itself, every service exports its spans to an OTLP receiver here, and
+after each run AIPerf's per-request TTFT and ITL are set beside the router's spans of the same
+requests (matched by the X-Request-ID AIPerf sends: pdserve/bench/span_agreement.py).
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from pdserve.bench.span_agreement import agreement, aiperf_records, format_agreement  # noqa: E402
 from pdserve.procs.up_process import UpProcess  # noqa: E402
+from tests.helpers.otlp_receivers import GrpcReceiver  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 AIPERF_VERSION = "0.13.0"
@@ -85,16 +92,30 @@ def profile(exe: Path, args: argparse.Namespace, url: str, model: str, tokenizer
     return subprocess.run(cmd, env=env).returncode
 
 
-def up(args: argparse.Namespace) -> tuple[UpProcess, str, str]:
-    """`pdserve up` serving the OpenAI door on a free port: (it, the door's URL, the served name)."""
+def up(args: argparse.Namespace, otlp: str) -> tuple[UpProcess, str, str]:
+    """`pdserve up` serving the OpenAI door on a free port, its spans exported to `otlp`: (it, the
+    door's URL, the served name)."""
     from pdserve.checkpoint.source import served_name
 
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "UCX_WARN_UNUSED_ENV_VARS": "n",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
     process = UpProcess(["--port", "0", "--http-port", "0", "--threads", "1", "--anonymous-max-priority", "vip"] +
-                        (["--model", args.model] if args.model else []),
-                        {**os.environ, "HF_HUB_OFFLINE": "1", "UCX_WARN_UNUSED_ENV_VARS": "n"}, ready_timeout_s=300)
+                        (["--model", args.model] if args.model else []), env, ready_timeout_s=300)
     process.start()
     status = json.loads(process.status_file.read_text())
     return process, status["http"].removesuffix("/v1"), served_name(args.model)
+
+
+def compare_spans(receiver, run: str, out: Path) -> None:
+    """AIPerf's per-request latencies of `run` beside the router's spans of the same requests."""
+    client = aiperf_records(out / run / "profile_export.jsonl")
+    spans = []
+    for _ in range(30):  # the batch span processors export every few seconds
+        spans = [s.attributes for s in receiver.sink.spans if s.name == "pdserve.generate"]
+        if {rid for rid in client} <= {a.get("gen_ai.request.id") for a in spans}:
+            break
+        time.sleep(0.5)
+    print(format_agreement(run, agreement(client, spans)), flush=True)
 
 
 def ours(target: str, args: argparse.Namespace) -> None:
@@ -124,20 +145,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pdserve-aiperf-") as tmp:
         work = Path(tmp)
         tokenizer = tokenizer_folder(args.model, work / "tokenizer")
-        process = None
+        process, receiver, failed = None, None, []
         if args.target:
             from pdserve.checkpoint.source import served_name
 
             url, model = args.target, args.served_model_name or served_name(args.model)
         else:
-            process, url, model = up(args)
+            receiver = GrpcReceiver()
+            process, url, model = up(args, receiver.endpoint)
         try:
-            failed = [run for run in args.runs.split(",") if profile(exe, args, url, model, tokenizer, run, work)]
+            for run in args.runs.split(","):
+                if profile(exe, args, url, model, tokenizer, run, work):
+                    failed.append(run)
+                elif receiver is not None:
+                    compare_spans(receiver, run, work)
             if process is not None:
                 ours(process.router, args)
         finally:
             if process is not None:
                 process.stop()
+            if receiver is not None:
+                receiver.stop()
     print(f"aiperf runs failed: {failed}" if failed else "aiperf: every run completed")
     return 1 if failed else 0
 

@@ -2,7 +2,8 @@
 gateway as the gRPC door.
 
     POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
-    GET  /v1/models             GET  /health
+    GET  /v1/models             GET  /health, /ready   200 while a prefill and a decode worker pair, else 503
+                                GET  /live            200 while the process answers (a liveness probe)
     POST /tokenize              POST /detokenize         GET /version   (router/http/tokens.py)
     GET  /metrics               the router's Prometheus metrics (as on --metrics-port), as vLLM serves them
 
@@ -64,6 +65,7 @@ class HttpApi:
         app.add_routes([web.post("/v1/chat/completions", self.chat_completions),
                         web.post("/v1/completions", self.completions),
                         web.get("/v1/models", self.models), web.get("/health", self.health),
+                        web.get("/ready", self.health), web.get("/live", self.live),
                         web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize),
                         web.get("/version", self.version), web.get("/metrics", self.metrics)])
         return app
@@ -96,6 +98,9 @@ class HttpApi:
         return web.json_response({"object": "list", "data": [{
             "id": self.settings.model, "object": "model", "created": 0, "owned_by": "pdserve",
             "max_model_len": self.settings.max_context}]})
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "live"})
 
     async def health(self, request: web.Request) -> web.Response:
         if self.serving():

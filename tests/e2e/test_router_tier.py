@@ -47,9 +47,9 @@ class Tier:
     def client(self, i: int, tenant: str = "a", timeout_s: float = 120.0) -> Client:
         return Client(self.grpc(i), ClientOptions(token=f"tok-{tenant}", timeout_s=timeout_s))
 
-    def http_ready(self, i: int) -> bool:
+    def http_ready(self, i: int, path: str = "/health") -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.routers[i].http_port}/health", timeout=10) as reply:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.routers[i].http_port}{path}", timeout=10) as reply:
                 return reply.status == 200
         except urllib.error.HTTPError as refused:
             assert refused.code == 503, refused
@@ -125,6 +125,8 @@ def test_with_the_decode_worker_dead_requests_fail_fast_and_the_routers_are_not_
     decode.process.wait(30)
     wait_until(lambda: not any(serving(tier.grpc(i)) or tier.http_ready(i) for i in range(2)), 60,
                "both routers NOT_SERVING (gRPC health and HTTP /health)")
+    assert not any(tier.http_ready(i, "/ready") for i in range(2))
+    assert all(tier.http_ready(i, "/live") for i in range(2))  # alive: a liveness probe must not restart them
     with ThreadPoolExecutor(2) as pool:  # a client deadline far beyond the routers' wait: theirs ends it
         failed = list(pool.map(lambda i: outcome(_generate, tier, i), range(2)))
     assert all(isinstance(f, PdserveError) and f.code == "UNAVAILABLE" and f.retry_after_s is not None
