@@ -1,6 +1,6 @@
 """Runs every benchmark in this folder once with small, quick settings and prints their figures.
 
-About 3-4 minutes on 2 cores (model_throughput and tracing_overhead take most of it). The figures
+About 5 minutes on 2 cores (model_throughput, tracing_overhead and AIPerf take most of it). The figures
 are smoke-sized: docs/BENCHMARKS.md gives the command lines of the published ones.
     .venv/bin/python benchmarks/run_all.py [--only NAME ...] [--list]
 Exits non-zero when a benchmark fails or runs over --timeout-s.
@@ -38,6 +38,11 @@ BENCHMARKS = (
     Benchmark("worker_start", ("--repeats", "1", "--spawns", "1")),
     Benchmark("router_start", ("--spawns", "1")),
     Benchmark("rank_checkpoint_read", ()),
+    # NVIDIA's AIPerf (a third-party client, its own venv made on first use) against `pdserve up`,
+    # its per-request figures beside the router's spans; `make bench-aiperf` runs the full set
+    Benchmark("aiperf", ("--runs", "chat,goodput", "--requests", "8", "--concurrency", "4",
+                         "--output-tokens", "16")),
+    Benchmark("windowed_kv", ("--prompt-tokens", "2048", "--new-tokens", "8")),
 )
 
 
