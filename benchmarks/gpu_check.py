@@ -7,6 +7,7 @@ failed or raised, else 0; without CUDA one line and 0).
     swap         a tight KV pool swapping to pinned host memory (tokens equal), and the raw copies
     tp           tensor parallel 2 against 1 (needs two GPUs)
     decode       decode step time at Llama-3-8B's sizes (random weights) against the memory bound
+    deterministic  --deterministic: requests alone against together, chunked, bitwise equal
 
     .venv/bin/python benchmarks/gpu_check.py                 # everything, on cuda
     .venv/bin/python benchmarks/gpu_check.py --skip decode   # leave out checks by name
@@ -75,8 +76,15 @@ def _decode(device: torch.device) -> list[Row]:
     return decode_rows(device)
 
 
+def _deterministic(device: torch.device) -> list[Row]:
+    from benchmarks.gpu.deterministic import deterministic_row
+
+    return [deterministic_row(device)]
+
+
 CHECKS: dict[str, Callable[[torch.device], list[Row]]] = {
     "defaults": defaults_rows, "attention": _attention, "half": _half, "swap": _swap, "tp": _tp, "decode": _decode,
+    "deterministic": _deterministic,
 }
 
 

@@ -9,7 +9,9 @@ and every decode figure against the machine's roofline measured in the same run 
              pre-packed panels; onednn: oneDNN's blocked weight; auto: oneDNN's and, up to 256 rows,
              panels; each packed layout a copy of the model, its norms, SwiGLU and rotary
              positions on --layer-kernels and its decode steps fused where both are native, as the
-             engine serves)
+             engine serves); with --deterministic one column more, `query/deterministic`: the
+             deterministic mode's model (every projection in panels at every row count, the query
+             attention backend: every row alone over its context, prefill rows too)
     bound:   the smaller of the compute bound (FLOPs / the peak matmul rate on the model's own
              projections, the fastest weight layout's, at that batch or 256 rows) and the memory
              bound (weights + KV read / bandwidth); "of bound" is tokens/s over it
@@ -29,6 +31,8 @@ transformers is then not timed.
     .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,64,128,256 --contexts 128
     .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,32 --contexts 2048 \
         --random-kv --no-transformers
+    .venv/bin/python benchmarks/model_throughput.py --threads 2 --backends torch-batched --weight-layouts auto \
+        --deterministic --batches 1,8,64,128,256 --no-transformers      # deterministic against default
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from pdserve.config import LAYER_KERNELS  # noqa: E402
 from pdserve.sampling.sampler import argmax_rows  # noqa: E402
 
 BLOCK_SIZE = 16
+QUERY, DETERMINISTIC = "query", "deterministic"  # the deterministic mode's backend and layout
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ class PagedRunner:
         self.model = loaded.model
         blocks_per_seq = -(-max_tokens // BLOCK_SIZE)
         self.kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), blocks_per_seq * batch, torch.float32, "cpu")
-        self.attn = make_attention_backend(backend, "cpu", torch.float32)
+        self.attn = make_attention_backend(backend, "cpu", torch.float32, deterministic=backend == QUERY)
         self.tables = [tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
         self.logits = HostLogits(loaded.config.vocab_size)  # as the engine's model runner reuses one
 
@@ -113,8 +118,8 @@ def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[1] + torch.randint(3, vocab, (length - 1,), generator=gen).tolist() for _ in range(count)]
 
 
-def ours_prefill(loaded: LoadedModel, prompt: list[int]) -> float:
-    runner = PagedRunner(loaded, len(prompt), 1)
+def ours_prefill(loaded: LoadedModel, prompt: list[int], backend: str = "torch") -> float:
+    runner = PagedRunner(loaded, len(prompt), 1, backend)
     start = time.perf_counter()
     runner.forward([prompt], [0])
     return len(prompt) / (time.perf_counter() - start)
@@ -207,7 +212,8 @@ def load_reference(source: Path):
 
 def variants(args) -> list[tuple[str, str]]:
     """(attention backend, weight layout) of every decode column, in order."""
-    return [(b, w) for w in args.weight_layouts.split(",") for b in args.backends.split(",")]
+    columns = [(b, w) for w in args.weight_layouts.split(",") for b in args.backends.split(",")]
+    return columns + ([(QUERY, DETERMINISTIC)] if args.deterministic else [])
 
 
 def decode_rows(args, layouts: dict[str, LoadedModel], reference, roofline: Roofline, sizes: list[int],
@@ -271,6 +277,8 @@ def main() -> None:
                              "its library can)")
     parser.add_argument("--layer-kernels", default="auto", choices=LAYER_KERNELS,
                         help="the packed layouts' small ops (see --layer-kernels; dense keeps torch's)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="a column more: the deterministic mode's model and attention (query/deterministic)")
     parser.add_argument("--random-kv", action="store_true", help="random K/V as the context instead of a prefill")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill row")
     parser.add_argument("--no-transformers", action="store_true", help="time pdserve only")
@@ -279,7 +287,8 @@ def main() -> None:
 
     loaded = load_model(args.model)
     reference = None if args.no_transformers else load_reference(loaded.source_path)
-    layouts = weight_layouts(loaded, args.weight_layouts.split(","), args.layer_kernels)
+    names = args.weight_layouts.split(",") + ([DETERMINISTIC] if args.deterministic else [])
+    layouts = weight_layouts(loaded, names, args.layer_kernels)
     roofline = Roofline([m.model for m in layouts.values()], loaded.config)
     print_header(args, loaded)
     if not args.no_prefill:
@@ -301,11 +310,13 @@ def weight_layouts(loaded: LoadedModel, names: list[str], kernels: str) -> dict[
     for name in (n for n in names if n != "dense"):
         model = copy.deepcopy(loaded.model)
         # as the engine serves (raises where the library cannot pack)
-        chosen = apply_cpu_paths(model, name, kernels, "cpu", torch.float32)
-        if name == "auto":  # and for as many rows as the engine measures the fused step faster
+        exact = name == DETERMINISTIC
+        chosen = apply_cpu_paths(model, "auto" if exact else name, kernels, "cpu", torch.float32, exact)
+        if name in ("auto", DETERMINISTIC):  # and for as many rows as the engine measures the fused step faster
             kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), 256, torch.float32, "cpu")
-            tune_fused_rows(model, kv, make_attention_backend("torch-batched", "cpu", torch.float32),
-                            serving_identity(loaded.source_path, model, torch.float32))
+            attn = make_attention_backend("torch-batched", "cpu", torch.float32, deterministic=exact)
+            tune_fused_rows(model, kv, attn, {**serving_identity(loaded.source_path, model, torch.float32),
+                                              "deterministic": exact})
         fused = model.fused_decode.max_rows if model.fused_decode else 0
         print(f"{name}: {chosen}; decode steps fused up to {fused} rows", flush=True)
         layouts[name] = dataclasses.replace(loaded, model=model)
@@ -313,13 +324,16 @@ def weight_layouts(loaded: LoadedModel, names: list[str], kernels: str) -> dict[
 
 
 def prefill_row(args, layouts: dict[str, LoadedModel], reference) -> Row:
-    """The prefill of each weight layout (the attention backends compute a prefill alike)."""
+    """The prefill of each weight layout (the attention backends compute a prefill alike, but for
+    the deterministic mode's, which attends each row alone)."""
     long_prompt = prompts(1, args.prompt_tokens, layouts["dense"].config.vocab_size, seed=0)[0]
-    for loaded in layouts.values():
-        ours_prefill(loaded, long_prompt[:64])  # warm-up
+    backend = {w: QUERY if w == DETERMINISTIC else "torch" for w in layouts}
+    for w, loaded in layouts.items():
+        ours_prefill(loaded, long_prompt[:64], backend[w])  # warm-up
     ours, theirs = best_of(
         args.repeats,
-        {w: (lambda loaded=loaded: ours_prefill(loaded, long_prompt)) for w, loaded in layouts.items()},
+        {w: (lambda loaded=loaded, w=w: ours_prefill(loaded, long_prompt, backend[w]))
+         for w, loaded in layouts.items()},
         (lambda: hf_prefill(reference, long_prompt)) if reference else None,
     )
     return Row(f"prefill {args.prompt_tokens} tok", {f"{b}/{w}": ours[w] for b, w in variants(args)}, theirs)

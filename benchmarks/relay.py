@@ -1,7 +1,9 @@
 """The router's relay cost: its CPU per relayed token and the latency it adds, through both doors.
 
 A fake decode worker (pdserve/bench/fake_workers.py: real gRPC, no model) streams ordinary words
-of the embedded model's vocabulary, paced per stream, ignore_eos; the real router relays them
+of the embedded model's vocabulary, paced per stream, ignore_eos, stepping as an engine does (every
+--step-us, 1 ms: each stream's tokens due go together, on the router's event feed one message for
+all its streams: `--event-feeds off` the router's, one message per stream); the real router relays them
 (`pdserve router --colocated`: the decode worker prefills for itself, so no prefill worker takes
 part); clients in a process of their own (pdserve/bench/relay_clients.py) keep N streams of
 --tokens tokens in flight through the gRPC door (pdserve.v1.Generation/Generate) or the HTTP door
@@ -19,7 +21,7 @@ part); clients in a process of their own (pdserve/bench/relay_clients.py) keep N
 
     .venv/bin/python benchmarks/relay.py [--quick] [--doors grpc,http] [--streams 64,256]
         [--rates 1000,3000,10000,30000,100000] [--tokens 200] [--warmup 2] [--measure 6]
-        [--stream-interval N|Tms] [--insecure] [--json PATH]
+        [--stream-interval N|Tms] [--step-us N] [--event-feeds on|off] [--insecure] [--json PATH]
 """
 
 from __future__ import annotations
@@ -120,15 +122,16 @@ def start_router(sup: Supervisor, fake: fake_workers.FakeProcess, args: argparse
     secured = ["--insecure"] if args.insecure else \
         ["--cluster-token-file", str(write_cluster_token(sup.workdir / "cluster-token"))]
     interval = ["--stream-interval", str(args.stream_interval)] if args.stream_interval else []
+    feeds = ["--event-feeds", args.event_feeds] if args.event_feeds else []
     router = sup.spawn("router", ["router", "--port", "0", "--http-port", "0", "--colocated", "--decode-workers",
-                                  fake.address, "--canary-interval-s", "0", *secured, *interval])
+                                  fake.address, "--canary-interval-s", "0", *secured, *interval, *feeds])
     wait_serving(f"127.0.0.1:{sup.wait_ready(router, 120)}", 60)
     return router
 
 
 def run(args: argparse.Namespace) -> list[Row]:
     workdir = Path(tempfile.mkdtemp(prefix="pdserve-relay-"))
-    fake = fake_workers.start_process(workdir, workdir / "sent.jsonl")
+    fake = fake_workers.start_process(workdir, workdir / "sent.jsonl", step_us=args.step_us)
     sup = Supervisor(env={**os.environ, "HF_HUB_OFFLINE": "1"}, workdir=workdir)
     rows: list[Row] = []
     try:
@@ -166,6 +169,10 @@ def main() -> None:
     p.add_argument("--stream-interval", default=None,
                    help="the router's --stream-interval: tokens per message (4) or milliseconds (20ms); skipped "
                         "where it has none")
+    p.add_argument("--step-us", type=int, default=fake_workers.DEFAULT_STEP_US,
+                   help="the fake decode worker's step: every stream's tokens due by then go out together")
+    p.add_argument("--event-feeds", default=None, choices=["on", "off"],
+                   help="the router's --event-feeds (default: its own default)")
     p.add_argument("--insecure", action="store_true", help="the router without a cluster token")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args()

@@ -36,6 +36,7 @@ BENCHMARKS = (
     Benchmark("tracing_overhead", ("--rounds", "2", "--requests", "2", "--tokens", "16")),
     Benchmark("http_vs_grpc", ("--rounds", "2", "--concurrency", "4", "--tokens", "16")),
     Benchmark("worker_start", ("--repeats", "1", "--spawns", "1")),
+    Benchmark("step_time", ("--trials", "1", "--target-ms", "100")),
     Benchmark("router_start", ("--spawns", "1")),
     Benchmark("rank_checkpoint_read", ()),
     # NVIDIA's AIPerf (a third-party client, its own venv made on first use) against `pdserve up`,
@@ -43,6 +44,7 @@ BENCHMARKS = (
     Benchmark("aiperf", ("--runs", "chat,goodput", "--requests", "8", "--concurrency", "4",
                          "--output-tokens", "16")),
     Benchmark("windowed_kv", ("--prompt-tokens", "2048", "--new-tokens", "8")),
+    Benchmark("reattach", ("--streams", "12", "--tokens", "600")),
 )
 
 

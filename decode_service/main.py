@@ -51,7 +51,7 @@ async def decode_parts(args: argparse.Namespace, ground: Groundwork, releases_ho
     departures = Departures(runtime.async_engine, sender, GrpcDecodePeer(ground.channels) if sender is not None else None,
                             runtime.block_size, runtime.block_nbytes, ground.leases, sums)
     worker = DecodeWorker(runtime.async_engine, receiver, ground.leases, args.quarantine_timeout_s, releases_holds,
-                          departures, checksums)
+                          departures, checksums, args.reattach_grace_s)
     servicer = DecodeServicer(worker, ground.observability.tracing.tracer(), ground.drainer, args.transport,
                               receiver.address() if receiver else b"", runtime.block_size, runtime.block_nbytes,
                               kv.num_blocks, receiver.ends if receiver else ())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -16,12 +17,16 @@ from pdserve.worker.decode_peer import target_from_pb
 from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, sampling_from_pb
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.kv_ranks import kv_ranks_to_pb
-from pdserve.rpc.errors import PermissionDenied
+from pdserve.rpc.errors import FeedClosed, PermissionDenied, Unavailable
+from pdserve.rpc.feed import fed_batches_to_pb
+from pdserve.rpc.owners import owner_of
 from pdserve.telemetry import extract_context, stream_span
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import Departed, Finished, Preempted, Reserved, Tokens
+from pdserve.worker.events import Attached, Departed, Finished, Preempted, Reserved, Tokens
+from pdserve.worker.feed import Feed, Feeds
 from pdserve.worker.rpcs import CommonWorkerRpcs
+from pdserve.worker.session import Session
 
 
 class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
@@ -32,6 +37,9 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
                  kv_ranks: Sequence[RankEnd] = ()):
         """`kv_ranks`: every tensor-parallel rank's receiver (rank 0's at `kv_address`); block_nbytes is one rank's."""
         super().__init__(worker, tracer, draining, transport)
+        self.feeds = Feeds()  # routers' event feeds: closed before the server stops (their streams never end alone)
+        draining.on_stop(worker.orphans.stop)  # stopping: no router could attach an orphan any more
+        draining.on_stop(lambda: self.feeds.close_all(Unavailable("this worker is stopping")))
         self.kv_ranks = kv_ranks_to_pb(kv_ranks)
         self.kv_address = kv_address
         self._receivers = frozenset({kv_address, *(rank.address for rank in kv_ranks)})  # what a piece may go to
@@ -42,23 +50,90 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
     async def Decode(self, request: wpb.DecodeRequest, context):
         self.refuse_unless_serving()
         r = request.request
+        feed = self._feed(request.feed_id)
         job = DecodeJob(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                         priority_from_pb(r.priority), kv_timeout(r.kv_timeout_s), request.local_prefill,
-                        tuple(r.output_token_ids), r.age_s, self.refuse_if_aborted(r))
+                        tuple(r.output_token_ids), r.age_s, self.refuse_if_aborted(r), r.reattachable)
         with stream_span(
                 self.tracer, "pdserve.decode", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": job.request_id, "pdserve.local_prefill": job.local_prefill,
                             "pdserve.resumed_tokens": len(job.output_token_ids)}) as span:
-            session = await self.worker.open(job)
-            tokens = 0
-            try:
+            session = await self.worker.open(job, feed, lambda event: _trace_event(span, event))
+            async for message in self._drive(session, feed, span):
+                yield message
+
+    async def Attach(self, request: wpb.AttachRequest, context):
+        """Another router drives the request from here on (decode_service/orphans.py)."""
+        owner = owner_of(request)
+        if owner is None:
+            raise InvalidRequestError("Attach names the request's owner")
+        feed = self._feed(request.feed_id)
+        with stream_span(
+                self.tracer, "pdserve.decode.attach", context=extract_context(context.invocation_metadata()),
+                kind=SpanKind.SERVER, attributes={"gen_ai.request.id": request.request_id}) as span:
+            session = self.worker.orphans.attach(check_id("request_id", request.request_id), owner, feed,
+                                                 lambda event: _trace_event(span, event))
+            async for message in self._drive(session, feed, span):
+                yield message
+
+    async def _drive(self, session: Session, feed: Feed | None, span) -> AsyncIterator[wpb.DecodeEvent]:
+        """The call that drives the request: its events (or, on a feed, `fed` and its status). The
+        call breaking without an Abort (its router went away) orphans a reattachable request;
+        any other end ends it here."""
+        orphaned = False
+        try:
+            if feed is None:
                 async for event in session.events():
-                    tokens += len(event.token_ids) if isinstance(event, Tokens) else 0
-                    _trace_event(span, event)
                     yield self._event_to_pb(event)
-            finally:
-                span.set_attribute("pdserve.decode.tokens", tokens)
+            else:
+                end = await session.fed_end()
+                if isinstance(end.error, FeedClosed):
+                    orphaned = self.worker.orphans.orphan(session)
+                yield wpb.DecodeEvent(fed=wpb.FedEvents(events=end.events))
+                if end.error is not None:
+                    raise end.error
+        except (asyncio.CancelledError, GeneratorExit):  # (GeneratorExit: the call ended while a message was out)
+            orphaned = orphaned or self.worker.orphans.orphan(session)
+            raise
+        finally:
+            span.set_attribute("pdserve.decode.tokens", session.tokens)
+            span.set_attribute("pdserve.orphaned", orphaned)
+            if not orphaned:
                 self.worker.live.close(session)
+
+    async def Find(self, request: wpb.FindRequest, context) -> wpb.FindResponse:
+        owner = owner_of(request)
+        if owner is None:
+            raise InvalidRequestError("Find names the request's owner")
+        return wpb.FindResponse(held=[wpb.HeldAttempt(request_id=h.request_id, token_ids=list(h.token_ids),
+                                                      attachable=h.attachable, orphaned=h.orphaned,
+                                                      attachment=h.attachment)
+                                      for h in self.worker.orphans.find(owner, request.prompt_digest)])
+
+    async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
+        """An attempt by its id is its router's only while no other router attached it since."""
+        if request.HasField("owner"):
+            return await super().Abort(request, context)
+        return wpb.WorkerAbortResponse(found=self.worker.orphans.abort(request.request_id, request.attachment))
+
+    async def Events(self, request: wpb.EventsRequest, context):
+        """This router's feed: its id first, then a message per batch of its requests' events."""
+        feed = self.feeds.open()
+        try:
+            yield wpb.EventBatch(feed_id=feed.id)
+            async for batch in feed.batches():
+                for message in fed_batches_to_pb(batch, self._event_to_pb):
+                    yield message
+        finally:
+            self.feeds.close(feed, FeedClosed("the router's event feed closed"))
+
+    def _feed(self, feed_id: str) -> Feed | None:
+        if not feed_id:
+            return None
+        feed = self.feeds.get(check_id("feed_id", feed_id))
+        if feed is None:
+            raise Unavailable(f"no event feed {feed_id!r} is open here (closed, or opened before a restart)")
+        return feed
 
     def _event_to_pb(self, event) -> wpb.DecodeEvent:
         if isinstance(event, Tokens):
@@ -73,6 +148,9 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
                 cached_blocks=event.cached_blocks, ranks=self.kv_ranks, identity=self.kv_identity))
         if isinstance(event, Departed):
             return wpb.DecodeEvent(departed=wpb.DecodeDeparted(generated=event.generated, kv_kept=event.kv_kept))
+        if isinstance(event, Attached):
+            return wpb.DecodeEvent(attached=wpb.DecodeAttached(token_ids=list(event.token_ids),
+                                                               attachment=event.attachment))
         if isinstance(event, Finished):
             return wpb.DecodeEvent(finished=wpb.DecodeFinished(
                 finish_reason=finish_to_pb(event.reason), cached_tokens=event.cached_tokens,
@@ -86,7 +164,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
     async def Depart(self, request: wpb.DepartRequest, context) -> wpb.DepartResponse:
         """Served while draining too: a leaving worker's requests leave this way."""
         keep = kv_timeout(request.keep_kv_s) if request.keep_kv else None
-        departure = await self.worker.depart(check_id("request_id", request.request_id), keep)
+        departure = await self.worker.depart(check_id("request_id", request.request_id), keep, request.attachment)
         return wpb.DepartResponse(departed=departure.departed, generated=departure.generated, reason=departure.reason,
                                   kv_kept=departure.kv_kept)
 

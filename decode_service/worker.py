@@ -8,6 +8,8 @@
     router --Depart--> depart()        (this worker leaves) the request stops here with its KV held
            <-- Departed --             then router --MoveKV--> move_kv(): the KV goes to another
                                        decode worker's reservation (decode_service/departures.py)
+    the router's call breaks           a reattachable request decoding here is orphaned for the
+                                       grace; another router may Find and Attach it (orphans.py)
 
 At tensor parallel size d every rank receives its own heads' share of each piece from every
 prefill rank holding some of them (pdserve/parallel/kv_ranks.py); a piece is in once every
@@ -25,16 +27,19 @@ quarantine lease, until the transport says the receive is over or the lease's li
 
 from __future__ import annotations
 
+import array
 import asyncio
+import functools
 import hmac
 import itertools
 import logging
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from decode_service.departures import Departures, Moved
 from decode_service.intake import Intake, Unsafe
+from decode_service.orphans import GraceConfig, Orphans, Progress
 from pdserve.aborts import Owner
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
@@ -44,6 +49,7 @@ from pdserve.engine.outputs import RequestOutput, StepResult
 from pdserve.kv import BlockHold
 from pdserve.kv.page_groups import live_pairs
 from pdserve.parallel.kv_ranks import RanksReceiver
+from pdserve.reattach import prompt_digest
 from pdserve.requests import Priority, Request, SamplingParams
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.rpc.errors import Withdrawn
@@ -51,10 +57,11 @@ from pdserve.transfer import KVReceiver
 from pdserve.transfer.checksum import blocks_checksum_off_loop, summable
 from pdserve.worker.commands import submit
 from pdserve.worker.events import Departed, Finished, Preempted, Reserved, Tokens
+from pdserve.worker.feed import Feed
 from pdserve.worker.kv_out import Target
 from pdserve.worker.leases import LeaseKind, Leases, Reclaim
 from pdserve.worker.live import LiveRequests
-from pdserve.worker.session import Session
+from pdserve.worker.session import Observer, Session
 
 log = logging.getLogger(__name__)
 SECRET_BYTES = 16
@@ -81,6 +88,7 @@ class DecodeJob:
     output_token_ids: tuple[int, ...] = ()
     age_s: float = 0.0  # since the router accepted it: queued as if it had arrived that long ago
     owner: Owner | None = None  # its client's request: an Abort of it through any router ends it
+    reattachable: bool = False  # its router ends it only by an Abort: a broken call orphans it (orphans.py)
 
 
 @dataclass(eq=False)
@@ -93,6 +101,27 @@ class _Live:
     request: Request | None = None
     intake: Intake | None = None
     received: bool = False  # its KV is in (a remote request past CompleteKV)
+    progress: Progress = field(default_factory=lambda: Progress(array.array("I")))
+
+    def __post_init__(self) -> None:
+        self.progress.tokens.extend(self.job.output_token_ids)
+
+    @property
+    def driven_here(self) -> bool:
+        """It decodes without its router: its KV is in, or it prefills here."""
+        return self.received or self.job.local_prefill
+
+    @property
+    def reattachable(self) -> bool:
+        return self.job.reattachable and self.job.owner is not None
+
+    @functools.cached_property
+    def digest(self) -> bytes:
+        return prompt_digest(self.job.prompt)
+
+    @property
+    def kv_tokens(self) -> int:
+        return len(self.job.prompt) + len(self.progress.tokens)
 
     @property
     def unstarted(self) -> bool:
@@ -103,18 +132,21 @@ class _Live:
 class DecodeWorker:
     def __init__(self, engine: AsyncEngine, receiver: KVReceiver | RanksReceiver | None, leases: Leases,
                  quarantine_timeout_s: float = DeadlineConfig().quarantine_timeout_s, releases_holds: bool = True,
-                 departures: Departures | None = None, checksums: bool = True):
+                 departures: Departures | None = None, checksums: bool = True,
+                 reattach_grace_s: float = DeadlineConfig().reattach_grace_s):
         """`receiver`: every rank's (a plain KVReceiver: this worker has one rank; None: no
         remote KV). `quarantine_timeout_s`: the longest blocks stay quarantined when the
         transport never says the withdrawn receive that may write them is over. `departures`:
         how its requests leave with their KV (None: they cannot; Depart gives their KV back).
         `checksums`: check the sums senders send with their KV (where this worker can: one rank,
-        a host pool)."""
+        a host pool). `reattach_grace_s`: how long a reattachable request whose call broke
+        decodes on for another router (0: ended at once)."""
         self.engine = engine
         self.receiver = receiver if receiver is None or isinstance(receiver, RanksReceiver) else RanksReceiver.alone(
             receiver, engine.engine.kv.shape.num_kv_heads)
         self.live: LiveRequests[_Live] = LiveRequests(engine, self._end)
         self.leases = leases
+        self.orphans = Orphans(self.live, leases, GraceConfig(reattach_grace_s, engine.engine.kv.block_size))
         self.quarantine_timeout_s = quarantine_timeout_s
         self.intakes: dict[str, Intake] = {}  # transfer id -> its intake
         self._transfer_ids = itertools.count()  # a transfer id is never reused, even after a failure
@@ -126,16 +158,21 @@ class DecodeWorker:
         self.verifies = checksums and self.receiver is not None and len(self.receiver.ports) == 1 and summable(pool)
         engine.add_listener(self.on_step)
 
-    async def open(self, job: DecodeJob) -> Session:
+    async def open(self, job: DecodeJob, feed: Feed | None = None, observe: Observer | None = None) -> Session:
+        """`feed`: its router's event feed, which its events go by (pdserve/worker/feed.py);
+        `observe`: sees each of them as it goes."""
         _check_job(job)
         self.live.check_free(job.request_id)
         if not job.local_prefill and self.receiver is None:
             raise InvalidRequestError("this worker takes no remote KV (colocated mode)")
-        return await self.live.open(_Live(job, Session(job.request_id, job.owner)), lambda e: _add(e, job))
+        return await self.live.open(_Live(job, Session(job.request_id, job.owner, feed, observe)),
+                                    lambda e: _add(e, job))
 
     def _end(self, live: _Live, abort: bool) -> None:
         """The request ended here (LiveRequests' end hook): withdraw the transfer, then (queued
         now, in order, whatever cancels the caller) abort in the engine if asked."""
+        live.session.detach()
+        self.orphans.ended(live)
         unsafe = self._drop_intake(live)
         if abort:
             request_id = live.job.request_id
@@ -200,6 +237,7 @@ class DecodeWorker:
                 raise InvalidRequestError(f"transfer {transfer_id!r} was withdrawn (the request ended here)")
         self._retire(live, intake)
         live.received = True
+        live.progress.tokens.append(first_token)
         await submit(self.engine, lambda e: e.mark_received(intake.request_id, first_token))
 
     def withdraw_unstarted(self) -> int:
@@ -212,15 +250,16 @@ class DecodeWorker:
 
     # ---- departures (a move to another decode worker) ----
 
-    async def depart(self, request_id: str, keep_kv_s: float | None) -> Departure:
+    async def depart(self, request_id: str, keep_kv_s: float | None, attachment: int = 0) -> Departure:
         """Stop a decoding request here between two steps: its stream gets every token generated
         so far, then Departed, and ends; its KV is kept for `move_kv` at most `keep_kv_s` (None:
-        given back now). Refused (departed False, the request goes on) when it is not decoding.
+        given back now). Refused (departed False, the request goes on) when it is not decoding, or
+        not the caller's (`attachment`: its anchor; another router attached it since).
         NOTE: once asked of the engine, the departure completes whatever cancels the caller (a
         Depart that timed out): the engine's answer is settled by a callback, never lost."""
         live = self.live.get(request_id)
-        if live is None:
-            return Departure(False, 0, f"no request {request_id!r} is running here")
+        if live is None or live.progress.attachment != attachment:
+            return Departure(False, 0, f"no request {request_id!r} of the caller's is running here")
         if not (live.received or live.job.local_prefill):
             return Departure(False, 0, "its KV is still arriving")
         answer: asyncio.Future[Departure] = asyncio.get_running_loop().create_future()
@@ -339,11 +378,14 @@ class DecodeWorker:
         if live is None:
             return
         if out.new_token_ids:
+            live.progress.tokens.extend(out.new_token_ids)
             live.session.push(Tokens(out.new_token_ids, out.logprobs, out.prompt_logprobs))
         if out.finished:
             r = out.request
             queue_s = max(0.0, (r.first_scheduled_time or r.arrival_time) - r.arrival_time)
-            live.session.push(Finished(r.finish_reason, r.num_cached_tokens, r.num_preemptions, queue_s))
+            live.progress.finished = Finished(r.finish_reason, r.num_cached_tokens, r.num_preemptions, queue_s)
+            live.session.push(live.progress.finished)
+            self.orphans.finished(live)
 
     def _notify(self, request: Request, notice: Preempted) -> None:
         live = self.live.owner(request)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -35,6 +35,16 @@ def joined_tokens(first: T, item: object) -> T | None:
         return None
     return dataclasses.replace(first, token_ids=first.token_ids + item.token_ids,
                                logprobs=first.logprobs + item.logprobs)
+
+
+def joined_run(events: Sequence[T]) -> T:
+    """A run of token events of one kind (as joined_tokens takes them: none but the first with
+    prompt log-probabilities) as one, in one pass."""
+    first = events[0]
+    if len(events) == 1:
+        return first
+    return dataclasses.replace(first, token_ids=tuple(t for e in events for t in e.token_ids),
+                               logprobs=tuple(lp for e in events for lp in e.logprobs))
 
 
 class _Nothing:

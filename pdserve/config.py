@@ -19,6 +19,9 @@ class DeadlineConfig:
     kv_timeout_s: float = 30.0  # a request's KV between pieces and until CompleteKV; the wire's unset (0) means this
     drain_timeout_s: float = 30.0  # on SIGTERM: how long work in flight may finish
     quarantine_timeout_s: float = 60.0  # decode: longest blocks a withdrawn receive may write stay out of use
+    # decode: how long a request whose router's stream broke (no Abort) decodes on for another router
+    # to re-attach (pdserve/reattach.py); then it is aborted and its blocks freed. 0: ended at once.
+    reattach_grace_s: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class SchedulerConfig:
     max_waiting: int = 4096  # bounded queue; beyond it new requests are refused
     aging_seconds: float | None = 30.0  # a request waiting this long rises one class; None = off
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    chunking: str = "tokens"  # tokens: chunks fill the token budget; time: within step_time_target_s too
+    step_time_target_s: float = 0.1  # chunking "time": a step's predicted seconds at most this
+    min_chunk_tokens: int = 32  # chunking "time": a step's first prefill chunk at least this (progress)
 
 
 @dataclass(frozen=True)
@@ -64,5 +70,6 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max positions
     seed: int = 0
     calibrate: bool = False  # measure prefill speed and host link at start for the preemption cost model
+    deterministic: bool = False  # each output independent of its batch, chunking and workers (see ARCHITECTURE)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -11,6 +11,7 @@ one) reads them instead of measuring again.
             (which layout multiplies, what calibration says) is the same in every process
 
 An unwritable cache is not an error: the figure is measured, used and not kept.
+PDSERVE_KEEP_MEASUREMENTS=0 measures every figure at every start, reading and keeping none.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def measured(kind: str, depends_on: dict[str, Any], measure: Callable[[], dict[s
              cache: Path | None = None) -> dict[str, Any]:
     """The figure for `kind` on this machine given `depends_on`: read from the cache, else
     `measure()`d now and kept there (the one already kept, if another process kept one first)."""
+    if os.environ.get("PDSERVE_KEEP_MEASUREMENTS", "1") == "0":
+        return measure()
     path = (cache or _default_cache()) / "measured" / f"{kind}-{_key(kind, depends_on)}.json"
     found = _read(path)
     if found is not None:

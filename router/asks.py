@@ -56,6 +56,32 @@ class SampleCount:
         return self.drawn > self.n
 
 
+@dataclass(frozen=True)
+class Resume:
+    """A stream continued (pdserve/reattach.py): the client has `from_token` of its tokens; they
+    are `prior` when it sent them (the gRPC door's prior_token_ids), else None (the OpenAI door's
+    Last-Event-ID)."""
+
+    from_token: int
+    prior: tuple[int, ...] | None = None
+
+
+def check_resume(ask: Ask) -> str | None:
+    """Why `ask.resume` cannot be served (None when it can, or there is none)."""
+    resume = ask.resume
+    if resume is None:
+        return None
+    if not ask.request_id:
+        return "a continued stream (resume_from_token, Last-Event-ID) names its request_id"
+    if ask.count.drawn != 1:
+        return "a stream of n or best_of above 1 cannot be continued"
+    if resume.prior is not None and len(resume.prior) != resume.from_token:
+        return f"prior_token_ids has {len(resume.prior)} ids; resume_from_token says {resume.from_token}"
+    if resume.from_token > ask.sampling.max_tokens:
+        return f"resume_from_token {resume.from_token} is beyond max_tokens {ask.sampling.max_tokens}"
+    return None
+
+
 def check_count(count: SampleCount, stream: bool) -> str | None:
     """Why `count` cannot be served (None when it can)."""
     if not 1 <= count.n <= MAX_SAMPLES:
@@ -74,6 +100,7 @@ class Ask:
     priority: Priority = Priority.NORMAL
     request_id: str = ""  # empty: the gateway makes one
     count: SampleCount = field(default_factory=SampleCount)  # n samples (best_of drawn), router/samples.py
+    resume: Resume | None = None  # a stream continued after its client's tokens (check_resume)
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,7 @@ class AskSizes:
     stop_token_ids: int
     token_ids: int | None = None  # a token-id prompt's length
     messages: int | None = None  # a chat's number of messages
+    prior_token_ids: int = 0  # a continued stream's tokens the client sent
 
 
 class AskSource(Protocol):
@@ -102,7 +130,8 @@ def sizes_of(ask: Ask) -> AskSizes:
     prompt = ask.prompt
     return AskSizes(ask.request_id, ask.sampling.stop, len(ask.sampling.stop_token_ids),
                     len(prompt.ids) if isinstance(prompt, TokenPrompt) else None,
-                    len(prompt.messages) if isinstance(prompt, ChatPrompt) else None)
+                    len(prompt.messages) if isinstance(prompt, ChatPrompt) else None,
+                    len(ask.resume.prior or ()) if ask.resume is not None else 0)
 
 
 @dataclass(frozen=True)

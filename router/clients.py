@@ -3,6 +3,8 @@
     RequestFlow --WorkerClients.decode(address).open(job, local)-->   DecodeCall: Reservation? Tokens... Finished
                --WorkerClients.decode(leaving).depart(id) / .move_kv(id, reservation)--> a running request's
                                                                    KV moves to another decode worker
+               --WorkerClients.decode(address).find(owner) / .attach(job)--> a request another router ran
+                                                                   (pdserve/reattach.py): Attached, Tokens...
                --WorkerClients.prefill(address).open(job, reservation)--> PrefillCall: Chunk... FirstToken
                --WorkerClients.stats(address, role)-->                   WorkerSnapshot (the pool's health watch)
     gateway    --WorkerClients.abort(address, role, owner, scope)-->   an Abort of a request another router runs
@@ -10,10 +12,15 @@
 Two implementations: `router/grpc_clients.py` (the real workers) and `tests/router/fake_workers.py`
 (in-process workers that can be killed, stalled, slowed, partitioned or failed at any step).
 
+A reattachable job's decode call (`WorkerJob.reattachable`) is ended on purpose only with an
+Abort of its attempt, which `close()` sends unless the request ended (Finished, Departed): the
+worker keeps it for another router only when the call breaks without one (the router died).
+
 Every failure of a call is a `WorkerFault`: what kind it is, and whom it is charged to
 (`Culprit`): the worker called, its peer (a prefill stream that failed because the decode
 worker it writes into did), or nobody (the client's own deadline). A call is closed with
-`close()` on every path; closing ends the request on the worker, which frees what it holds.
+`close()` on every path; closing ends the request on the worker, which frees what it holds. A
+call is read with `next()` (a `Call`) or delivers to a sink as its events arrive (a `PushCall`).
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ import abc
 import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pdserve.aborts import AbortScope, Owner
 from pdserve.identity import WorkerIdentity
+from pdserve.reattach import HeldAttempt
 from pdserve.requests import Priority, SamplingParams
-from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
+from pdserve.worker.events import Attached, Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 
 
 class FaultKind(enum.Enum):
@@ -39,6 +48,8 @@ class FaultKind(enum.Enum):
     INCOMPATIBLE = "incompatible"  # the worker refused KV of another model or layout: another pair, nobody charged
     CORRUPT = "corrupt"  # KV landed other than its sender summed it: the sender is charged, the request goes elsewhere
     ABORTED = "aborted"  # its client aborted it (through another router): it ends, nobody charged
+    TAKEN = "taken"  # another router attached the request (its client went there): it goes on there, nobody charged
+    LOST = "lost"  # the worker does not hold the request (any more): elsewhere, nobody charged
 
 
 class Culprit(enum.Enum):
@@ -75,6 +86,7 @@ class WorkerJob:
     timeout_s: float | None = None  # what is left of the client's deadline
     age_s: float = 0.0  # since the router accepted the request: workers queue it as that old
     owner: Owner | None = None  # the client's request: an Abort of it through any router reaches this attempt
+    reattachable: bool = False  # (decode, with an owner) a broken call leaves it for another router to attach
 
 
 @dataclass(frozen=True)
@@ -95,7 +107,7 @@ class Reservation:
     identity: str = ""  # the decode worker's identity digest: the sender refuses a reservation not its own
 
 
-DecodeEvent = Reservation | Tokens | Preempted | Finished | Departed
+DecodeEvent = Reservation | Tokens | Preempted | Finished | Departed | Attached
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,30 @@ class WorkerSnapshot:
     identity: WorkerIdentity | None = None  # what it serves (None: it did not say; it is never used)
 
 
+class Sink(Protocol):
+    """Where a PushCall delivers (router/stream.py's Pumped): its events in order, then its end or
+    its fault, once."""
+
+    def deliver(self, event: object) -> None: ...
+
+    def end(self) -> None: ...
+
+    def fail(self, fault: WorkerFault) -> None: ...
+
+
+class PushCall(abc.ABC):
+    """One open call whose events are handed to a sink as they arrive (a request on its decode
+    worker's event feed: router/grpc_feed.py) instead of read one by one."""
+
+    @abc.abstractmethod
+    def start(self, sink: Sink) -> None:
+        """Deliver to `sink` from now on; nothing after `close()`."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the call (idempotent): the worker ends the request and frees what it holds."""
+
+
 class Call(abc.ABC):
     """One open streaming call. `next()` raises WorkerFault on failure, StopAsyncIteration at the end."""
 
@@ -158,7 +194,7 @@ class DecodeClient(abc.ABC):
     address: str
 
     @abc.abstractmethod
-    def open(self, job: WorkerJob, local_prefill: bool) -> Call:
+    def open(self, job: WorkerJob, local_prefill: bool) -> Call | PushCall:
         """Start decoding `job`: remote KV (first a Reservation), or prefilled locally."""
 
     @abc.abstractmethod
@@ -166,15 +202,31 @@ class DecodeClient(abc.ABC):
         """Leading tokens whose KV this worker holds (its prefix cache); None when it did not answer."""
 
     @abc.abstractmethod
-    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float) -> Departure:
+    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float,
+                     attachment: int = 0) -> Departure:
         """Stop a decoding request here between two steps, its KV kept for `move_kv` at most
-        `keep_kv_s` (None: given back at once). Raises WorkerFault."""
+        `keep_kv_s` (None: given back at once). `attachment`: this router's anchor of it (its
+        Attached's; 0: its Decode call). Raises WorkerFault."""
 
     @abc.abstractmethod
     async def move_kv(self, worker_id: str, target: Reservation, timeout_s: float) -> MovedKV:
         """Send a departed request's KV into another decode worker's reservation, completed with
         the request's last token. Raises WorkerFault (culprit PEER: the target failed)."""
 
+    @abc.abstractmethod
+    async def find(self, owner: Owner, prompt_digest: bytes, timeout_s: float) -> list[HeldAttempt] | None:
+        """The owner's attempts of that prompt this worker holds (pdserve/reattach.py), each with
+        its address; None when it did not answer in time."""
+
+    @abc.abstractmethod
+    def attach(self, job: WorkerJob) -> Call | PushCall:
+        """Drive the attempt `job.request_id` (Find's) of `job.owner` from here on: first Attached
+        (its tokens so far), then its events as open()'s; LOST when the worker no longer holds it."""
+
+    @abc.abstractmethod
+    async def abort_attempt(self, worker_id: str, attachment: int, timeout_s: float) -> bool | None:
+        """End an attempt this router no longer drives (`attachment`: its anchor of it): whether
+        it was held; None when the worker did not answer."""
 
 class PrefillClient(abc.ABC):
     address: str

@@ -79,7 +79,8 @@ class Departer:
             return
         keep = self.config.kv_timeout_s if policy is OnLeave.MOVE_KV else None
         try:
-            answer = await self.clients.decode(decode.address).depart(worker_id, keep, self.config.probe_timeout_s)
+            answer = await self.clients.decode(decode.address).depart(worker_id, keep, self.config.probe_timeout_s,
+                                                                       state.attachment)
         except WorkerFault as fault:
             log.info("request %s: Depart on %s failed: %s", job.request_id, decode.address, fault)
             return

@@ -28,16 +28,17 @@ from dataclasses import dataclass
 from pdserve.aborts import AbortScope
 from pdserve.admission import Admission, Verdict
 from pdserve.rpc.errors import Unavailable
-from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
+from pdserve.worker.events import Attached, Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 from router.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault, WorkerJob
 from router.aborting import FleetAborts
 from router.admitting import Admitter, Plan, admission_attributes, defer, refusal
-from router.flow_types import MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
+from router.flow_types import ATTACHED, MOVED_KV, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens
 from router.departing import Departer, Leaving, LeftFor
 from router.local_prefill import LocalPrefillDecision
 from router.observed import Observed
 from router.placing import Placer
 from router.protocol import RequestProtocol, Signal
+from router.reattaching import Reattacher
 from router.recovery import Action, Decision, charged_to
 from router.stream import Pumped
 from router.workers import Worker, WorkerPool
@@ -55,10 +56,14 @@ class RequestFlow:
         self.admitter = Admitter(self.placer.predictor, config.admission, config.local_prefill)
         self.departer = Departer(pool, clients, self.placer, config, self.observed, self._blame)
         self.aborts = FleetAborts(pool, clients)  # Aborts of requests another router runs
+        self.reattacher = Reattacher(pool, clients, config.recovery)  # streams continued from another router
 
     async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
         state = FlowState(RequestProtocol(job.request_id))
         try:
+            if job.resume is not None:  # a stream continued here: where its request is, what its client has
+                async for event in self.reattacher.begin(job, state):
+                    yield event
             while not state.protocol.done:
                 try:
                     async for event in self._attempt(job, state):
@@ -98,6 +103,11 @@ class RequestFlow:
     # ---- one attempt ----
 
     async def _attempt(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
+        state.attachment = 0
+        if state.attach is not None:  # a continued stream: the decode worker holding it drives it from here on
+            async for event in self._attach(job, state):
+                yield event
+            return
         departed, state.departed = state.departed, None
         if departed is not None:  # its decode worker left, keeping its KV: it moves to the next one
             decode, _ = await self.placer.decode(job, state)
@@ -118,14 +128,51 @@ class RequestFlow:
         yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local,
                                       "pdserve.local_prefill.reason": MOVED_KV if departed else plan.local.reason,
                                       "pdserve.decode_cached_tokens": state.decode_cached_tokens})
+        if departed is not None:
+            head = self._move_kv(job, state, call, decode, departed, opened)
+        elif not local:
+            head = self._remote_prefill(job, state, call, decode, plan.prefill, opened)
+        else:
+            head = _nothing()
+        async for event in self._drive(job, state, call, decode, worker_job.request_id, head):
+            yield event
+
+    async def _attach(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
+        """The attempt a continued stream's decode worker holds (router/reattaching.py), driven here."""
+        held, state.attach = state.attach, None
+        decode = self.pool.workers.get(held.address)
+        state.protocol.advance(Signal.ATTACH, held.address)
+        if decode is None:
+            raise WorkerFault(FaultKind.LOST, held.address, f"{held.address} left the pool", Culprit.NOBODY)
+        self.pool.placed(decode)
+        worker_job = dataclasses.replace(self._worker_job(job, state), request_id=held.request_id)
+        call = Pumped(self.clients.decode(decode.address).attach(worker_job), decode.address)
+        yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": False,
+                                      "pdserve.local_prefill.reason": ATTACHED})
+        async for event in self._drive(job, state, call, decode, held.request_id, self._attached(state, call)):
+            yield event
+
+    async def _attached(self, state: FlowState, call: Pumped) -> AsyncIterator[FlowEvent]:
+        """Attach's first event: the request's tokens so far, those the client lacks relayed."""
+        event = await call.next()
+        if not isinstance(event, Attached) or tuple(event.token_ids[:len(state.generated)]) != tuple(state.generated):
+            raise WorkerFault(FaultKind.LOST, call.address, f"{call.address} attached another request's tokens "
+                                                            f"(sent {type(event).__name__})", Culprit.NOBODY)
+        state.attachment = event.attachment
+        fresh = tuple(event.token_ids[len(state.generated):])
+        if fresh:
+            state.protocol.advance(Signal.TOKENS)
+            state.generated.extend(fresh)
+            yield NewTokens(fresh)
+
+    async def _drive(self, job: Job, state: FlowState, call: Pumped, decode: Worker, worker_id: str,
+                     head: AsyncIterator[FlowEvent]) -> AsyncIterator[FlowEvent]:
+        """An attempt whose decode call is open: `head` (the KV's way in, or an attach), then its
+        tokens to the end; a move or a departure ends it without a fault. Its calls closed, however it ends."""
         try:
-            if departed is not None:
-                async for event in self._move_kv(job, state, call, decode, departed, opened):
-                    yield event
-            elif not local:
-                async for event in self._remote_prefill(job, state, call, decode, plan.prefill, opened):
-                    yield event
-            async for event in self._relay(job, state, call, decode, worker_job.request_id):
+            async for event in head:
+                yield event
+            async for event in self._relay(job, state, call, decode, worker_id):
                 yield event
             self.pool.credit(decode.address)
         except WorkerFault as fault:
@@ -140,7 +187,7 @@ class RequestFlow:
                                       "pdserve.waited_s": moved.waited_s})
         except LeftFor as left:
             state.move_to = left.target
-            state.departed = (decode.address, worker_job.request_id) if left.kept_kv else None
+            state.departed = (decode.address, worker_id) if left.kept_kv else None
             state.avoid["decode"][decode.address] = self.pool.incarnation(decode.address)
             log.info("request %s departs from %s (leaving) for %s after %d tokens%s", job.request_id, decode.address,
                      left.target, len(state.generated), "" if left.kept_kv else ", to be prefilled again")
@@ -196,7 +243,8 @@ class RequestFlow:
         sampling = dataclasses.replace(job.sampling, prompt_logprobs=None) if out else job.sampling  # sent once
         return WorkerJob(worker_id, job.prompt, sampling, job.priority, self.config.kv_timeout_s,
                          out, job.metadata, job.timeout_s(), job.age_s(),
-                         None if job.pinned else job.owner)  # a canary: no client may abort it
+                         None if job.pinned else job.owner,  # a canary: no client may abort it
+                         job.reattachable and self.config.reattach)
 
     def _blame(self, state: FlowState, fault: WorkerFault, role: str, address: str) -> None:
         """Charge the worker that caused the fault and avoid it for the rest of this request. One
@@ -381,6 +429,11 @@ class RequestFlow:
                 raise LeftFor(leaving.target, event.kv_kept)
             if self.departer.wants(job, state, decode, leaving):
                 await self.departer.ask(job, state, decode, worker_id, leaving)
+
+async def _nothing() -> AsyncIterator[FlowEvent]:
+    return
+    yield
+
 
 @dataclass(frozen=True)
 class _Admitted:

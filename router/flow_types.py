@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pdserve.aborts import Owner
 from pdserve.admission import AdmissionPolicy
 from pdserve.config import DeadlineConfig
+from pdserve.reattach import HeldAttempt
 from pdserve.requests import FinishReason, Priority, SamplingParams, TokenLogprobs
+from router.asks import Resume
 from router.clients import WorkerFault
 from router.local_prefill import LocalPrefillPolicy
 from router.protocol import RequestProtocol
@@ -35,6 +37,14 @@ class Job:
     # worker, which prefills it from its prefix cache (the first sample's KV); a retry is placed anew.
     beside: str | None = None
     client_id: str = ""  # the client's request id when request_id is not it (a sample's job)
+    resume: Resume | None = None  # a stream continued at this router (pdserve/reattach.py)
+
+    @property
+    def reattachable(self) -> bool:
+        """Its attempts may outlive this router for another to attach: a client's one request (not
+        a canary, nor a sample of n), whose every token the worker can give again (no log-probabilities)."""
+        return (not self.pinned and not self.client_id and self.sampling.logprobs is None
+                and self.sampling.prompt_logprobs is None)
 
     @property
     def owner(self) -> Owner:
@@ -52,6 +62,14 @@ class Job:
     def timeout_s(self) -> float | None:
         """What is left of the client's deadline, for the calls made on its behalf."""
         return None if self.deadline is None else max(0.001, self.deadline - time.monotonic())
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """(A continued stream's first event.) The tokens the client has already: never sent again;
+    the text goes on after them."""
+
+    prior: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,7 @@ class Milestone:
     attributes: dict
 
 
-FlowEvent = NewTokens | Done | Milestone
+FlowEvent = NewTokens | Done | Milestone | Resumed
 
 
 @dataclass
@@ -103,6 +121,8 @@ class FlowState:
     local_prefill: bool = False
     move_to: str | None = None  # the decode worker a move chose for the next placement
     departed: tuple[str, str] | None = None  # (decode worker, the attempt's id there) holding its KV for a move
+    attach: HeldAttempt | None = None  # a continued stream's attempt a decode worker holds: the next attempt attaches it
+    attachment: int = 0  # this router's anchor of the attempt decoding now (its Attached's; 0: its Decode call)
 
     def avoided(self, role: str, workers: Sequence[Worker]) -> set[str]:
         """The workers of `role` to avoid: those this request failed on, unless they restarted since."""
@@ -115,6 +135,7 @@ class FlowState:
 
 
 MOVED_KV = "moved_kv"  # a placement's reason when no prompt is computed: the KV moves from the departed worker
+ATTACHED = "attached"  # ... or: a continued stream's request, attached where it decodes (router/reattaching.py)
 
 
 class OnLeave(enum.Enum):
@@ -148,3 +169,6 @@ class FlowConfig:
     # A request decoding where requests wait for blocks moves, KV and all, to a decode worker with
     # room: at most one per worker per this many seconds (router/rebalancing.py); None: never.
     rebalance_interval_s: float | None = 1.0
+    # A client's stream may outlive this router: its decode attempts end on purpose only by an
+    # Abort, so a decode worker keeps one whose call broke for another router to attach (pdserve/reattach.py).
+    reattach: bool = True

@@ -35,9 +35,10 @@ from pdserve.requests import FinishReason
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import Unauthenticated, status_of
 from router.aborting import abort_elsewhere
-from router.asks import Ask, AskSource, ChatPrompt, Finish, Output, SampleCount, TextPrompt, TokenPrompt, Usage
+from router.asks import (Ask, AskSource, ChatPrompt, Finish, Output, SampleCount, TextPrompt, TokenPrompt, Usage,
+                         check_resume)
 from router.flow import RequestFlow
-from router.flow_types import Done, Job, NewTokens
+from router.flow_types import Done, Job, NewTokens, Resumed
 from router.frontend import Frontend
 from router.limits import InputLimits
 from router.pacing import Ending, Pacer
@@ -112,19 +113,20 @@ class Gateway:
             trace.finish(FinishReason.ABORT, 0)
             yield _last(job, Done(FinishReason.ABORT, 0, 0), 0)
             return
-        events: asyncio.Queue = asyncio.Queue()
         samples = None
+        kept: dict[int, list[Output]] = {i: [] for i in range(generation.count.drawn)}  # each sample's outputs
+        pacer = Pacer(self.interval, _observer(trace, kept))
         if generation.count.drawn == 1:
-            task = asyncio.ensure_future(_pump(self.flow, job, events))
+            task = asyncio.ensure_future(_pump(self.flow, job, pacer))
         else:
-            samples = Samples(self.flow, job, generation.count, lambda i, e: events.put_nowait((i, e)))
+            samples = Samples(self.flow, job, generation.count, lambda i, e: pacer.put((i, e)))
             task = asyncio.ensure_future(samples.run())
-        task.add_done_callback(lambda t: t.cancelled() and events.put_nowait(asyncio.CancelledError()))
+        task.add_done_callback(lambda t: t.cancelled() and pacer.put(asyncio.CancelledError()))
         mine = _Active(task, asyncio.current_task(), job.tenant)
         self.active[job.request_id] = mine
         try:
-            outputs = (self._outputs(job, events, trace) if samples is None
-                       else self._sample_outputs(generation, samples, events))
+            outputs = (self._outputs(job, pacer, trace) if samples is None
+                       else self._sample_outputs(generation, samples, pacer, kept))
             async for output in outputs:
                 yield output
         except BaseException as exc:
@@ -162,6 +164,8 @@ class Gateway:
         return tenant
 
     async def _job(self, tenant: Tenant, ask: Ask, trace: RequestTrace, remaining_s: float | None) -> Job:
+        if (refused := check_resume(ask)) is not None:
+            raise InvalidRequestError(refused)
         priority = tenant.priority_for(ask.priority)
         request_id = ask.request_id or uuid.uuid4().hex
         self._refuse_if_taken(request_id, tenant)
@@ -169,7 +173,8 @@ class Gateway:
         self.frontend.check(prompt, ask.sampling)
         self._refuse_if_taken(request_id, tenant)  # another request may have taken it while this one tokenised
         deadline = None if remaining_s is None else time.monotonic() + remaining_s
-        job = Job(request_id, tuple(prompt), ask.sampling, priority, trace.metadata(), deadline, tenant.name)
+        job = Job(request_id, tuple(prompt), ask.sampling, priority, trace.metadata(), deadline, tenant.name,
+                  resume=ask.resume)
         trace.bind(job, "chat" if isinstance(ask.prompt, ChatPrompt) else "text_completion")
         return job
 
@@ -192,10 +197,9 @@ class Gateway:
         if cap is not None and sum(a.tenant == tenant.name for a in self.active.values()) >= cap:
             raise OverloadedError(f"tenant {tenant.name!r} has {cap} requests in flight (its max_concurrent)")
 
-    async def _outputs(self, job: Job, events: asyncio.Queue, trace: RequestTrace) -> AsyncIterator[Output]:
+    async def _outputs(self, job: Job, pacer: Pacer, trace: RequestTrace) -> AsyncIterator[Output]:
         text = TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop)
         completion = 0
-        pacer = Pacer(events, self.interval, lambda _, event: trace.on_event(event))
         while True:
             item = await pacer.next()
             if isinstance(item, BaseException):
@@ -204,6 +208,12 @@ class Gateway:
                 trace.finish(FinishReason.ABORT, completion)
                 yield _last(job, Done(FinishReason.ABORT, 0, 0), completion)
                 return
+            if isinstance(item[1], Resumed):  # a continued stream: the text goes on after the client's tokens
+                completion = len(item[1].prior)
+                if text.push(item[1].prior).stopped:  # (its router ended it by a stop string, then died)
+                    yield _last(job, Done(FinishReason.STOP, 0, 0), completion)
+                    return
+                continue
             output = _output_of(job, item[1], text, completion)
             if output is None:
                 continue
@@ -214,16 +224,13 @@ class Gateway:
                 return
             yield output
 
-    async def _sample_outputs(self, generation: Generation, samples: Samples,
-                              events: asyncio.Queue) -> AsyncIterator[Output]:
+    async def _sample_outputs(self, generation: Generation, samples: Samples, pacer: Pacer,
+                              kept: dict[int, list[Output]]) -> AsyncIterator[Output]:
         """Every sample's outputs, each tagged with its index, as they come (ranked: the n best
-        samples' whole outputs once all ended, indexed in their order)."""
+        samples' whole outputs once all ended, indexed in their order); `kept`: each one's so far."""
         job, trace, count = generation.job, generation.trace, generation.count
         texts = {i: TextStream(self.frontend.tokenizer, job.prompt, job.sampling.stop) for i in range(count.drawn)}
         completion = dict.fromkeys(range(count.drawn), 0)
-        kept: dict[int, list[Output]] = {i: [] for i in range(count.drawn)}
-        pacer = Pacer(events, self.interval,
-                      lambda i, event: i == 0 and 0 not in _ended(kept) and trace.on_event(event))
         while kept.keys() - _ended(kept):
             item = await pacer.next()
             if isinstance(item, BaseException):  # the whole run was cancelled (an Abort)
@@ -315,12 +322,19 @@ class _Active:
             self.handler is not None and (self.handler.cancelling() > 0 or self.handler.done()))
 
 
-async def _pump(flow: RequestFlow, job: Job, events: asyncio.Queue) -> None:
-    """Its events as sample 0's (router/pacing.py's items). Every way it ends puts a last item on
-    `events`; a task cancelled before it ran does not run this at all: the done-callback in
+def _observer(trace: RequestTrace, kept: dict[int, list[Output]]) -> Callable[[int, object], None]:
+    """What the trace sees of a request's events as they arrive: the first sample's, until it ended."""
+    if len(kept) == 1:
+        return lambda _, event: trace.on_event(event)
+    return lambda i, event: i == 0 and 0 not in _ended(kept) and trace.on_event(event)
+
+
+async def _pump(flow: RequestFlow, job: Job, pacer: Pacer) -> None:
+    """Its events as sample 0's (router/pacing.py's items). Every way it ends puts a last item in
+    the pacer; a task cancelled before it ran does not run this at all: the done-callback in
     stream() covers that (an Abort racing the stream)."""
     try:
         async for event in flow.run(job):
-            events.put_nowait((0, event))
+            pacer.put((0, event))
     except BaseException as exc:  # handed to the output loop, which maps it
-        events.put_nowait(exc)
+        pacer.put(exc)

@@ -1,6 +1,9 @@
-"""The worker-client interface over gRPC: wire messages in and out, status codes to WorkerFault."""
+"""The worker-client interface over gRPC: wire messages in and out (router/grpc_wire.py), status
+codes to WorkerFault; a decode call's events by its worker's event feed (router/grpc_feed.py)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import grpc
 
@@ -8,53 +11,25 @@ from pdserve.aborts import AbortScope, Owner
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.owners import owner_to_pb, scope_to_pb
 from pdserve.rpc.stats import identity_from_pb
-from pdserve.rpc.convert import finish_from_pb, logprobs_from_pb, priority_to_pb, sampling_to_pb
-from pdserve.rpc.errors import FAULT_METADATA, NOBODY, SENDER  # what a worker names as a failure's cause
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Preempted, Tokens
 from router.clients import (
     Call,
-    Culprit,
     DecodeClient,
     Departure,
-    FaultKind,
     MovedKV,
     PrefillClient,
+    PushCall,
     Reservation,
     WorkerClients,
-    WorkerFault,
     WorkerJob,
     WorkerSnapshot,
 )
+from pdserve.reattach import HeldAttempt
+from router.grpc_feed import Anchor, FedCall, RouterFeeds
+from router.grpc_wire import decode_event, fault_of, held_from_pb, prefill_event, target_to_pb, worker_request
 
-_KIND_OF = {
-    grpc.StatusCode.UNAVAILABLE: FaultKind.GONE,
-    grpc.StatusCode.CANCELLED: FaultKind.GONE,
-    grpc.StatusCode.DEADLINE_EXCEEDED: FaultKind.TIMEOUT,
-    grpc.StatusCode.INVALID_ARGUMENT: FaultKind.REFUSED,
-    grpc.StatusCode.FAILED_PRECONDITION: FaultKind.INCOMPATIBLE,
-    grpc.StatusCode.OUT_OF_RANGE: FaultKind.REFUSED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: FaultKind.OVERLOADED,
-    grpc.StatusCode.DATA_LOSS: FaultKind.CORRUPT,
-    grpc.StatusCode.ABORTED: FaultKind.ABORTED,
-}
-_NOBODYS = (FaultKind.TIMEOUT, FaultKind.ABORTED)  # the client's deadline, the client's Abort
-
-
-def fault_of(exc: grpc.aio.AioRpcError, address: str) -> WorkerFault:
-    """A failed call as a WorkerFault. A worker naming its peer as the cause (a prefill worker
-    whose decode worker went away) makes the fault the peer's, and GONE whatever its status."""
-    message = f"{address}: {exc.code().name}: {exc.details() or ''}".rstrip(": ")
-    named = {v for k, v in (exc.trailing_metadata() or ()) if k == FAULT_METADATA}
-    if "decode" in named:
-        return WorkerFault(FaultKind.GONE, address, message, Culprit.PEER)
-    if NOBODY in named:  # the worker gave the request back (it leaves its role): elsewhere, uncharged
-        return WorkerFault(FaultKind.WITHDRAWN, address, message)
-    if SENDER in named:  # KV landed here other than its sender summed it: the sender's fault
-        return WorkerFault(FaultKind.CORRUPT, address, message, Culprit.PEER)
-    kind = _KIND_OF.get(exc.code(), FaultKind.FAILED)
-    return WorkerFault(kind, address, message, Culprit.NOBODY if kind in _NOBODYS else Culprit.SELF)
+ABANDON_TIMEOUT_S = 1.0  # an Abort of an attempt this router lets go (a closed reattachable call)
 
 
 class GrpcCall(Call):
@@ -74,66 +49,85 @@ class GrpcCall(Call):
         self._call.cancel()
 
 
-def _worker_request(job: WorkerJob) -> wpb.WorkerRequest:
-    return wpb.WorkerRequest(request_id=job.request_id, prompt_token_ids=list(job.prompt),
-                             sampling=sampling_to_pb(job.sampling), priority=priority_to_pb(job.priority),
-                             kv_timeout_s=job.kv_timeout_s, output_token_ids=list(job.output_token_ids),
-                             age_s=job.age_s, owner=owner_to_pb(job.owner) if job.owner is not None else None)
+class AnchoredCall(GrpcCall):
+    """A decode call read one by one, ending its request with an Abort when closed early (Anchor)."""
 
+    def __init__(self, call: grpc.aio.UnaryStreamCall, address: str, anchor: Anchor):
+        super().__init__(call, address, decode_event)
+        self._anchor = anchor
 
-def _decode_event(event: wpb.DecodeEvent):
-    kind = event.WhichOneof("event")
-    if kind == "tokens":
-        t = event.tokens
-        return Tokens(tuple(t.token_ids), tuple(logprobs_from_pb(lp) for lp in t.logprobs),
-                      tuple(logprobs_from_pb(lp) for lp in t.prompt_logprobs))
-    if kind == "reserved":
-        r = event.reserved
-        return Reservation(r.transfer_id, r.transport, r.kv_address, tuple(r.block_ids), r.block_size,
-                           r.block_nbytes, r.decode_endpoint, r.kv_secret, r.num_blocks, r.cached_blocks,
-                           tuple((k.kv_address, k.head_start, k.head_end) for k in r.ranks), r.identity)
-    if kind == "preempted":
-        p = event.preempted
-        return Preempted(p.mode, p.reason, p.phase)
-    if kind == "departed":
-        return Departed(event.departed.generated, event.departed.kv_kept)
-    f = event.finished
-    return Finished(finish_from_pb(f.finish_reason), f.cached_tokens, f.preemptions)
+    async def next(self):
+        try:
+            event = await super().next()
+        except StopAsyncIteration:
+            self._anchor.over = True
+            raise
+        self._anchor.saw(event)
+        return event
 
-
-def _prefill_event(event: wpb.PrefillEvent):
-    if event.WhichOneof("event") == "chunk":
-        c = event.chunk
-        return Chunk(c.start, c.num_tokens, c.cached_tokens, c.step_seconds)
-    d = event.done
-    first = logprobs_from_pb(d.first_token_logprobs) if d.HasField("first_token_logprobs") else None
-    return FirstToken(d.first_token_id, d.cached_tokens, d.kv_bytes, d.kv_blocks, d.kv_descriptors, d.kv_seconds,
-                      d.queue_seconds, first, tuple(logprobs_from_pb(lp) for lp in d.prompt_logprobs))
-
-
-def _target(r: Reservation) -> wpb.KVReservation:
-    return wpb.KVReservation(transfer_id=r.transfer_id, transport=r.transport, kv_address=r.kv_address,
-                             block_ids=list(r.block_ids), block_size=r.block_size, block_nbytes=r.block_nbytes,
-                             decode_endpoint=r.decode_endpoint, kv_secret=r.secret, num_blocks=r.num_blocks,
-                             cached_blocks=r.cached_blocks, identity=r.identity,
-                             ranks=[wpb.KVRank(kv_address=a, head_start=s, head_end=e) for a, s, e in r.ranks])
+    def close(self) -> None:
+        self._anchor.let_go()
+        super().close()
 
 
 class GrpcDecodeClient(DecodeClient):
-    def __init__(self, channel: grpc.aio.Channel, address: str):
+    def __init__(self, channel: grpc.aio.Channel, address: str, feeds: RouterFeeds | None = None,
+                 abandons: set[asyncio.Task] | None = None):
+        """`feeds`: this router's event feeds (None: every call carries its own events);
+        `abandons`: where the Aborts of attempts it lets go run (their tasks, until answered)."""
         self.address = address
         self._stub = worker_pb2_grpc.DecodeWorkerStub(channel)
+        self._feeds = feeds
+        self._abandons = abandons if abandons is not None else set()
 
-    def open(self, job: WorkerJob, local_prefill: bool) -> Call:
-        call = self._stub.Decode(wpb.DecodeRequest(request=_worker_request(job), local_prefill=local_prefill),
-                                 metadata=job.metadata, timeout=job.timeout_s)
-        return GrpcCall(call, self.address, _decode_event)
+    def open(self, job: WorkerJob, local_prefill: bool) -> Call | PushCall:
+        def decode(feed_id: str) -> grpc.aio.UnaryStreamCall:
+            request = wpb.DecodeRequest(request=worker_request(job), local_prefill=local_prefill, feed_id=feed_id)
+            return self._stub.Decode(request, metadata=job.metadata, timeout=job.timeout_s)
+
+        return self._anchored(job, decode)
+
+    def attach(self, job: WorkerJob) -> Call | PushCall:
+        assert job.owner is not None
+
+        def attach(feed_id: str) -> grpc.aio.UnaryStreamCall:
+            request = wpb.AttachRequest(request_id=job.request_id, owner=owner_to_pb(job.owner), feed_id=feed_id)
+            return self._stub.Attach(request, metadata=job.metadata, timeout=job.timeout_s)
+
+        return self._anchored(job, attach)
+
+    def _anchored(self, job: WorkerJob, open_call) -> Call | PushCall:
+        abandon = (lambda attachment: self._abandon(job.request_id, attachment)) if job.reattachable else None
+        if self._feeds is not None:
+            return FedCall(self._feeds.of(self.address, self._stub), job.request_id, open_call, abandon)
+        return AnchoredCall(open_call(""), self.address, Anchor(abandon))
+
+    def _abandon(self, worker_id: str, attachment: int) -> None:
+        task = asyncio.ensure_future(self.abort_attempt(worker_id, attachment, ABANDON_TIMEOUT_S))
+        self._abandons.add(task)
+        task.add_done_callback(self._abandons.discard)
+
+    async def find(self, owner: Owner, prompt_digest: bytes, timeout_s: float) -> list[HeldAttempt] | None:
+        request = wpb.FindRequest(owner=owner_to_pb(owner), prompt_digest=prompt_digest)
+        try:
+            return held_from_pb(await self._stub.Find(request, timeout=timeout_s), self.address)
+        except grpc.aio.AioRpcError as exc:
+            return [] if exc.code() == grpc.StatusCode.UNIMPLEMENTED else None  # (a worker from before re-attach)
+
+    async def abort_attempt(self, worker_id: str, attachment: int, timeout_s: float) -> bool | None:
+        request = wpb.WorkerAbortRequest(request_id=worker_id, attachment=attachment)
+        try:
+            return (await self._stub.Abort(request, timeout=timeout_s)).found
+        except grpc.aio.AioRpcError:
+            return None
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return await _match_prefix(self._stub, token_ids, timeout_s)
 
-    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float) -> Departure:
-        request = wpb.DepartRequest(request_id=worker_id, keep_kv=keep_kv_s is not None, keep_kv_s=keep_kv_s or 0.0)
+    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float,
+                     attachment: int = 0) -> Departure:
+        request = wpb.DepartRequest(request_id=worker_id, keep_kv=keep_kv_s is not None, keep_kv_s=keep_kv_s or 0.0,
+                                    attachment=attachment)
         try:
             reply = await self._stub.Depart(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -142,7 +136,7 @@ class GrpcDecodeClient(DecodeClient):
 
     async def move_kv(self, worker_id: str, target: Reservation, timeout_s: float) -> MovedKV:
         try:
-            reply = await self._stub.MoveKV(wpb.MoveKVRequest(request_id=worker_id, target=_target(target)),
+            reply = await self._stub.MoveKV(wpb.MoveKVRequest(request_id=worker_id, target=target_to_pb(target)),
                                             timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise fault_of(exc, self.address) from None
@@ -155,9 +149,9 @@ class GrpcPrefillClient(PrefillClient):
         self._stub = worker_pb2_grpc.PrefillWorkerStub(channel)
 
     def open(self, job: WorkerJob, target: Reservation) -> Call:
-        call = self._stub.Prefill(wpb.PrefillRequest(request=_worker_request(job), target=_target(target)),
+        call = self._stub.Prefill(wpb.PrefillRequest(request=worker_request(job), target=target_to_pb(target)),
                                   metadata=job.metadata, timeout=job.timeout_s)
-        return GrpcCall(call, self.address, _prefill_event)
+        return GrpcCall(call, self.address, prefill_event)
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return await _match_prefix(self._stub, token_ids, timeout_s)
@@ -172,11 +166,15 @@ async def _match_prefix(stub, token_ids: tuple[int, ...], timeout_s: float) -> i
 
 
 class GrpcWorkerClients(WorkerClients):
-    def __init__(self, channels: ChannelPool):
+    def __init__(self, channels: ChannelPool, feeds: bool = True):
+        """`feeds`: decode workers send this router's requests' events on one stream each (else
+        each request's on its own call)."""
         self.channels = channels
+        self.feeds = RouterFeeds() if feeds else None
+        self.abandons: set[asyncio.Task] = set()  # Aborts of attempts let go, until answered
 
     def decode(self, address: str) -> DecodeClient:
-        return GrpcDecodeClient(self.channels.get(address), address)
+        return GrpcDecodeClient(self.channels.get(address), address, self.feeds, self.abandons)
 
     def prefill(self, address: str) -> PrefillClient:
         return GrpcPrefillClient(self.channels.get(address), address)
@@ -208,6 +206,8 @@ class GrpcWorkerClients(WorkerClients):
             return None
 
     async def forget(self, address: str) -> None:
+        if self.feeds is not None:
+            self.feeds.forget(address)
         await self.channels.drop(address)
 
     def _stub(self, address: str, role: str):

@@ -36,6 +36,8 @@ class InputLimits:
             self.check_token_ids(sizes.token_ids)
         if sizes.messages is not None:
             self.check_messages(sizes.messages)
+        if sizes.prior_token_ids:
+            self.check_token_ids(sizes.prior_token_ids)
 
     def check_request_id(self, request_id: str) -> None:
         if len(request_id) > self.max_request_id_chars:

@@ -100,7 +100,7 @@ async def start_router(args: argparse.Namespace) -> RouterService:
                         Limits(config.vocab_size, config.max_position_embeddings, args.kv_capacity_tokens),
                         limits_from_args(args))
     channels = ChannelPool(security)
-    clients = GrpcWorkerClients(channels)
+    clients = GrpcWorkerClients(channels, feeds=args.event_feeds == "on")
     drainer = Drain()
     sync: list = []
     obs = start_observability("pdserve-router", args)

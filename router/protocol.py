@@ -11,6 +11,8 @@
           └── by the prefill pool) ◄── fault in any live phase ──► FAILED                           FINISHED
           └── move (RESERVING: queued for blocks while another decode worker has room; not a fault)
           └── depart (DECODING: its decode worker leaves; the request's KV moves to the next one, MOVING_KV)
+          └── attach ──► ATTACHING ──tokens──► DECODING  (a continued stream: the decode worker that held
+                                                         its request drives it from this router on)
                                                        complete (every token was out) ──► FINISHED
                                                        the client went away ──► CANCELLED
 
@@ -32,6 +34,7 @@ class Phase(enum.Enum):
     KV_IN_FLIGHT = "kv_in_flight"  # chunks computed, KV pieces streaming, until the first token
     LOCAL_PREFILL = "local_prefill"  # the decode worker prefills itself (colocated, cached, or a resume with no prefill worker)
     MOVING_KV = "moving_kv"  # the decode worker it departed from sends its KV into the new one's reservation
+    ATTACHING = "attaching"  # a stream continued: attached to the decode worker that held it (pdserve/reattach.py)
     DECODING = "decoding"  # tokens from the decode worker
     FINISHED = "finished"
     FAILED = "failed"
@@ -56,13 +59,14 @@ class Signal(enum.Enum):
     MOVE_KV = "move_kv"  # the new decode worker reserved blocks: the departed one sends the KV there
     KV_MOVED = "kv_moved"  # the KV is in: decoding goes on
     RESUME = "resume"  # a fault after tokens reached the client: continue elsewhere
+    ATTACH = "attach"  # a stream continued at this router: the decode worker holding its request drives it here now
     COMPLETE = "complete"  # a fault after the last token: nothing is missing
     FAIL = "fail"
     CANCEL = "cancel"
 
 
 LIVE = (Phase.PLACING, Phase.RESERVING, Phase.PREFILLING, Phase.KV_IN_FLIGHT, Phase.LOCAL_PREFILL, Phase.MOVING_KV,
-        Phase.DECODING)
+        Phase.ATTACHING, Phase.DECODING)
 
 TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.PLACING, Signal.PLACED): Phase.RESERVING,
@@ -72,6 +76,10 @@ TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.RESERVING, Signal.MOVE_KV): Phase.MOVING_KV,
     (Phase.MOVING_KV, Signal.KV_MOVED): Phase.DECODING,
     (Phase.DECODING, Signal.DEPART): Phase.PLACING,
+    (Phase.PLACING, Signal.ATTACH): Phase.ATTACHING,
+    (Phase.ATTACHING, Signal.TOKENS): Phase.DECODING,
+    (Phase.ATTACHING, Signal.FINISHED): Phase.FINISHED,
+    (Phase.ATTACHING, Signal.DEPART): Phase.PLACING,
     (Phase.PREFILLING, Signal.MOVE): Phase.PREFILLING,  # to another prefill worker, into the same reservation
     (Phase.PREFILLING, Signal.CHUNK): Phase.KV_IN_FLIGHT,
     (Phase.PREFILLING, Signal.FIRST_TOKEN): Phase.DECODING,
@@ -83,7 +91,9 @@ TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.DECODING, Signal.FINISHED): Phase.FINISHED,
     **{(p, Signal.RETRY): Phase.PLACING for p in LIVE if p not in (Phase.DECODING,)},
     **{(p, Signal.RESUME): Phase.PLACING for p in LIVE},  # a fault again while a resume is placed or prefilled
-    **{(p, Signal.COMPLETE): Phase.FINISHED for p in (Phase.LOCAL_PREFILL, Phase.DECODING)},
+    # (PLACING: a continued stream whose client has every token already)
+    **{(p, Signal.COMPLETE): Phase.FINISHED for p in (Phase.PLACING, Phase.LOCAL_PREFILL, Phase.ATTACHING,
+                                                     Phase.DECODING)},
     **{(p, Signal.FAIL): Phase.FAILED for p in LIVE},
     **{(p, Signal.CANCEL): Phase.CANCELLED for p in LIVE},
 }
@@ -128,7 +138,7 @@ class RequestProtocol:
     @property
     def attempts(self) -> int:
         """Placements so far (each attempt starts with one)."""
-        return self.counts.get(Signal.PLACED, 0) + self.counts.get(Signal.PLACED_LOCAL, 0)
+        return sum(self.counts.get(s, 0) for s in (Signal.PLACED, Signal.PLACED_LOCAL, Signal.ATTACH))
 
     @property
     def moves(self) -> int:

@@ -8,6 +8,7 @@ decided here too, by `charged_to`.
     ------------------------------------    --------------------    ----------------------------
     ABORTED: its client's Abort, sent to    end (finish ABORT)      (same)
     another router, reached the worker
+    TAKEN: another router attached it       fail ABORTED            (same): its client went there
     client's deadline passed                fail DEADLINE_EXCEEDED  (same)
     REFUSED by the worker (bad request)     fail INVALID_ARGUMENT   (same)
     every token already out                 -                       complete (LENGTH / STOP)
@@ -24,7 +25,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from pdserve.errors import InvalidRequestError, OverloadedError
+from pdserve.errors import ClientAborted, InvalidRequestError, OverloadedError
 from pdserve.requests import FinishReason, SamplingParams
 from pdserve.rpc.errors import Unavailable
 from router.clients import Culprit, FaultKind, WorkerFault
@@ -61,6 +62,8 @@ class RecoveryPolicy:
         """`history` holds every fault of this request, `fault` included."""
         if fault.kind == FaultKind.ABORTED:
             return Decision(Action.ABORT, reason=FinishReason.ABORT)
+        if fault.kind == FaultKind.TAKEN:
+            return Decision(Action.FAIL, ClientAborted(f"the stream goes on at another router ({fault.message})"))
         if deadline is not None and time.monotonic() >= deadline:
             return Decision(Action.FAIL, TimeoutError("the request's deadline passed"))
         if fault.kind == FaultKind.REFUSED and fault.culprit == Culprit.SELF:

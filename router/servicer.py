@@ -7,7 +7,7 @@ from pdserve.rpc.convert import finish_to_pb, logprobs_to_pb, priority_from_pb, 
 from pdserve.tokenizer import ChatMessage
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import generation_pb2_grpc
-from router.asks import (Ask, AskSizes, ChatPrompt, Output, Prompt, SampleCount, TextPrompt, TokenPrompt,
+from router.asks import (Ask, AskSizes, ChatPrompt, Output, Prompt, Resume, SampleCount, TextPrompt, TokenPrompt,
                          check_count)
 from router.gateway import Gateway
 from router.tombstones import AbortOutcome
@@ -43,14 +43,23 @@ class WireAsk:
         r, kind = self.request, self.request.WhichOneof("prompt")
         return AskSizes(r.request_id, r.sampling.stop, len(r.sampling.stop_token_ids),
                         len(r.token_ids.ids) if kind == "token_ids" else None,
-                        len(r.messages.messages) if kind == "messages" else None)
+                        len(r.messages.messages) if kind == "messages" else None, len(r.prior_token_ids))
 
     def ask(self) -> Ask:
         r = self.request
         count = SampleCount(r.n if r.HasField("n") else 1, r.best_of if r.HasField("best_of") else None)
         if (message := check_count(count, stream=False)) is not None:  # best_of: sent once all ended
             raise InvalidRequestError(message)
-        return Ask(_prompt(r), sampling_from_pb(r.sampling), priority_from_pb(r.priority), r.request_id, count)
+        return Ask(_prompt(r), sampling_from_pb(r.sampling), priority_from_pb(r.priority), r.request_id, count,
+                   _resume(r))
+
+
+def _resume(request: pb.GenerateRequest) -> Resume | None:
+    if not request.HasField("resume_from_token"):
+        return None
+    if not request.prior_token_ids:
+        return Resume(request.resume_from_token)
+    return Resume(request.resume_from_token, tuple(request.prior_token_ids))
 
 
 def _prompt(request: pb.GenerateRequest) -> Prompt:

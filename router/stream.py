@@ -1,59 +1,98 @@
-"""A worker call read in the background, so that its failure is seen even while nobody reads it."""
+"""A worker call read in the background, so that its failure is seen even while nobody reads it
+(a PushCall, whose events its feed hands over as they come, needs no reader: this is its sink)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from router.clients import Call, WorkerFault
+from router.clients import Call, PushCall, WorkerFault
 
 T = TypeVar("T")
 _END = object()
+_CHECK = object()  # next_within's period passed
 
 
 class Pumped:
-    """Events of `call` in arrival order; a fault comes after the events that preceded it."""
+    """Events of `call` in arrival order; a fault comes after the events that preceded it.
+    NOTE: one reader at a time (the request's flow)."""
 
-    def __init__(self, call: Call, address: str):
+    def __init__(self, call: Call | PushCall, address: str):
         self.call = call
         self.address = address
         self.failed = asyncio.Event()
         self.fault: WorkerFault | None = None  # set when the call failed
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._task = asyncio.ensure_future(self._pump())
+        self._items: deque = deque()
+        self._waiter: asyncio.Future | None = None  # its reader's, while it waits
+        self._task: asyncio.Future | None = None
+        self._check: asyncio.TimerHandle | None = None  # next_within's period, while one runs
+        if isinstance(call, PushCall):
+            call.start(self)
+        else:
+            self._task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
+        assert isinstance(self.call, Call)
         try:
             while True:
-                self._queue.put_nowait(await self.call.next())
+                self.deliver(await self.call.next())
         except StopAsyncIteration:
-            self._queue.put_nowait(_END)
+            self.end()
         except WorkerFault as fault:
-            self.fault = fault
-            self._queue.put_nowait(fault)
-            self.failed.set()
+            self.fail(fault)
+
+    # ---- the sink (router/clients.py Sink) ----
+
+    def deliver(self, event: object) -> None:
+        self._put(event)
+
+    def end(self) -> None:
+        self._put(_END)
+
+    def fail(self, fault: WorkerFault) -> None:
+        self.fault = fault
+        self._put(fault)
+        self.failed.set()
 
     async def next(self) -> object:
-        return self._taken(await self._queue.get())
+        while (item := await self._get()) is _CHECK:
+            self._check = None
+        return self._taken(item)
 
-    async def next_within(self, timeout_s: float) -> object | None:
-        """`next`, or None after `timeout_s` without an event. An event already queued is taken
-        without arming a timer (this runs for every relayed token)."""
-        if not self._queue.empty():
-            return self._taken(self._queue.get_nowait())
-        try:  # asyncio.timeout, not wait_for: wait_for can swallow a cancel (an Abort) that meets its result
-            async with asyncio.timeout(timeout_s):
-                return self._taken(await self._queue.get())
-        except TimeoutError:
+    async def next_within(self, period_s: float) -> object | None:
+        """`next`, or None once every `period_s` at least (the caller's periodic check): one
+        timer a period, not one a wait (this runs for every relayed token)."""
+        if self._check is None:
+            self._check = asyncio.get_running_loop().call_later(period_s, self._put, _CHECK)
+        item = await self._get()
+        if item is _CHECK:
+            self._check = None
             return None
+        return self._taken(item)
+
+    def _put(self, item: object) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _get(self) -> object:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
     def _taken(self, item: object) -> object:
+        """The end and a fault stay: every later read meets them again."""
         if item is _END:
-            self._queue.put_nowait(_END)
+            self._items.appendleft(_END)
             raise StopAsyncIteration
         if isinstance(item, WorkerFault):
-            self._queue.put_nowait(item)
+            self._items.appendleft(item)
             raise item
         return item
 
@@ -73,5 +112,8 @@ class Pumped:
         raise self.fault
 
     def close(self) -> None:
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        if self._check is not None:
+            self._check.cancel()
         self.call.close()

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pdserve.requests import FinishReason
 from pdserve.telemetry import Metrics, TokenTimeline, extract_context, inject_metadata
-from router.flow_types import MOVED_KV, Done, Job, Milestone, NewTokens
+from router.flow_types import ATTACHED, MOVED_KV, Done, Job, Milestone, NewTokens
 
 
 def _ns(seconds_ago: float = 0.0) -> int:
@@ -96,7 +96,7 @@ class RequestTrace:
         if event.name == "placement":
             self.span.set_attributes({"pdserve.local_prefill": bool(attrs.get("pdserve.local_prefill")),
                                       "pdserve.local_prefill.reason": attrs.get("pdserve.local_prefill.reason", "")})
-            if attrs.get("pdserve.local_prefill.reason") != MOVED_KV:
+            if attrs.get("pdserve.local_prefill.reason") not in (MOVED_KV, ATTACHED):  # no prompt computed
                 self.metrics.count_prefill_placement(attrs.get("pdserve.local_prefill.reason", "remote"))
         if attrs.get("pdserve.fault_kind") == "corrupt":
             self.metrics.count_corrupt_kv()

@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # values everyone shares: configs, the request's types and errors, statistics, files kept in the
     # cache; processes seen from outside; the C kernels and their builder (they import nothing of ours)
     ("pdserve/config.py", "pdserve/errors.py", "pdserve/requests.py", "pdserve/stats.py", "pdserve/kept_file.py",
-     "pdserve/coalescing.py", "pdserve/aborts.py",
+     "pdserve/coalescing.py", "pdserve/aborts.py", "pdserve/reattach.py", "pdserve/start_phases.py",
      "pdserve/procs", "pdserve/native"),
     # memory and measurement: KV blocks, sampling, structured output's grammars, the machine's figures,
     # telemetry

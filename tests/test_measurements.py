@@ -42,3 +42,19 @@ def test_an_unreadable_figure_is_measured_again(tmp_path):
     path.write_text("{not json")
     assert measured("speed", {}, lambda: {"rate": 5.0}, tmp_path) == {"rate": 5.0}
     assert measured("speed", {}, lambda: {"rate": 6.0}, tmp_path) == {"rate": 5.0}  # kept again
+
+
+def test_another_cpu_or_thread_count_measures_again(tmp_path, monkeypatch):
+    from pdserve import measurements
+
+    assert measured("speed", {"threads": 1}, lambda: {"rate": 1.0}, tmp_path) == {"rate": 1.0}
+    assert measured("speed", {"threads": 2}, lambda: {"rate": 2.0}, tmp_path) == {"rate": 2.0}
+    monkeypatch.setattr(measurements, "_cpu_line", lambda field: f"another CPU's {field}")
+    assert measured("speed", {"threads": 1}, lambda: {"rate": 3.0}, tmp_path) == {"rate": 3.0}
+
+
+def test_keeping_measurements_turned_off_measures_at_every_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("PDSERVE_KEEP_MEASUREMENTS", "0")
+    assert measured("speed", {}, lambda: {"rate": 1.0}, tmp_path) == {"rate": 1.0}
+    assert measured("speed", {}, lambda: {"rate": 2.0}, tmp_path) == {"rate": 2.0}
+    assert not (tmp_path / "measured").exists()

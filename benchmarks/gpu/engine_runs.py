@@ -36,12 +36,13 @@ class Outcome:
 
 def engine_for(device: torch.device, model: str | None, dtype: str, backend: str, *, num_blocks: int = 1024,
                num_host_blocks: int = 0, preemption: PreemptionConfig = PreemptionConfig(),
-               tensor_parallel_size: int = 1) -> Engine:
+               tensor_parallel_size: int = 1, max_chunk_tokens: int = 1024, deterministic: bool = False) -> Engine:
     cache = CacheConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks, num_host_blocks=num_host_blocks)
-    scheduler = SchedulerConfig(token_budget=2048, max_chunk_tokens=1024, aging_seconds=None, preemption=preemption)
+    scheduler = SchedulerConfig(token_budget=2048, max_chunk_tokens=max_chunk_tokens, aging_seconds=None,
+                                preemption=preemption)
     parallel = {"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {}
     config = EngineConfig(model=model, device=str(device), dtype=dtype, attention_backend=backend, cache=cache,
-                          scheduler=scheduler, **parallel)
+                          scheduler=scheduler, deterministic=deterministic, **parallel)
     return Engine(config)
 
 

@@ -1,6 +1,7 @@
 """Attention backends behind one interface: torch (reference, CPU and GPU), flashinfer (CUDA) and
 torch-batched (decode attention read from the pool in place; CPU, float32/float64; auto's choice
-on a CPU)."""
+on a CPU); query (every row alone over its context: the deterministic mode's, whatever the name
+asked for)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,14 @@ log = logging.getLogger(__name__)
 
 
 def make_attention_backend(
-    name: str, device: str | torch.device, dtype: torch.dtype | None = None
+    name: str, device: str | torch.device, dtype: torch.dtype | None = None, deterministic: bool = False
 ) -> AttentionBackend:
     """`auto` picks flashinfer on a CUDA device with a half-precision pool when flashinfer
     imports, torch-batched on a CPU with a float32/float64 pool, else torch (on CUDA with a
-    warning naming why). `dtype` is the KV pool's dtype (None: not known, assume half)."""
+    warning naming why). `dtype` is the KV pool's dtype (None: not known, assume half).
+    `deterministic`: the query backend, whatever `name` (query_backend.py)."""
+    if deterministic:
+        return _query(device, dtype)
     problem = flashinfer_problem(device, dtype) if name in ("auto", "flashinfer") else None
     choice = choose_backend(name, torch.device(device).type, problem, dtype)
     if choice.fallback is not None:
@@ -57,6 +61,30 @@ def _batched(device: str | torch.device, dtype: torch.dtype | None) -> Attention
     if native is not None:
         log.info("torch-batched attention: decodes by the C kernel (pdserve/native/paged_decode.c)")
     return BatchedTorchBackend(native)
+
+
+def _query(device: str | torch.device, dtype: torch.dtype | None) -> AttentionBackend:
+    """The query backend on the C kernel (a CPU, float32), flashinfer's decode kernel (CUDA, where
+    its plan fixes the split of each row's keys), else the torch loop (slow; the loader or the
+    flashinfer check says why)."""
+    from pdserve.attention.query_backend import QueryAttentionBackend
+    from pdserve.attention.query_kernels import NativeQueries, TorchQueries
+
+    kind = torch.device(device).type
+    if kind == "cpu" and dtype == torch.float32:
+        from pdserve.native.paged_decode import load_native_decode
+
+        native = load_native_decode().kernel
+        if native is not None:
+            return QueryAttentionBackend(NativeQueries(native))
+    if kind == "cuda" and flashinfer_problem(device, dtype) is None:
+        from pdserve.attention.flashinfer_queries import FlashInferQueries, deterministic_problem
+
+        if (problem := deterministic_problem()) is None:
+            return QueryAttentionBackend(FlashInferQueries(device))
+        log.warning("deterministic attention: a torch call per row, not flashinfer: %s", problem)
+    log.info("deterministic attention: a torch call per row and layer (slow)")
+    return QueryAttentionBackend(TorchQueries())
 
 
 __all__ = [

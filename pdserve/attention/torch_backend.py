@@ -32,7 +32,7 @@ Rows = slice | torch.Tensor
 
 
 @dataclass(frozen=True)
-class _DecodeGroup:
+class DecodeGroup:
     rows: Rows  # B flat-batch rows, one per sequence
     block_table: torch.Tensor  # [B, max_blocks] int64, padded with block 0
     mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] additive: 0 or -inf
@@ -51,7 +51,7 @@ class Chunk:
 @dataclass(frozen=True)
 class _Plan:
     slot_mapping: torch.Tensor
-    decodes: tuple[_DecodeGroup, ...]
+    decodes: tuple[DecodeGroup, ...]
     chunks: tuple[Chunk, ...]
     covers_all: bool  # one piece of work holds every row: return its output as is
 
@@ -72,11 +72,13 @@ class TorchAttentionBackend(AttentionBackend):
         plan = self._plans[plan_key(kv, self._layers, layer)]
         kv.write(layer, plan.slot_mapping, k, v)
         cache = kv.layer(layer)  # [num_blocks, 2, block_size, kv_heads, head_dim]
+        if plan.covers_all and plan.decodes:
+            return attend_decode(q, cache, plan.decodes[0])
         if plan.covers_all:
-            return _decode(q, cache, plan.decodes[0]) if plan.decodes else attend_chunk(q, k, v, cache, plan.chunks[0])
+            return attend_chunk(q, k, v, cache, plan.chunks[0])
         out = torch.empty_like(q)
         for group in plan.decodes:
-            out[group.rows] = _decode(q, cache, group)
+            out[group.rows] = attend_decode(q, cache, group)
         for chunk in plan.chunks:
             out[chunk.rows] = attend_chunk(q, k, v, cache, chunk)
         return out
@@ -85,7 +87,7 @@ class TorchAttentionBackend(AttentionBackend):
 def _plan(batch: ForwardBatch, kv: KVCache, kind: LayerAttention) -> _Plan:
     device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
     singles = [s for s in batch.seqs if s.query_len == 1]
-    decodes = tuple(_plan_decode(group, size, device, dtype, kind) for group in _by_length(singles, size))
+    decodes = tuple(plan_decode(group, size, device, dtype, kind) for group in _by_length(singles, size))
     chunks = tuple(plan_chunk(s, size, device, dtype, kind) for s in batch.seqs if s.query_len > 1)
     covers_all = len(chunks) + len(decodes) == 1 and _rows_cover(decodes, chunks, batch.num_tokens)
     return _Plan(batch.slot_mapping, decodes, chunks, covers_all)
@@ -103,8 +105,8 @@ def _blocks(seq: SeqSpan, block_size: int) -> int:
     return -(-seq.context_len // block_size)
 
 
-def _plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dtype: torch.dtype,
-                 kind: LayerAttention) -> _DecodeGroup:
+def plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dtype: torch.dtype,
+                kind: LayerAttention) -> DecodeGroup:
     max_blocks = max(_blocks(s, block_size) for s in seqs)
     table = torch.zeros((len(seqs), max_blocks), dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -114,7 +116,7 @@ def _plan_decode(seqs: list[SeqSpan], block_size: int, device: torch.device, dty
     visible = _visible(torch.arange(max_blocks * block_size)[None, :], lengths - 1, kind.window)  # [B, L]
     mask = _additive(visible, dtype)[:, None, None, :]
     rows = _as_rows([s.query_start for s in seqs])
-    return _DecodeGroup(_to(rows, device), table.to(device), mask.to(device), kind.scale)
+    return DecodeGroup(_to(rows, device), table.to(device), mask.to(device), kind.scale)
 
 
 def plan_chunk(seq: SeqSpan, block_size: int, device: torch.device, dtype: torch.dtype,
@@ -137,7 +139,7 @@ def _visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None)
     return causal if window is None else causal & (key_pos > query_pos - window)
 
 
-def _decode(q: torch.Tensor, cache: torch.Tensor, group: _DecodeGroup) -> torch.Tensor:
+def attend_decode(q: torch.Tensor, cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
     batch, num_heads, head_dim = group.block_table.shape[0], q.shape[1], q.shape[2]
     kv_heads = cache.shape[3]
     keys = _gather(cache[:, 0], group.block_table).view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
@@ -187,6 +189,6 @@ def _to(rows: Rows, device: torch.device) -> Rows:
     return rows if isinstance(rows, slice) else rows.to(device)
 
 
-def _rows_cover(decodes: tuple[_DecodeGroup, ...], chunks: tuple[Chunk, ...], num_tokens: int) -> bool:
+def _rows_cover(decodes: tuple[DecodeGroup, ...], chunks: tuple[Chunk, ...], num_tokens: int) -> bool:
     rows = decodes[0].rows if decodes else chunks[0].rows
     return isinstance(rows, slice) and rows.start == 0 and rows.stop == num_tokens

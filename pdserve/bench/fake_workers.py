@@ -1,19 +1,22 @@
 """A decode worker with no model, for measuring the router alone (benchmarks/relay.py).
 
 It speaks DecodeWorker as a real decode worker does to a colocated router (`pdserve router
---colocated`: every Decode prefills locally, so no reservation, no KV and no prefill worker).
-Stats says it is ready and serves the embedded model, with the identity a real worker on a CPU
-builds (pdserve/identity: the model's fingerprint, a float32 pool, the default block size); Decode
-streams `max_tokens` ordinary words of the model's vocabulary, one DecodeTokens event each, then
-DecodeFinished(LENGTH): ignore_eos, whatever the request asks.
+--colocated`: every Decode prefills locally, so no reservation, no KV and no prefill worker),
+event feed included (pdserve/bench/fake_decode.py). Stats says it is ready and serves the
+embedded model, with the identity a real worker on a CPU builds (pdserve/identity: the model's
+fingerprint, a float32 pool, the default block size); Decode streams `max_tokens` ordinary words
+of the model's vocabulary, then DecodeFinished(LENGTH): ignore_eos, whatever the request asks.
 
     pace      the client's request id `relay:<µs>:<anything>` spaces its stream's tokens that many
               microseconds apart, the first at once (`relay_id`); any other id: --interval-us
+    steps     every --step-us (1 ms) the tokens due of every stream go out together: one event per
+              stream on its own call, or one message for all the streams of a router's feed
     send log  one JSON line per stream as it ends, ended or cancelled: {"id": <the client's request
               id>, "sent": [CLOCK_MONOTONIC ns of each token as handed to gRPC]}; a client on the
               same host joins its receipt times to it (the latency the router adds)
 
     python -m pdserve.bench.fake_workers --port 0 --ready-file F [--send-log PATH] [--interval-us N]
+        [--step-us N]
 """
 
 from __future__ import annotations
@@ -32,19 +35,18 @@ from typing import IO
 
 import grpc
 
+from pdserve.bench.fake_decode import FakeDecodeServicer
 from pdserve.config import CacheConfig
 from pdserve.identity import WorkerIdentity, model_fingerprint
 from pdserve.procs.parent_watch import SUPERVISOR_PID_ENV, supervisor_pid, watch_parent
-from pdserve.v1 import generation_pb2 as gpb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 
 WORDS = " the quick brown fox jumps over the lazy dog and then runs far away into a green field"
 PACED = "relay"
-BLOCKS = 1 << 20  # what Stats says it has free: placement and admission never wait for blocks
-DEFAULT_MAX_TOKENS = 256  # a request without max_tokens (the router always sets it)
 READY_TIMEOUT_S = 60.0
 DEFAULT_INTERVAL_US = 10_000  # a request id that names no pace
+DEFAULT_STEP_US = 1_000  # the fake engine's step: each stream's tokens due by then go together
 
 
 def word_ids(tokenizer) -> tuple[int, ...]:
@@ -111,48 +113,6 @@ class SendLogReader:
         return {r["id"]: r["sent"] for r in records}
 
 
-class FakeDecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
-    def __init__(self, token_ids: tuple[int, ...], identity: wpb.WorkerIdentity, log: SendLog,
-                 interval_s: float):
-        self._tokens = [wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=[t])) for t in token_ids]
-        self._finished = wpb.DecodeEvent(finished=wpb.DecodeFinished(finish_reason=gpb.FINISH_REASON_LENGTH))
-        self._identity = identity
-        self._log = log
-        self._interval_s = interval_s
-        self.running = 0
-
-    async def Decode(self, request: wpb.DecodeRequest, context):
-        if not request.local_prefill:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "the fake decode worker only prefills locally: run the router with --colocated")
-        r = request.request
-        name = client_id(r.request_id)
-        interval, sent = interval_of(name, self._interval_s), []
-        self.running += 1
-        try:
-            start = time.monotonic()
-            for k in range(r.sampling.max_tokens or DEFAULT_MAX_TOKENS):
-                wait = start + k * interval - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                sent.append(time.monotonic_ns())
-                yield self._tokens[k % len(self._tokens)]
-            yield self._finished
-        finally:
-            self.running -= 1
-            self._log.write(name, sent)
-
-    async def MatchPrefix(self, request: wpb.MatchPrefixRequest, context) -> wpb.MatchPrefixResponse:
-        return wpb.MatchPrefixResponse(cached_tokens=0)
-
-    async def Abort(self, request: wpb.WorkerAbortRequest, context) -> wpb.WorkerAbortResponse:
-        return wpb.WorkerAbortResponse(found=False)  # a stream ends when the router cancels its call
-
-    async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
-        return wpb.WorkerStats(role="decode", blocks_total=BLOCKS, blocks_free=BLOCKS, requests_running=self.running,
-                               identity=self._identity)
-
-
 @dataclass
 class FakeProcess:
     """A fake decode worker in a process of its own."""
@@ -188,13 +148,14 @@ class FakeProcess:
             self.process.wait(5)
 
 
-def start_process(workdir: Path, send_log: Path | None = None, interval_us: int = DEFAULT_INTERVAL_US) -> FakeProcess:
+def start_process(workdir: Path, send_log: Path | None = None, interval_us: int = DEFAULT_INTERVAL_US,
+                  step_us: int = DEFAULT_STEP_US) -> FakeProcess:
     """Starts `python -m pdserve.bench.fake_workers` and waits for its port; it stops by itself
     once this process is gone."""
     ready = workdir / "fake-decode.port"
     ready.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "pdserve.bench.fake_workers", "--port", "0", "--ready-file", str(ready),
-            "--interval-us", str(interval_us)]
+            "--interval-us", str(interval_us), "--step-us", str(step_us)]
     argv += ["--send-log", str(send_log)] if send_log else []
     with open(workdir / "fake-decode.log", "w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -212,7 +173,8 @@ async def _serve(args: argparse.Namespace) -> None:
     from pdserve.tokenizer import load_tokenizer
 
     log = SendLog(Path(args.send_log) if args.send_log else None)
-    servicer = FakeDecodeServicer(word_ids(load_tokenizer(None)), worker_identity(), log, args.interval_us / 1e6)
+    servicer = FakeDecodeServicer(word_ids(load_tokenizer(None)), worker_identity(), log.write, args.interval_us / 1e6,
+                                  args.step_us / 1e6, client_id, interval_of)
     server = grpc.aio.server()
     worker_pb2_grpc.add_DecodeWorkerServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
@@ -242,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--send-log", default=None, help="append each stream's send times here (JSON lines)")
     p.add_argument("--interval-us", type=int, default=DEFAULT_INTERVAL_US,
                    help="token spacing of a request id without one")
+    p.add_argument("--step-us", type=int, default=DEFAULT_STEP_US,
+                   help="the fake engine's step: the tokens of every stream due by then are sent together")
     uvloop.run(_serve(p.parse_args(argv)))
 
 

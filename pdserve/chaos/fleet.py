@@ -31,6 +31,7 @@ class FleetSpec:
     drain_timeout_s: float = 10.0
     restart_delay_s: float = 1.0  # separate fleet: from a worker's exit to its restart
     ready_timeout_s: float = 300.0
+    deterministic: bool = False  # workers' --deterministic: outputs judged by exact equality (no tie judge)
 
     def names(self) -> tuple[str, ...]:
         return (*(f"prefill-{i}" for i in range(self.prefill)), *(f"decode-{i}" for i in range(self.decode)))
@@ -38,7 +39,8 @@ class FleetSpec:
     def engine_argv(self) -> list[str]:
         """Engine flags shared by every worker (and by `pdserve up`)."""
         return ["--kv-blocks", str(self.kv_blocks), "--host-kv-blocks", str(self.host_kv_blocks),
-                "--token-budget", str(self.token_budget), "--max-chunk-tokens", str(self.max_chunk_tokens)]
+                "--token-budget", str(self.token_budget), "--max-chunk-tokens", str(self.max_chunk_tokens),
+                *(["--deterministic"] if self.deterministic else [])]
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def judge(config: ChaosConfig, workload: Workload, schedule: tuple[Fault, ...], 
     """`tie_judge`: None picks one for the fleet (ties.choose); the chaos fleet runs the embedded model."""
     windows = windows_of(faulted.faults, faulted.result.started_at, config.settle_s)
     comparison = analysis.compare(workload, baseline.result.records, faulted.result.records)
-    tie_judge = tie_judge or ties.choose(config.ties)
+    tie_judge = tie_judge or ties.choose(config.ties, deterministic=config.fleet.deterministic)
     judgements = ties.judge_all(tie_judge, workload, comparison.differences)
     injected = [r for r in faulted.faults if r.started_at is not None]
     verdict = Verdict(

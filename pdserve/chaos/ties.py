@@ -150,8 +150,12 @@ class TieJudge(abc.ABC):
         """Frees what judging took (a loaded model); the judge is not used after."""
 
 
+DETERMINISTIC = "deterministic workers: exact equality, no tie judge"
+
+
 class StrictJudge(TieJudge):
-    """Every difference is real: for fleets whose model this process cannot load."""
+    """Every difference is real: for fleets whose model this process cannot load, and for
+    deterministic fleets (whose outputs must equal the no-fault run's exactly)."""
 
     def __init__(self, why: str = "asked for"):
         self.why = why
@@ -208,9 +212,12 @@ class ReferenceJudge(TieJudge):
             self._reference = None
 
 
-def choose(spec: TieSpec, model: str | None = None) -> TieJudge:
+def choose(spec: TieSpec, model: str | None = None, deterministic: bool = False) -> TieJudge:
     """The reference judge when this process can load the fleet's model (`model` as the workers'
-    --model; None: the embedded one, which the chaos fleet runs), else the strict one."""
+    --model; None: the embedded one, which the chaos fleet runs), else the strict one; the strict
+    one always for a deterministic fleet, whose every output must equal the no-fault run's."""
+    if deterministic:
+        return StrictJudge(DETERMINISTIC)
     if spec.tie_judge == "strict":
         return StrictJudge()
     if spec.tie_judge != "reference":

@@ -59,6 +59,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                        ("--max-chunk-tokens", int), ("--drain-timeout-s", float), ("--restart-delay-s", float)):
         f.add_argument(flag, type=kind, default=None)
     f.add_argument("--kv-timeout", dest="kv_timeout_s", type=float, default=None, help="router: seconds for KV")
+    f.add_argument("--deterministic", action="store_const", const=True, default=None,
+                   help="workers in deterministic mode: every output must equal the no-fault run's exactly "
+                        "(no tie judge)")
     f.add_argument("--ready-timeout", dest="ready_timeout_s", type=float, default=None)
     g = p.add_argument_group("load")
     g.add_argument("--streams", type=int, default=None, help="concurrent chat streams")

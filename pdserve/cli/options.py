@@ -49,6 +49,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layer-kernels", default=e.layer_kernels, choices=LAYER_KERNELS,
                    help="the norms, SwiGLU's product and rotary positions; auto: on a CPU with float32 weights "
                         "one C pass over each row (built at first use), else torch (the reference)")
+    g.add_argument("--deterministic", action="store_true", default=e.deterministic,
+                   help="every request's output bitwise the same whatever else runs beside it, however its "
+                        "prompt is chunked, wherever it is prefilled, preempted, resumed or moved (greedy and "
+                        "seeded sampling): each row computed alone (projections in panels or fixed tiles, "
+                        "attention a row at a time); overrides --weight-layout and --attention-backend; slower "
+                        "(docs/BENCHMARKS.md)")
     g.add_argument("--tensor-parallel-size", type=int, default=e.tensor_parallel_size,
                    help="ranks (one process and one device each) splitting the model's heads; must divide "
                         "its KV heads")
@@ -60,6 +66,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         f"{CPU_TOKEN_BUDGET} on a CPU)")
     g.add_argument("--max-chunk-tokens", type=int, default=None,
                    help="one request's share of a step's prefill (default: half the budget)")
+    g.add_argument("--chunking", default=sched.chunking, choices=["tokens", "time"],
+                   help="how a step's prefill chunks are sized: tokens (to the token budget) or time (the largest "
+                        "chunks whose step this machine's cost model, measured at start and refined from the "
+                        "steps it runs, predicts within --step-time-target-ms; the token caps still cap)")
+    g.add_argument("--step-time-target-ms", type=float, default=sched.step_time_target_s * 1e3,
+                   help="with --chunking time: a step's predicted time at most this (a waiting prompt enters "
+                        "within about one such step; a decode's time between tokens is about it)")
+    g.add_argument("--min-chunk-tokens", type=int, default=sched.min_chunk_tokens,
+                   help="with --chunking time: the step's first prefill chunk at least this, over the target "
+                        "if need be (progress)")
     g.add_argument("--max-num-seqs", type=int, default=sched.max_running,
                    help="requests a worker runs at once (holding device blocks); more wait in its queue")
     g.add_argument("--policy", default=sched.policy, choices=["chunked", "fcfs", "decode-first"])
@@ -80,15 +96,19 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     chunk = min(args.max_chunk_tokens or budget // 2, budget)
     if args.max_num_seqs < 1:
         raise SystemExit(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
+    if args.step_time_target_ms <= 0 or args.min_chunk_tokens < 1:
+        raise SystemExit("--step-time-target-ms must be > 0 and --min-chunk-tokens at least 1")
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
         weight_layout=args.weight_layout, layer_kernels=args.layer_kernels,
         tensor_parallel_size=args.tensor_parallel_size,
-        max_model_len=args.max_model_len, calibrate=True,
+        max_model_len=args.max_model_len, calibrate=True, deterministic=args.deterministic,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,
                           num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache),
         scheduler=SchedulerConfig(policy=args.policy, token_budget=budget, max_chunk_tokens=chunk,
-                                  max_running=args.max_num_seqs,
+                                  max_running=args.max_num_seqs, chunking=args.chunking,
+                                  step_time_target_s=args.step_time_target_ms / 1e3,
+                                  min_chunk_tokens=args.min_chunk_tokens,
                                   preemption=PreemptionConfig(recompute_below_tokens=args.recompute_below_tokens,
                                                               swap_above_tokens=args.swap_above_tokens)),
     )

@@ -61,6 +61,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
                        help="router internal host:port,... (its --internal-port) to register with (heartbeat)")
         p.add_argument("--quarantine-timeout-s", type=float, default=deadlines.quarantine_timeout_s,
                        help="decode: longest that KV blocks a withdrawn receive may write stay out of use")
+        p.add_argument("--reattach-grace-s", type=float, default=deadlines.reattach_grace_s,
+                       help="decode: how long a request whose router's stream broke (no Abort) decodes on for "
+                            "another router to re-attach; then it is aborted and its blocks freed (0: at once)")
         p.add_argument("--kv-checksums", default="on", choices=["on", "off"],
                        help="sum every KV piece sent (xxh3-64) and check it where it lands before it is used "
                             "(one rank, KV in host memory); off: neither")
@@ -114,6 +117,9 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="how long a request whose tokens are out (resuming after a fault) waits for a usable "
                         "worker before UNAVAILABLE")
     p.add_argument("--max-active", type=int, default=MAX_ACTIVE, help="requests in flight before RESOURCE_EXHAUSTED")
+    p.add_argument("--event-feeds", default="on", choices=["on", "off"],
+                   help="each decode worker sends this router's requests' events on one stream, a message per "
+                        "engine step (DecodeWorker.Events); off: each request's on its own Decode call")
     add_stream_interval_flag(p)
     p.add_argument("--kv-capacity-tokens", type=int, default=None)
     p.add_argument("--http-port", type=int, default=None,

@@ -38,7 +38,8 @@ TICK_S = 0.2
 ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
                 "max_num_seqs",
                 "policy", "max_model_len", "device", "dtype", "attention_backend", "weight_layout",
-                "layer_kernels", "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size")
+                "layer_kernels", "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size",
+                "chunking", "step_time_target_ms", "min_chunk_tokens")
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -80,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-timeout", type=float, default=300.0)
     p.add_argument("--drain-timeout-s", type=float, default=deadlines.drain_timeout_s,
                    help="on SIGTERM: how long the router, then each worker, may finish work in flight")
+    p.add_argument("--reattach-grace-s", type=float, default=deadlines.reattach_grace_s,
+                   help="decode workers: how long a stream whose router died waits for another router to take it "
+                        "on (0: ended at once)")
     p.add_argument("--api-token-file", default=None, help="the router's tenants file (see `pdserve router --help`)")
     p.add_argument("--anonymous-max-priority", default=None, choices=["vip", "normal", "batch"],
                    help="without --api-token-file: the highest class anyone may ask for (default normal; "
@@ -106,11 +110,13 @@ def worker_argv(args: argparse.Namespace, role: str) -> list[str]:
             argv += [f"--{flag.replace('_', '-')}", str(value)]
     if args.no_prefix_cache:
         argv.append("--no-prefix-cache")
+    if args.deterministic:
+        argv.append("--deterministic")
     if args.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     if args.elastic:
         argv.append("--elastic")
-    argv += ["--kv-checksums", args.kv_checksums]
+    argv += ["--kv-checksums", args.kv_checksums, "--reattach-grace-s", str(args.reattach_grace_s)]
     return argv
 
 

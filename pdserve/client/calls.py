@@ -6,12 +6,19 @@
 
 Iterating past a cancel raises PdserveError CANCELLED. Leaving a `with` block, closing the
 iterator or dropping it cancels the request too, so nothing runs on that no one reads.
+
+A client given several routers continues a stream whose router went away (UNAVAILABLE: it died,
+stalled past keepalive, or was cut off) at the next one, after the tokens it has (the request's
+resume_from_token and prior_token_ids, pdserve/reattach.py): the chunks go on as if nothing
+happened, no token lost or repeated.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 import grpc
 
@@ -19,19 +26,80 @@ from pdserve.client.results import Collector, now
 from pdserve.client.types import Chunk, Completion, PdserveError
 from pdserve.client.wire import chunk_of, error_of
 
+C = TypeVar("C", grpc.Call, grpc.aio.UnaryStreamCall)
+Opener = Callable[[int, Sequence[int] | None], C]  # (try, the tokens the client has; None: the first try) -> call
+FAILOVER_PAUSE_S = 0.1  # before the next router, unless the last one said when
 
-class Stream(Iterator[Chunk]):
+
+class Tries(Generic[C]):
+    """The calls one stream makes: the first, then one per failover, each after the tokens so far."""
+
+    def __init__(self, open_call: Opener, failovers: int):
+        self._open = open_call
+        self.left = failovers
+        self.tokens: list[int] = []  # the stream's so far (sample 0's: a stream of several never fails over)
+        self.count = 0
+        self.call: C = open_call(0, None)
+
+    def took(self, chunk: Chunk) -> Chunk:
+        self.tokens.extend(chunk.token_ids)
+        return chunk
+
+    def pause_after(self, error: PdserveError, cancelled: bool) -> float:
+        """The pause before the next call, when the error lets the stream go on elsewhere; else
+        raises it (the stream ends there)."""
+        if cancelled or self.left <= 0 or error.code != "UNAVAILABLE":
+            raise error
+        return FAILOVER_PAUSE_S if error.retry_after_s is None else error.retry_after_s
+
+    def next_call(self) -> C:
+        self.left -= 1
+        self.count += 1
+        self.call = self._open(self.count, tuple(self.tokens))
+        return self.call
+
+
+class _OnTries:
+    """A stream over its Tries: the call in flight, and how many times it failed over."""
+
+    _tries: Tries
+
+    @property
+    def _call(self):
+        return self._tries.call
+
+    @property
+    def failovers(self) -> int:
+        """Times the stream went on at another router (its router went away)."""
+        return self._tries.count
+
+
+class Stream(_OnTries, Iterator[Chunk]):
     """The blocking client's call: an iterator of chunks."""
 
-    def __init__(self, call: grpc.Call):
-        self._call = call
-        self._chunks = _chunks(call)
+    def __init__(self, call: grpc.Call | Tries):
+        self._tries = call if isinstance(call, Tries) else Tries(lambda i, tokens: call, 0)
+        self._cancelled = False
+        self._chunks = self._stream()
+
+    def _stream(self) -> Iterator[Chunk]:
+        tries = self._tries
+        while True:
+            try:
+                for chunk in _chunks(tries.call):
+                    yield tries.took(chunk)
+                return
+            except PdserveError as error:
+                pause = tries.pause_after(error, self._cancelled)
+            time.sleep(pause)
+            tries.next_call()
 
     def __next__(self) -> Chunk:
         return next(self._chunks)
 
     def cancel(self) -> None:
         """Cancels the request (a no-op once it finished)."""
+        self._cancelled = True
         self._call.cancel()
 
     def close(self) -> None:
@@ -59,13 +127,25 @@ class Stream(Iterator[Chunk]):
         self.close()
 
 
-class AsyncStream(AsyncIterator[Chunk]):
+class AsyncStream(_OnTries, AsyncIterator[Chunk]):
     """The asyncio client's call: an async iterator of chunks."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall):
-        self._call = call
-        self._chunks = _async_chunks(call)
+    def __init__(self, call: grpc.aio.UnaryStreamCall | Tries):
+        self._tries = call if isinstance(call, Tries) else Tries(lambda i, tokens: call, 0)
+        self._chunks = self._stream()
         self._cancelled = False
+
+    async def _stream(self) -> AsyncIterator[Chunk]:
+        tries = self._tries
+        while True:
+            try:
+                async for chunk in _async_chunks(tries.call):
+                    yield tries.took(chunk)
+                return
+            except PdserveError as error:
+                pause = tries.pause_after(error, self._cancelled)
+            await asyncio.sleep(pause)
+            tries.next_call()
 
     async def __anext__(self) -> Chunk:
         try:

@@ -19,10 +19,12 @@ _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.
 
 
 def request_of(prompt: str | None, messages: Sequence[Message | Mapping] | None, token_ids: Sequence[int] | None,
-               priority: str | None, request_id: str | None, sampling: Mapping[str, object]) -> pb.GenerateRequest:
+               priority: str | None, request_id: str | None, sampling: Mapping[str, object],
+               resume_from_token: int | None = None, prior_token_ids: Sequence[int] = ()) -> pb.GenerateRequest:
     """Exactly one of prompt (raw text), messages (chat) or token_ids; sampling: SamplingParams'
     field names (max_tokens, temperature, ...), unset ones take the server's defaults, and `n`,
-    `best_of` (samples: each chunk names its `index`)."""
+    `best_of` (samples: each chunk names its `index`). `resume_from_token`: continue the request
+    of that id after as many of its tokens (`prior_token_ids`, when the caller has them)."""
     if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
         raise ValueError("give exactly one of prompt, messages or token_ids")
     sampling = dict(sampling)
@@ -31,6 +33,9 @@ def request_of(prompt: str | None, messages: Sequence[Message | Mapping] | None,
     if unknown:
         raise TypeError(f"unknown sampling settings: {', '.join(sorted(unknown))}")
     request = pb.GenerateRequest(sampling=_sampling(sampling), request_id=request_id or "", **counts)
+    if resume_from_token is not None:
+        request.resume_from_token = resume_from_token
+        request.prior_token_ids.extend(prior_token_ids)
     if priority is not None:
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
@@ -69,6 +74,28 @@ def constraint_to_pb(c: Constraint) -> pb.StructuredOutput:
     if c.kind is ConstraintKind.CHOICE:
         return pb.StructuredOutput(choice=pb.Choices(choices=list(c.choices)))
     return pb.StructuredOutput(**{c.kind.value: c.spec})
+
+
+def resumed(request: pb.GenerateRequest, tokens: Sequence[int]) -> pb.GenerateRequest:
+    """The same request, continued after the client's `tokens` (at whichever router takes it)."""
+    again = pb.GenerateRequest()
+    again.CopyFrom(request)
+    again.resume_from_token = len(tokens)
+    del again.prior_token_ids[:]
+    again.prior_token_ids.extend(tokens)
+    return again
+
+
+def samples_of(request: pb.GenerateRequest) -> int:
+    """Samples it draws (a stream of several cannot be continued)."""
+    return max(request.n if request.HasField("n") else 1, request.best_of if request.HasField("best_of") else 1)
+
+
+def with_id(request: pb.GenerateRequest, request_id: str) -> pb.GenerateRequest:
+    """`request` under `request_id` when it has none (one it can be continued by)."""
+    if not request.request_id:
+        request.request_id = request_id
+    return request
 
 
 def chunk_of(response: pb.GenerateResponse) -> Chunk:

@@ -22,15 +22,8 @@ from pdserve.measurements import measured
 
 def measure_prefill_tokens_per_s(model, kv: KVCache, attn: AttentionBackend, tokens: int = 128) -> float:
     """One forward pass of `tokens` tokens into the first blocks of the pool (still all free)."""
-    blocks = tuple(range(-(-tokens // kv.block_size)))
+    batch = prefill_batch(tokens, 0, kv)
     device = kv.data.device
-    batch = ForwardBatch(
-        input_ids=torch.zeros(tokens, dtype=torch.long, device=device),
-        positions=torch.arange(tokens, device=device),
-        slot_mapping=torch.arange(tokens, device=device),
-        seqs=(SeqSpan(0, tokens, tokens, blocks),),
-        logits_indices=torch.tensor([tokens - 1], device=device),
-    )
     with torch.inference_mode():
         model.forward(batch, kv, attn)
         _sync(device)
@@ -38,6 +31,20 @@ def measure_prefill_tokens_per_s(model, kv: KVCache, attn: AttentionBackend, tok
         model.forward(batch, kv, attn)
         _sync(device)
     return tokens / max(time.perf_counter() - started, 1e-9)
+
+
+def prefill_batch(tokens: int, start: int, kv: KVCache) -> ForwardBatch:
+    """`tokens` prompt tokens at positions [start, start + tokens) of one sequence in the pool's
+    first blocks, its last token's logits wanted."""
+    end, device = start + tokens, kv.data.device
+    blocks = tuple(range(-(-end // kv.block_size)))
+    return ForwardBatch(
+        input_ids=torch.zeros(tokens, dtype=torch.long, device=device),
+        positions=torch.arange(start, end, device=device),
+        slot_mapping=torch.arange(start, end, device=device),
+        seqs=(SeqSpan(0, tokens, end, blocks),),
+        logits_indices=torch.tensor([tokens - 1], device=device),
+    )
 
 
 def measure_host_link_bytes_per_s(kv: KVCache, host: KVCache) -> float:

@@ -5,6 +5,9 @@ backend at PROBE_BATCHES decode rows, cached per machine and model (pdserve/meas
 
     rows = fused_rows(timings)   # the largest probed batch up to which fused won at every probe
 
+The probe stops at the first batch where the layers one by one were faster: no larger batch
+could change the rows (the larger ones are the slowest to time, seconds on a first start).
+
 The fused step runs the panels' product, whose speed against a GEMM library's depends on the CPU
 (an AVX2 build multiplies 16 columns a panel, an AVX-512 one 64): it saves the Python between the
 kernels, which dominates small batches, and may lose at large ones where the library's product is
@@ -82,7 +85,8 @@ def tune_fused_rows(model, kv: KVCache, attn: AttentionBackend, depends_on: dict
 
 
 def measure_decode(model, kv: KVCache, attn: AttentionBackend, batches: tuple[int, ...]) -> DecodeTimings:
-    """Times a decode step at each of `batches` rows with the fused step and without (interleaved)."""
+    """Times a decode step at each of `batches` rows with the fused step and without (interleaved),
+    up to the first batch where the fused step was slower."""
     fused = model.fused_decode
     with_fused, without = [], []
     try:
@@ -96,9 +100,11 @@ def measure_decode(model, kv: KVCache, attn: AttentionBackend, batches: tuple[in
                     best[on] = min(best[on], took) if round else best[on]  # round 0 warms both up
             with_fused.append(best[True])
             without.append(best[False])
+            if best[True] > best[False]:
+                break
     finally:
         model.fused_decode = fused
-    return DecodeTimings(batches, tuple(with_fused), tuple(without))
+    return DecodeTimings(batches[:len(with_fused)], tuple(with_fused), tuple(without))
 
 
 def decode_batch(rows: int, kv: KVCache) -> ForwardBatch:

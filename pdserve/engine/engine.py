@@ -17,6 +17,7 @@ import torch
 
 from pdserve.attention import make_attention_backend
 from pdserve.config import EngineConfig
+from pdserve.cpu.row_independent import row_independent
 from pdserve.engine.start_probes import measure_at_start, with_preemption
 from pdserve.errors import DuplicateRequestError, InvalidRequestError, OverloadedError
 from pdserve.engine.grammar_masks import GrammarMasks, grammar_backend
@@ -34,39 +35,49 @@ from pdserve.scheduler import DuplicateRequestError as SchedulerDuplicateError
 from pdserve.scheduler import QueueFullError, make_scheduler
 from pdserve.scheduler.output import SchedulerOutput
 from pdserve.scheduler.results import Reservation
+from pdserve.start_phases import StartPhases
 
 ReservedListener = Callable[[tuple[Reservation, ...]], None]
 
 
 class Engine:
     def __init__(self, config: EngineConfig, loaded: EngineModel | LoadedModel | None = None,
-                 clock: Callable[[], float] = time.monotonic, hold_blocks: bool = False):
+                 clock: Callable[[], float] = time.monotonic, hold_blocks: bool = False,
+                 phases: StartPhases | None = None):
         """`loaded`: the model to run (a LoadedModel runs as it is, on one rank), else the one
         `config` names, loaded here. `hold_blocks` (prefill workers): every request's KV is sent on
         (the default of `add_request`'s `sends_kv`): its blocks are handed out as holds in
-        StepResult.holds, to be given back with `release` once their KV was sent."""
+        StepResult.holds, to be given back with `release` once their KV was sent. `phases`: the
+        start's phase log, which the engine's own phases join."""
+        phases = phases if phases is not None else StartPhases()
         self.config = config
         self.clock = clock
         self.hold_blocks = hold_blocks
         self._senders: set[Request] = set()  # live requests whose KV is sent on (Request.sends_kv)
         self.lock = threading.Lock()  # held while the scheduler's state changes (see step)
         dtype = serving_dtype(config.dtype, config.device)
-        self.loaded = _engine_model(loaded) if loaded is not None else load_engine_model(config)
+        self.loaded = _engine_model(loaded) if loaded is not None else load_engine_model(config, phases)
+        if config.deterministic and not row_independent(self.loaded.model):
+            raise ValueError("deterministic mode: the model's projections are not laid out row by row "
+                             "(apply_cpu_paths(..., deterministic=True) does it)")
         self.model_config = self.loaded.config
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
         groups = self.model_config.page_groups()
         self.kv, self.host_kv = kv_pools(self.model_config.kv_shape(config.cache.block_size), groups,
                                          config.cache.num_blocks, config.cache.num_host_blocks, dtype, config.device)
-        attn = make_attention_backend(config.attention_backend, torch.device(config.device), dtype)
+        attn = make_attention_backend(config.attention_backend, torch.device(config.device), dtype,
+                                      config.deterministic)
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed,
                                   GrammarMasks(lambda: grammar_backend(config.model, self.model_config)))
-        self.measured = measure_at_start(config, self.loaded, self.kv, self.host_kv, attn, dtype)
+        phases.done("kv pools and runner")
+        self.measured = measure_at_start(config, self.loaded, self.kv, self.host_kv, attn, dtype, phases)
         sched_cfg = with_preemption(config, self.measured)
         self.scheduler = make_scheduler(
             sched_cfg, config.cache, self.kv_bytes_per_token, self.max_model_len, clock,
-            hold_finished=hold_blocks, groups=groups,
+            hold_finished=hold_blocks, groups=groups, step_cost=self.measured.step_cost,
         )
+        phases.done("scheduler")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -165,8 +176,10 @@ class Engine:
             finished = self.scheduler.update(output, sampled.tokens)
             holds = self._holds(output)
         outputs = self._outputs(output, sampled, finished)
+        seconds = time.perf_counter() - started
+        self.scheduler.observe(output, seconds)
         return StepResult(outputs, output.preempted, output.resumed, output.chunks, output.num_tokens,
-                          time.perf_counter() - started, reserved, holds)
+                          seconds, reserved, holds)
 
     def _holds(self, output: SchedulerOutput) -> dict:
         """Finished requests' holds, and a hold on every request whose KV is sent on

@@ -25,6 +25,7 @@ from pdserve.model.dtypes import serving_dtype
 from pdserve.model.loader import LoadedModel, load_model
 from pdserve.native.build import cache_dir
 from pdserve.parallel.ranks import Alone, RankGroup
+from pdserve.start_phases import StartPhases
 
 if TYPE_CHECKING:
     from pdserve.parallel.leader import RankZero
@@ -56,16 +57,24 @@ class EngineModel:
         return cls(loaded.config, loaded.model, loaded.source_path, ranks=rank_zero.followers)
 
 
-def load_engine_model(config: EngineConfig) -> EngineModel:
-    """The model an engine of `config` runs (see the module's docstring). Raises ModelLoadError,
-    and with tensor parallelism TensorParallelError and RankFailed."""
+def load_engine_model(config: EngineConfig, phases: StartPhases | None = None) -> EngineModel:
+    """The model an engine of `config` runs (see the module's docstring), its phases logged in
+    `phases`. Raises ModelLoadError, and with tensor parallelism TensorParallelError and RankFailed."""
+    phases = phases if phases is not None else StartPhases()
+    if config.tensor_parallel_size > 1 and config.deterministic:
+        raise ValueError("--deterministic runs on one rank (a tensor-parallel all-reduce sums in no fixed order)")
     if config.tensor_parallel_size > 1:
         from pdserve.parallel.leader import start_leader
 
-        return EngineModel.leading(start_leader(config))
+        leading = EngineModel.leading(start_leader(config))
+        phases.done("model and ranks")
+        return leading
     dtype = serving_dtype(config.dtype, config.device)
     loaded = load_model(config.model, device=config.device, dtype=dtype, weights_cache=cache_dir())
     log.info("read %s: %d layers, %s", loaded.source_path.name, loaded.config.num_layers, dtype)
-    layout = apply_cpu_paths(loaded.model, config.weight_layout, config.layer_kernels, config.device, dtype)
+    phases.done("model read")
+    layout = apply_cpu_paths(loaded.model, config.weight_layout, config.layer_kernels, config.device, dtype,
+                             config.deterministic)
+    phases.done("cpu paths")
     return EngineModel(loaded.config, loaded.model, loaded.source_path, layout=layout)
 

@@ -12,8 +12,12 @@ image), and loads it.
               loaded on another
     needs:    every library is checked against this CPU's features before it is loaded: one
               built for a target this CPU does not implement is refused with the features it lacks
-    build:    `$CC` (else cc) in a temporary folder, then renamed into place: workers starting
-              together may each build, and each loads a whole library; the compiler runs only here
+    build:    `$CC` (else cc) in a temporary folder, then renamed into place, under a lock file
+              beside it: threads and workers starting together build each library once, the
+              others wait for it; the compiler runs only here
+    behind:   `build_behind(sources)` builds the ones not built yet on a thread of its own, so a
+              worker's first start compiles while it reads the model and measures its layouts (a
+              library needed before its turn is built where it is needed, or waited for)
 
 Raises NativeBuildError with the reason (no compiler, a compile error, an unwritable cache, a
 CPU without the target's features). Wrappers load their library through pdserve/native/loader.py,
@@ -23,6 +27,7 @@ never from here.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
@@ -30,6 +35,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pdserve.native.target import (NATIVE, TargetError, cpu_features_line, lacking, needs_of,
@@ -53,17 +61,64 @@ def load_library(source: Path) -> ctypes.CDLL:
     """The compiled `source`: the image's prebuilt one, else this machine's cached one, else one
     built now."""
     arch = target()
+    shipped = _prebuilt(source, arch)
+    if shipped is not None:
+        return _open(shipped, arch)
+    if prebuilt_dir() is not None and arch != NATIVE:
+        log.info("no prebuilt %s for -march=%s in %s (another source): building it", source.name, arch, prebuilt_dir())
+    return _open(_built(source, arch), arch)
+
+
+def build_behind(sources: Sequence[Path]) -> threading.Thread:
+    """Builds every one of `sources` that is neither prebuilt nor cached, in order, on a thread of
+    its own (started); a failure is left for the load that needs the library to report."""
+    def build() -> None:
+        arch = target()
+        for source in sources:
+            try:
+                if _prebuilt(source, arch) is None:
+                    _built(source, arch)
+            except (NativeBuildError, TargetError) as exc:
+                log.debug("building %s ahead failed: %s", source.name, exc)
+
+    thread = threading.Thread(target=build, name="build-kernels", daemon=True)
+    thread.start()
+    return thread
+
+
+def _prebuilt(source: Path, arch: str) -> Path | None:
     shipped = prebuilt_dir()
-    if shipped is not None and arch != NATIVE:
-        library = shipped / library_name(source, arch)
-        if library.exists():
-            return _open(library, arch)
-        log.info("no prebuilt %s for -march=%s in %s (another source): building it", source.name, arch, shipped)
+    if shipped is None or arch == NATIVE:
+        return None
+    library = shipped / library_name(source, arch)
+    return library if library.exists() else None
+
+
+def _built(source: Path, arch: str) -> Path:
+    """This machine's cached library of `source`, compiled now unless it is there (or once another
+    thread or process compiling it now is done)."""
     compiler = _compiler()
     library = cache_dir() / f"{source.stem}-{_key(source, arch, compiler)}.so"
-    if not library.exists():
-        _compile(compiler, source, library, arch)
-    return _open(library, arch)
+    if library.exists():
+        return library
+    with _building(library):
+        if not library.exists():
+            _compile(compiler, source, library, arch)
+    return library
+
+
+@contextmanager
+def _building(library: Path) -> Iterator[None]:
+    """Holds `library`'s lock file (none where its folder is not writable: the compile says so)."""
+    try:
+        library.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(library.parent / f".{library.stem}.lock", "a")
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def prebuild(sources: list[Path], into: Path, arch: str) -> list[Path]:

@@ -18,6 +18,12 @@
  * at a time, asking for the segments ahead the same way. Sequences are split over `threads` POSIX threads. The queries may be strided (views of
  * the fused projection's output). pdserve_write_kv copies a layer's new keys and values into the
  * pool. Loaded by paged_decode.py; the caller checks every block id, slot and length first.
+ *
+ * pdserve_paged_attend_from: the same with each sequence's first position `starts[b]` (a window:
+ * t from starts[b] to lens[b]). NOTE: a sequence's result is a function of its query, its
+ * positions' keys and values, its start and length and the block size only (segments end at
+ * t + 16, its block's end or its length; one thread computes it), never of the other sequences
+ * or the thread count: the deterministic mode attends every query, prefill rows too, through it.
  */
 #include <math.h>
 #include <pthread.h>
@@ -40,8 +46,12 @@ typedef struct {
     int64_t block_stride, layer_offset, value_shift, max_len;
     float scale;
     int64_t first, last; /* sequences [first, last) of this thread */
+    const int64_t *starts; /* each sequence's first position; NULL: 0 */
     int status;
 } Work;
+
+/* Sequence b's first position. */
+static inline int64_t start_of(const Work *w, int64_t b) { return w->starts ? w->starts[b] : 0; }
 
 /* Lane-wise partial sums: vectorised without reassociating the float additions. */
 static float dot(const float *a, const float *b, int64_t n) {
@@ -88,7 +98,8 @@ typedef struct {
 static inline void cursor_next(const Work *w, Cursor *c) {
     if (c->b >= w->last) return;
     c->t = segment_end(w, c->t, w->lens[c->b]);
-    while (c->b < w->last && c->t >= w->lens[c->b]) c->b++, c->t = 0;
+    while (c->b < w->last && c->t >= w->lens[c->b])
+        if (++c->b < w->last) c->t = start_of(w, c->b);
 }
 
 /* The keys' and values' cache lines of the segment at a cursor, asked for a part at a time while
@@ -121,7 +132,8 @@ static void attend_positions(const Work *w, int64_t b, float *scores, Cursor *ah
     const int64_t *table = w->tables + b * w->table_stride;
     const float *q = w->q + b * w->q_stride;
     float *out = w->out + b * heads * dim;
-    for (int64_t t = 0, end = 0; t < len; t++) {
+    int64_t start = start_of(w, b);
+    for (int64_t t = start, end = start; t < len; t++) {
         if (t == end) {
             end = segment_end(w, t, len);
             Lines next = segment_lines(w, *ahead);
@@ -132,9 +144,9 @@ static void attend_positions(const Work *w, int64_t b, float *scores, Cursor *ah
         for (int64_t h = 0; h < heads; h++)
             scores[h * w->max_len + t] = dot(q + h * dim, k + (h / group) * dim, dim) * w->scale;
     }
-    softmax_rows(scores, heads, len, w->max_len);
+    softmax_rows(scores + start, heads, len - start, w->max_len);
     memset(out, 0, sizeof(float) * heads * dim);
-    for (int64_t t = 0; t < len; t++) {
+    for (int64_t t = start; t < len; t++) {
         const float *v = keys_at(w, table, t) + w->value_shift;
         for (int64_t h = 0; h < heads; h++) {
             const float p = scores[h * w->max_len + t], *vh = v + (h / group) * dim;
@@ -299,14 +311,15 @@ static inline __attribute__((always_inline)) void attend_segments(const Work *w,
     const int64_t *table = w->tables + b * w->table_stride;
     const float *q = w->q + b * w->q_stride;
     float *out = w->out + b * heads * dim;
-    for (int64_t t = 0, end; t < len; t = end) {
+    int64_t start = start_of(w, b);
+    for (int64_t t = start, end; t < len; t = end) {
         end = segment_end(w, t, len);
         score_segment(w, q, keys_at(w, table, t), stride, end - t, scores + t, chunks, *ahead);
         cursor_next(w, ahead);
     }
-    softmax_rows(scores, heads, len, w->max_len);
+    softmax_rows(scores + start, heads, len - start, w->max_len);
     memset(out, 0, sizeof(float) * heads * dim);
-    for (int64_t t = 0, end; t < len; t = end) {
+    for (int64_t t = start, end; t < len; t = end) {
         end = segment_end(w, t, len);
         value_segment(w, scores + t, keys_at(w, table, t) + w->value_shift, stride, end - t, out, chunks);
     }
@@ -335,7 +348,7 @@ static void *run(void *arg) {
         w->status = -1;
         return NULL;
     }
-    Cursor ahead = {w->first, 0};
+    Cursor ahead = {w->first, w->first < w->last ? start_of(w, w->first) : 0};
     for (int i = 0; i < AHEAD; i++) {
         Lines lines = segment_lines(w, ahead);
         prefetch_part(&lines, 0, 1);
@@ -348,17 +361,18 @@ static void *run(void *arg) {
 }
 
 /* Returns 0, or -1 when memory or a thread could not be had (nothing is then valid in out). */
-int pdserve_paged_decode(const float *pool, const float *q, int64_t q_stride, float *out,
-                         const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t batch, int64_t heads,
-                         int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t num_layers,
-                         int64_t layer, float scale, int64_t max_len, int64_t threads) {
+int pdserve_paged_attend_from(const float *pool, const float *q, int64_t q_stride, float *out,
+                              const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t batch,
+                              int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
+                              int64_t num_layers, int64_t layer, float scale, int64_t max_len, int64_t threads,
+                              const int64_t *starts) {
     if (kv_heads < 1 || heads % kv_heads != 0) return -1;
     int64_t layer_size = 2 * block_size * kv_heads * head_dim;
     if (threads < 1) threads = 1;
     if (threads > batch) threads = batch > 0 ? batch : 1;
     Work base = {pool, q, q_stride, out, tables, lens, table_stride, heads, kv_heads, head_dim, block_size,
                  num_layers * layer_size, layer * layer_size, block_size * kv_heads * head_dim,
-                 max_len, scale, 0, 0, 0};
+                 max_len, scale, 0, 0, starts, 0};
     Work work[threads];
     pthread_t ids[threads];
     int started[threads];
@@ -376,6 +390,15 @@ int pdserve_paged_decode(const float *pool, const float *q, int64_t q_stride, fl
         status |= work[i].status;
     }
     return status;
+}
+
+/* Every sequence from position 0 (the fused decode step calls this one). */
+int pdserve_paged_decode(const float *pool, const float *q, int64_t q_stride, float *out,
+                         const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t batch, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t num_layers,
+                         int64_t layer, float scale, int64_t max_len, int64_t threads) {
+    return pdserve_paged_attend_from(pool, q, q_stride, out, tables, table_stride, lens, batch, heads, kv_heads,
+                                     head_dim, block_size, num_layers, layer, scale, max_len, threads, NULL);
 }
 
 /* Each of `rows` tokens' keys and values (kv_heads * head_dim floats each, the tokens k_stride and

@@ -27,6 +27,7 @@ PAGED_DECODE = Kernel("paged_decode.c", "decode attention kernel", "using the sp
 THREADED_WORK = 1 << 16  # (sequence, KV head, position) triples from which the kernel uses threads
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGS = [_P, _P, _I, _P, _P, _I, _P] + [_I] * 7 + [ctypes.c_float] + [_I] * 2
+_FROM_ARGS = [*_ARGS, _P]  # and each sequence's first position
 _WRITE_ARGS = [_P, _P, _I, _P, _I, _P] + [_I] * 6
 
 
@@ -38,6 +39,7 @@ class NativePlan:
     lens: torch.Tensor  # [B] int64: context lengths
     max_len: int
     threads: int
+    starts: torch.Tensor | None = None  # [B] int64: each sequence's first position (a window); None: 0
 
 
 class NativeDecode:
@@ -46,6 +48,8 @@ class NativeDecode:
         self._kernel = library.pdserve_paged_decode
         self._kernel.argtypes = _ARGS
         self._kernel.restype = ctypes.c_int
+        self._from = library.pdserve_paged_attend_from
+        self._from.argtypes, self._from.restype = _FROM_ARGS, ctypes.c_int
         self._write = library.pdserve_write_kv
         self._write.argtypes = _WRITE_ARGS
         self._write.restype = None
@@ -55,30 +59,37 @@ class NativeDecode:
         (pdserve/cpu/fused_decode.py)."""
         return {"attend": function_address(self._kernel), "write_kv": function_address(self._write)}
 
-    def plan(self, tables: torch.Tensor, lens: list[int], pool: torch.Tensor) -> NativePlan:
+    def plan(self, tables: torch.Tensor, lens: list[int], pool: torch.Tensor,
+             starts: list[int] | None = None) -> NativePlan:
         """tables: [B, width] int64, the blocks of each one-token sequence (in the order their
-        outputs are wanted) padded to the widest; lens: their context lengths. Raises ValueError
-        for tables the pool cannot hold (the kernel trusts the plan)."""
+        outputs are wanted) padded to the widest; lens: their context lengths; starts: each one's
+        first position (None: 0). Raises ValueError for tables the pool cannot hold (the kernel
+        trusts the plan)."""
         blocks, block_size, kv_heads = pool.shape[0], pool.shape[3], pool.shape[4]
         if tables.shape[0] != len(lens) or tables.shape[1] * block_size < max(lens):
             raise ValueError("the block tables do not cover every decode sequence's context")
         if int(tables.min()) < 0 or int(tables.max()) >= blocks:
             raise ValueError(f"a block table names a block outside the pool's {blocks}")
+        if starts is not None and any(not 0 <= s < n for s, n in zip(starts, lens)):
+            raise ValueError("a sequence starts outside its context")
         threads = torch.get_num_threads() if sum(lens) * kv_heads >= THREADED_WORK else 1
-        return NativePlan(tables, torch.tensor(lens, dtype=torch.long), max(lens), threads)
+        first = None if starts is None else torch.tensor(starts, dtype=torch.long)
+        return NativePlan(tables, torch.tensor(lens, dtype=torch.long), max(lens), threads, first)
 
-    def attend(self, q: torch.Tensor, pool: torch.Tensor, layer: int, plan: NativePlan) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, pool: torch.Tensor, layer: int, plan: NativePlan,
+               scale: float | None = None) -> torch.Tensor:
         """q: [B, H, D] (each sequence's heads contiguous; sequences may be strided) -> [B, H, D],
-        each sequence attending its whole context in `layer`."""
+        each sequence attending its context in `layer` (the layer's place in a page: KVCache.slot)
+        from its start, scores scaled by `scale` (None: 1 / sqrt(D))."""
         batch, heads, dim = q.shape
         if q.stride(2) != 1 or q.stride(1) != dim:
             q = q.contiguous()
         out = torch.empty(batch, heads, dim, dtype=q.dtype)
         _, layers, _, block_size, kv_heads, _ = pool.shape
-        status = self._kernel(
-            pool.data_ptr(), q.data_ptr(), q.stride(0), out.data_ptr(), plan.tables.data_ptr(),
-            plan.tables.shape[1], plan.lens.data_ptr(), batch, heads, kv_heads, dim, block_size,
-            layers, layer, 1 / math.sqrt(dim), plan.max_len, plan.threads)
+        args = (pool.data_ptr(), q.data_ptr(), q.stride(0), out.data_ptr(), plan.tables.data_ptr(),
+                plan.tables.shape[1], plan.lens.data_ptr(), batch, heads, kv_heads, dim, block_size,
+                layers, layer, 1 / math.sqrt(dim) if scale is None else scale, plan.max_len, plan.threads)
+        status = self._kernel(*args) if plan.starts is None else self._from(*args, plan.starts.data_ptr())
         if status != 0:
             raise MemoryError("the decode attention kernel could not allocate its scratch or threads")
         return out

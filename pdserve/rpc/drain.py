@@ -12,6 +12,16 @@ from pdserve.rpc.errors import Unavailable
 class Drain:
     def __init__(self) -> None:
         self.draining = False
+        self._on_stop: list[Callable[[], None]] = []
+
+    def on_stop(self, end: Callable[[], None]) -> None:
+        """`end()` runs as the server stops, before it waits for its calls: for streams that carry
+        no work of their own and would hold the stop's grace to its end (a router's event feed)."""
+        self._on_stop.append(end)
+
+    def stopping(self) -> None:
+        for end in self._on_stop:
+            end()
 
     def refuse_if_draining(self) -> None:
         if self.draining:

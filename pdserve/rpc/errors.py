@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 FAULT_METADATA = "pdserve-fault"  # trailing metadata naming the peer that caused a failure
 NOBODY = "nobody"  # FAULT_METADATA of a request given back (Withdrawn): no one is charged
 SENDER = "sender"  # FAULT_METADATA of KV that landed other than its sender summed it: the sender is charged
+ATTACHED = "attached"  # FAULT_METADATA of a call whose request another router attached: it goes on there
 RETRY_METADATA = "grpc-retry-pushback-ms"  # when to try again (gRFC A6's server pushback), milliseconds
 
 
@@ -39,6 +40,21 @@ class Unavailable(RuntimeError):
 class Withdrawn(Unavailable):
     """This worker gives the request back (it is leaving its role): another should take it, and
     nobody is to blame (UNAVAILABLE with trailing metadata `pdserve-fault: nobody`)."""
+
+
+class FeedClosed(Unavailable):
+    """A router's event feed ended (its router went away, or let the feed go): the requests on it
+    lose their reader, not their life (a reattachable one is orphaned: decode_service/orphans.py)."""
+
+
+class NotFound(RuntimeError):
+    """What the request names is not there (maps to NOT_FOUND): a stream to continue that no
+    worker holds, and whose tokens the client did not send."""
+
+
+class TakenOver(ClientAborted):
+    """Another router attached the request (Attach): this call no longer drives it (ABORTED with
+    trailing metadata `pdserve-fault: attached`)."""
 
 
 class Unauthenticated(RuntimeError):
@@ -66,6 +82,7 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (ClientAborted, grpc.StatusCode.ABORTED),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
 )
 
 
@@ -108,7 +125,7 @@ def failure_of(exc: Exception) -> Failure:
         log.exception("unexpected error in handler", exc_info=exc)
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
     peer = exc.peer if isinstance(exc, PeerFault) else NOBODY if isinstance(exc, Withdrawn) else \
-        SENDER if isinstance(exc, ChecksumMismatch) else None
+        SENDER if isinstance(exc, ChecksumMismatch) else ATTACHED if isinstance(exc, TakenOver) else None
     return Failure(code, details or type(exc).__name__, peer, retry_after_of(exc))
 
 

@@ -15,7 +15,7 @@ def owner_to_pb(owner: Owner) -> wpb.RequestOwner:
     return wpb.RequestOwner(tenant=owner.tenant, request_id=owner.request_id)
 
 
-def owner_of(message: wpb.WorkerRequest | wpb.WorkerAbortRequest) -> Owner | None:
+def owner_of(message: wpb.WorkerRequest | wpb.WorkerAbortRequest | wpb.FindRequest | wpb.AttachRequest) -> Owner | None:
     """The message's owner (None: unset); its id checked as every internal id is."""
     if not message.HasField("owner"):
         return None

@@ -109,6 +109,15 @@ class Scheduler(abc.ABC):
 
     # ---- a step's results ----
 
+    def observe(self, output: SchedulerOutput, seconds: float) -> None:
+        """The step of `output` took `seconds`, scheduling to tokens: what a chunk policy sized by
+        time learns its cost model from (others ignore it)."""
+        self._steps.observe(output.chunks, seconds)
+
+    def predicted_step_s(self, output: SchedulerOutput) -> float | None:
+        """The seconds the chunk policy predicts the step of `output` takes (None: it predicts none)."""
+        return self._steps.predicted_s(output.chunks)
+
     def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
         """Advance every chunk, append sampled tokens, finish requests that are done (their
         blocks go to the prefix cache, or into a hold). Returns the newly finished.

@@ -9,6 +9,7 @@ from operator import attrgetter
 from pdserve.requests import Request
 from pdserve.scheduler.output import Preemption, SchedulerOutput, ScheduledChunk, decode_chunks, make_chunk
 from pdserve.scheduler.results import Reservation
+from pdserve.scheduler.step_cost import StepLoad
 
 _request_id = attrgetter("request_id")
 
@@ -27,6 +28,8 @@ class StepPlan:
         self.reserved: list[Reservation] = []
         self.prefilling: list | None = None  # running prefill candidates, found once per step
         self.growth_reserve = 0  # blocks kept for decodes scheduled after admissions
+        self._load = StepLoad()  # of chunks[:_loaded], summed only when a policy asks (load())
+        self._loaded = 0
 
     def add_chunk(self, request: Request, num_tokens: int, block_table: tuple[int, ...]) -> None:
         self.chunks.append(make_chunk(request, request.num_computed_tokens, num_tokens, block_table))
@@ -43,6 +46,13 @@ class StepPlan:
         self.touched.update(map(_request_id, scheduled))
         self.budget_left -= len(tables)
         self.num_tokens += len(tables)
+
+    def load(self) -> StepLoad:
+        """What the step computes so far, for a cost model (chunks added since the last call summed now)."""
+        if self._loaded < len(self.chunks):
+            self._load = self._load.with_chunks(self.chunks[self._loaded:])
+            self._loaded = len(self.chunks)
+        return self._load
 
     def output(self, finished: tuple[Request, ...]) -> SchedulerOutput:
         return SchedulerOutput(tuple(self.chunks), tuple(self.preempted), tuple(self.swap_out),

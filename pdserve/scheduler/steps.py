@@ -40,6 +40,13 @@ class Steps:
         self._preemptor = preemptor
         self._chunking = chunking
 
+    def observe(self, chunks, seconds: float) -> None:
+        """A step of `chunks` took `seconds`: for a chunk policy that learns from it."""
+        self._chunking.observe(chunks, seconds)
+
+    def predicted_s(self, chunks) -> float | None:
+        return self._chunking.predicted_s(chunks)
+
     def reserve_blocks(self, plan: StepPlan) -> int:
         """Blocks an admission must leave: the watermark for running decodes' growth (none when
         nothing runs), plus this step's growth when decodes are scheduled after admissions."""
@@ -137,7 +144,7 @@ class Steps:
             match = self._kv.match_prompt(request)
             return self._kv.admission_cost(match, request.num_remote_tokens - match.num_tokens)
         match = self._kv.match(request)
-        n = self._chunking.size(request.num_tokens - match.num_tokens, plan.budget_left, 0)
+        n = self._chunking.size(request.num_tokens - match.num_tokens, match.num_tokens, plan)
         return self._kv.admission_cost(match, n)
 
     def _running_prefills(self, plan: StepPlan) -> list[Candidate]:
@@ -176,7 +183,7 @@ class Steps:
         return n > 0 and self._chunk(plan, request, n)
 
     def _chunk_size(self, plan: StepPlan, request: Request, computed: int) -> int:
-        return self._chunking.size(request.num_tokens - computed, plan.budget_left, plan.num_tokens)
+        return self._chunking.size(request.num_tokens - computed, computed, plan)
 
     def _chunk(self, plan: StepPlan, request: Request, n: int) -> bool:
         result = self._preemptor.allocate(plan, request, n)  # tries a plain allocation first

@@ -10,8 +10,11 @@ of tokens it brings (the tokenizer's native decode does the per-token work):
 The window is emitted only when its text does not end in U+FFFD, i.e. when the bytes so far end
 on a complete character; a character split across tokens is held back until its last byte comes
 (a push of several tokens emits up to the last one that ends a character: an unfinished one
-spans at most MAX_SPLIT_TOKENS tokens). `read_offset` therefore always sits on a character
-boundary, so decoding from there is exact.
+spans at most three tokens, its first three UTF-8 bytes, so valid text costs at most that many
+decodes more; bytes that never form a character are looked past back to the push's first token). `read_offset`
+therefore always sits on a character boundary, so decoding from there is exact, and what was
+emitted after the k-th token is the same however the tokens were grouped into pushes: a stream
+continued elsewhere after k tokens (pdserve/reattach.py) goes on exactly where its text was.
 
 NOTE: for byte-level tokenizers the concatenation of every `push` and the final `flush` equals
 `decode(output_ids)`. The window starts with a few prompt tokens as context; for decoders that
@@ -28,7 +31,6 @@ from pdserve.tokenizer.base import Tokenizer
 
 _CONTEXT_TOKENS = 4
 _REPLACEMENT = "\ufffd"
-MAX_SPLIT_TOKENS = 3  # a character's first three UTF-8 bytes at most, in as many tokens
 
 
 class DetokenizerMark(NamedTuple):
@@ -75,7 +77,7 @@ class IncrementalDetokenizer:
         pushed_from = len(self._ids)
         self._ids.extend(token_ids)
         self._output_ids.extend(token_ids)
-        return self._advance(final=False, shortest=max(pushed_from + 1, len(self._ids) - MAX_SPLIT_TOKENS))
+        return self._advance(final=False, shortest=pushed_from + 1)
 
     def mark(self) -> DetokenizerMark:
         return DetokenizerMark(len(self._ids), self._prefix_offset, self._read_offset)

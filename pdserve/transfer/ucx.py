@@ -62,7 +62,7 @@ from pdserve.transfer.descriptors import (
 )
 from pdserve.transfer.head_slices import HeadSlice, checked_slice, pack, pool_shape, slice_nbytes, unpack
 from pdserve.transfer.ledger import Ledger
-from pdserve.transfer.prefault import prefault
+from pdserve.transfer.prefault import prefault_behind
 from pdserve.transfer.ucx_paths import (
     Locality,
     Path,
@@ -153,7 +153,7 @@ class UcxReceiver(KVReceiver):
     def __init__(self, pool: torch.Tensor, config: UcxConfig):
         self.pool = pool
         self.bytes = pool_bytes(pool)  # [num_blocks, block_nbytes] uint8
-        prefault(self.bytes)  # first-touch faults now, not mid-transfer
+        prefault_behind(self.bytes)  # first-touch faults before transfers, off the start's path
         self._config = config
         self._worker = config.worker()
         self._ledger: Ledger[_Piece] = Ledger(self.bytes.shape[0])

@@ -4,7 +4,8 @@ decode_service/servicer.py), and the router's gRPC clients turn those back into 
 (router/grpc_clients.py) for the flow (router/flow.py).
 
     decode:   Reserved (the router sees it as a Reservation, with where to send), Tokens ...,
-              Preempted (preempted, swapped in, resumed), Finished or Departed
+              Preempted (preempted, swapped in, resumed), Finished or Departed; an Attach call's
+              first: Attached
     prefill:  Chunk ..., FirstToken
     either:   Failed (on the worker only: its stream ends with the error's status)
 """
@@ -83,10 +84,19 @@ class FirstToken:
 
 
 @dataclass(frozen=True)
+class Attached:
+    """(A decode call's first event, by Attach: pdserve/reattach.py.) The request's tokens so far;
+    `attachment` numbers the call among the request's anchors (its Decode call 0)."""
+
+    token_ids: tuple[int, ...]
+    attachment: int
+
+
+@dataclass(frozen=True)
 class Failed:
     """The request cannot go on here (a transfer failed, a deadline passed)."""
 
     error: Exception
 
 
-Event = Reserved | Tokens | Finished | Departed | Preempted | Chunk | FirstToken | Failed
+Event = Reserved | Tokens | Finished | Departed | Preempted | Chunk | FirstToken | Attached | Failed

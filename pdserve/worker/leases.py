@@ -6,7 +6,8 @@
 
 A lease ends exactly once; `reclaim(reason)` gives the resource back (or makes its owner give
 it back). `renew` moves the limit (a reservation's KV deadline between pieces). Every end is
-counted by kind and reason, and logged when the limit took it. Runs on the event loop.
+counted by kind and reason, and logged when the limit took it (but for a kind whose limit is its
+usual end: a finished request's result kept for a re-attach). Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ class LeaseKind(enum.Enum):
     HOLD = "hold"  # blocks a KV send reads (a prefill piece, a departed request's move); owner: that send
     RESERVATION = "reservation"  # decode: blocks a prefill worker writes; owner: the router's Decode stream
     QUARANTINE = "quarantine"  # decode: blocks a withdrawn receive may still write; owner: the transport
+    ORPHAN = "orphan"  # decode: a request whose router's stream broke, kept for a re-attach; owner: none (the grace)
+    RESULT = "result"  # decode: a finished request's tokens and end (no block), kept for a re-attach; owner: none
+
+
+ROUTINE_EXPIRY = frozenset({LeaseKind.RESULT})  # kinds whose limit is their usual end: not logged
 
 
 class Reclaim(enum.Enum):
@@ -104,7 +110,7 @@ class Leases:
     def _ended(self, lease: Lease) -> None:
         self._live[lease.kind].discard(lease)
         self.ends[lease.kind, lease.ended] += 1
-        if lease.ended is Reclaim.EXPIRED:
+        if lease.ended is Reclaim.EXPIRED and lease.kind not in ROUTINE_EXPIRY:
             log.warning("%s lease of %s (%d blocks) expired: reclaimed", lease.kind.value, lease.owner, lease.blocks)
         for listener in self._listeners:
             listener(lease.kind, lease.ended)

@@ -15,6 +15,7 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.engine.faults import injector_from_env
 from pdserve.parallel.watch import RankWatch
+from pdserve.start_phases import StartPhases
 
 
 @dataclass(frozen=True)
@@ -57,15 +58,17 @@ class WorkerRuntime:
         self.engine.loaded.ranks.close()
 
 
-def build_runtime(config: RuntimeConfig, hold_blocks: bool) -> WorkerRuntime:
+def build_runtime(config: RuntimeConfig, hold_blocks: bool, phases: StartPhases | None = None) -> WorkerRuntime:
     """The engine on its own thread, started on the running event loop; `hold_blocks` for a
-    prefill worker (its blocks held until their KV was sent)."""
+    prefill worker (its blocks held until their KV was sent); `phases`: the start's phase log."""
     if config.threads:
         torch.set_num_threads(config.threads)
-    engine = Engine(config.engine, hold_blocks=hold_blocks)
+    engine = Engine(config.engine, hold_blocks=hold_blocks, phases=phases)
     _quiet_gc()
     async_engine = AsyncEngine(engine, faults=injector_from_env(os.environ))
     async_engine.start(asyncio.get_running_loop())
+    if phases is not None:
+        phases.done("engine thread")
     return WorkerRuntime(engine, async_engine)
 
 

@@ -66,6 +66,7 @@ class WorkerService:
         """Stop serving (calls still running after grace_s are cancelled), then everything beneath."""
         self.registration.stop()
         self.feed.stop()
+        self.drainer.stopping()
         await self.server.stop(grace_s)
         for transfer in self.transfers:
             await transfer.close()

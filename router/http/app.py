@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP door: aiohttp on the router's event loop, in front of the same
 gateway as the gRPC door.
 
-    POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
+    POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE]; each
+                                event's id `<request id>/<tokens sent>`: POSTed again with it as
+                                Last-Event-ID, the stream goes on after it, at any router)
     GET  /v1/models             GET  /health, /ready   200 while a prefill and a decode worker pair, else 503
                                 GET  /live            200 while the process answers (a liveness probe)
     POST /tokenize              POST /detokenize         GET /version   (router/http/tokens.py)
@@ -125,7 +127,8 @@ class HttpApi:
             merged(self.gateway, generations, openai.ask.count.n)
         traced = dict(generation.trace.metadata())  # W3C trace context out: the request's root span
         if openai.stream:
-            return await self._stream(request, outputs, reply, openai.include_usage, traced)
+            ids = EventIds(generation.request_id, openai.ask.resume.from_token if openai.ask.resume else 0)
+            return await self._stream(request, outputs, reply, openai.include_usage, traced, ids)
         try:
             whole = [output async for output in outputs]
         except Exception as exc:
@@ -133,7 +136,7 @@ class HttpApi:
         return web.json_response(reply.whole(whole), headers=traced)
 
     async def _stream(self, request: web.Request, outputs: AsyncIterator[Output], reply: Reply,
-                      include_usage: bool, headers: dict[str, str]) -> web.StreamResponse:
+                      include_usage: bool, headers: dict[str, str], ids: EventIds) -> web.StreamResponse:
         """The headers go out with the first output: a request refused or failed before it (an
         admission's 429 with Retry-After) is answered with its status, as a whole response is."""
         try:
@@ -146,14 +149,14 @@ class HttpApi:
             async with sse_response(request, allow_all_methods=True, headers=headers) as events:  # POST, as OpenAI streams
                 try:
                     if first_output is not None:
-                        await events.send(json.dumps(reply.chunk(first_output)))
+                        await events.send(json.dumps(reply.chunk(first_output)), id=ids.after(first_output))
                     async for output in outputs:
-                        await events.send(json.dumps(reply.chunk(output)))
+                        await events.send(json.dumps(reply.chunk(output)), id=ids.after(output))
                     if include_usage:
-                        await events.send(json.dumps(reply.usage_chunk()))
+                        await events.send(json.dumps(reply.usage_chunk()), id=ids.now)
                 except Exception as exc:  # the headers are out: the error is the stream's last event
-                    await events.send(json.dumps(error_of(exc)[1]))
-                await events.send("[DONE]")
+                    await events.send(json.dumps(error_of(exc)[1]), id=ids.now)
+                await events.send("[DONE]", id=ids.now)
             return events
         finally:
             await outputs.aclose()
@@ -189,6 +192,23 @@ class HttpApi:
         if not isinstance(body, dict):
             raise InvalidRequestError("the body must be a JSON object")
         return body
+
+
+class EventIds:
+    """Each event's SSE id: `<request id>/<tokens the client has after it>`, what Last-Event-ID
+    sends back to continue after it."""
+
+    def __init__(self, request_id: str, tokens: int):
+        self.request_id = request_id
+        self.tokens = tokens
+
+    def after(self, output: Output) -> str:
+        self.tokens += len(output.token_ids)
+        return self.now
+
+    @property
+    def now(self) -> str:
+        return f"{self.request_id}/{self.tokens}"
 
 
 def _metadata(request: web.Request) -> tuple[tuple[str, str], ...]:

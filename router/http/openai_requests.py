@@ -7,7 +7,12 @@ answer a request alike. pdserve's own settings are extra body fields, as vLLM ta
 or vLLM's `structured_outputs` and `guided_*` (router/http/structured.py); a chat's `tools`,
 `tool_choice` and `parallel_tool_calls`, and its messages' tool calls and results
 (router/http/tools.py). The `x-pdserve-priority`
-header, set by a gateway, wins over the body's.
+header, set by a gateway, wins over the body's. The request id is the `X-Request-Id` header's (else
+the body's `request_id`, else the router's own). A streamed request whose stream broke continues,
+at any router of a tier, when POSTed again with the same body and the standard `Last-Event-ID`
+header: the id of the last event the client got, `<request id>/<tokens it has>` (every event of a
+stream carries one), by the decode worker that still holds the request (pdserve/reattach.py);
+none holds it: 404 (the client's text is not its tokens, so nothing else can go on from it).
 Sizes (messages, token ids, stop strings) are the gateway's to check, as for the gRPC door.
 """
 
@@ -20,14 +25,15 @@ from dataclasses import dataclass
 from pdserve.errors import InvalidRequestError
 from pdserve.requests import Constraint, Priority, SamplingParams
 from pdserve.tokenizer import ChatMessage
-from router.asks import (Ask, AskSizes, ChatPrompt, Prompt, SampleCount, TextPrompt, TokenPrompt, check_count,
-                         sizes_of)
+from router.asks import (Ask, AskSizes, ChatPrompt, Prompt, Resume, SampleCount, TextPrompt, TokenPrompt,
+                         check_count, sizes_of)
 from router.http.fields import Body, boolean, integer, integers, number, string, strings, unsupported
 from router.http.structured import constraint_of
 from router.http.tools import ToolUse, tool_message, tool_use
 
 PRIORITY_HEADER = "x-pdserve-priority"
 REQUEST_ID_HEADER = "x-request-id"
+LAST_EVENT_HEADER = "last-event-id"
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 _NOT_IMPLEMENTED = {"functions": [], "suffix": ""}
 _NOT_FOR_COMPLETIONS = {"tools": [], "tool_choice": "none"}  # tools are a chat's
@@ -101,6 +107,8 @@ def completion_request(body: Body, headers, model: str) -> OpenAIRequest:
         raise InvalidRequestError("echo is served for one prompt per request")
     request = _request(body, headers, model, first, integer(body, "max_tokens", None), logprobs, chat=False)
     request = dataclasses.replace(request, more=tuple(more))
+    if more and request.ask.resume is not None:
+        raise InvalidRequestError("a completion of several prompts cannot be continued (Last-Event-ID)")
     if echo and logprobs is not None:  # the prompt's tokens' log-probabilities come first
         sampling = dataclasses.replace(request.ask.sampling, prompt_logprobs=logprobs)
         request = dataclasses.replace(request, ask=dataclasses.replace(request.ask, sampling=sampling))
@@ -133,8 +141,9 @@ def _request(body: Body, headers, model: str, prompt: Prompt, max_tokens: int | 
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidRequestError("stream_options must be an object")
+    request_id, resume = _continued(headers, _request_id(body, headers), boolean(body, "stream", False), tools)
     return OpenAIRequest(
-        Ask(prompt, sampling, _priority(body, headers), _request_id(body, headers), count), chat,
+        Ask(prompt, sampling, _priority(body, headers), request_id, count, resume), chat,
         string(body, "model", model) or model, boolean(body, "stream", False),
         boolean(options, "include_usage", False), logprobs is not None, tools)
 
@@ -225,3 +234,21 @@ def _priority(body: Body, headers) -> Priority:
 
 def _request_id(body: Body, headers) -> str:
     return headers.get(REQUEST_ID_HEADER) or string(body, "request_id", "") or ""
+
+
+def _continued(headers, request_id: str, stream: bool, tools: ToolUse | None) -> tuple[str, Resume | None]:
+    """The request's id and, with a Last-Event-ID (`<request id>/<tokens>`), where it goes on."""
+    last = headers.get(LAST_EVENT_HEADER)
+    if last is None:
+        return request_id, None
+    named, _, count = last.rpartition("/")
+    if not named or not count.isdigit():
+        raise InvalidRequestError(f"Last-Event-ID must be <request id>/<tokens> as this server's events name "
+                                  f"them, got {last[:64]!r}")
+    if request_id and request_id != named:
+        raise InvalidRequestError(f"Last-Event-ID names request {named[:64]!r}, X-Request-Id {request_id[:64]!r}")
+    if not stream:
+        raise InvalidRequestError("Last-Event-ID continues a stream: set stream true")
+    if tools is not None:
+        raise InvalidRequestError("a chat with tools cannot be continued (Last-Event-ID)")
+    return named, Resume(int(count))

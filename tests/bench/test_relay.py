@@ -43,6 +43,12 @@ def relay(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def plain_relay(tmp_path_factory):
+    """The router without event feeds: every stream's events on its own Decode call."""
+    yield from _relay(tmp_path_factory.mktemp("plain-relay"), "--event-feeds", "off")
+
+
+@pytest.fixture(scope="module")
 def paced_relay(tmp_path_factory):
     """The router with --stream-interval 3: a message per 3 tokens after the first."""
     yield from _relay(tmp_path_factory.mktemp("paced-relay"), "--stream-interval", "3")
@@ -78,9 +84,11 @@ def test_a_request_id_carries_its_pace():
     assert fake_workers.interval_of("another-id", 1.0) == 1.0
 
 
+@pytest.mark.parametrize("feeds", [True, False])
 @pytest.mark.parametrize("door", ["grpc", "http"])
-def test_a_stream_through_each_door_arrives_whole_and_in_order(relay, ids, door):
-    stream = _one(relay, door, relay_id(0.002, f"test-{door}"), ids)
+def test_a_stream_through_each_door_arrives_whole_and_in_order(request, ids, door, feeds):
+    relay = request.getfixturevalue("relay" if feeds else "plain_relay")
+    stream = _one(relay, door, relay_id(0.002, f"test-{door}-{feeds}"), ids)
     assert stream.finish == "length"
     assert len(stream.received) == TOKENS and in_order(stream, ids)
     assert stream.received == sorted(stream.received)

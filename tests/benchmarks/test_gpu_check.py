@@ -58,6 +58,15 @@ def test_half_precision_against_float32(tiny_model, half, tolerance):
 
 
 @pytest.mark.timeout(300)
+def test_deterministic_mode_alone_against_together(tiny_model):
+    from benchmarks.gpu.deterministic import deterministic_row
+
+    row = deterministic_row(CPU, tiny_model, new_tokens=6, questions=("Hello!", "Tell me a story about a fox."))
+    assert row.verdict is Verdict.OK, row.result
+    assert row.check == "deterministic: float32 (query/native)" and "2/2 bitwise equal" in row.result
+
+
+@pytest.mark.timeout(300)
 def test_swap_under_a_tight_pool_keeps_every_token(tiny_model):
     row = swap_row(CPU, tiny_model, new_tokens=12, questions=("Hello!", "Tell me a story about a fox."))
     assert row.verdict is Verdict.OK, row.result

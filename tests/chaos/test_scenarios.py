@@ -67,3 +67,15 @@ def test_a_short_no_fault_run_gets_the_faults_that_fit_and_says_so(capsys):
     faults = schedule_for(config("default", {}), 11.9)  # 4 faults do not fit in 2-9.5 s
     assert 1 <= len(faults) < 4
     assert f"{len(faults)} of 4 faults fit" in capsys.readouterr().err
+
+
+def test_a_deterministic_fleet_runs_its_workers_so_and_is_judged_exactly():
+    from pdserve.chaos.ties import StrictJudge, choose
+    from pdserve.cli.chaos import NOT_SETTINGS
+
+    args = build_parser().parse_args(["chaos", "--deterministic"])
+    c = config(args.scenario, {k: v for k, v in vars(args).items() if k not in NOT_SETTINGS and v is not None})
+    assert c.fleet.deterministic and "--deterministic" in c.fleet.engine_argv()
+    assert "--deterministic" not in config("default", {}).fleet.engine_argv()
+    judge = choose(c.ties, deterministic=c.fleet.deterministic)
+    assert isinstance(judge, StrictJudge) and "exact equality" in judge.describe()

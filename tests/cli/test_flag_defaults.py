@@ -62,6 +62,20 @@ def test_max_num_seqs_bounds_the_requests_a_worker_runs(monkeypatch):
         engine_config(main.build_parser().parse_args(["decode", "--max-num-seqs", "0"]))
 
 
+def test_deterministic_reaches_every_engine_and_up_passes_it_on():
+    from pdserve.cli import up
+
+    for command in (["decode"], ["prefill"], ["generate", "hi"]):
+        assert not engine_config(main.build_parser().parse_args(command)).deterministic
+        assert engine_config(main.build_parser().parse_args([*command, "--deterministic"])).deterministic
+    for command in ("up", "serve"):
+        argv = up.worker_argv(main.build_parser().parse_args([command, "--deterministic", "--cluster-token-file", "t"]),
+                              "decode")
+        assert "--deterministic" in argv
+    assert "--deterministic" not in up.worker_argv(main.build_parser().parse_args(["up", "--cluster-token-file", "t"]),
+                                                   "decode")
+
+
 def test_serve_takes_the_model_first_and_every_up_flag(monkeypatch):
     from pdserve.cli import up
 
@@ -94,3 +108,18 @@ def test_up_puts_each_of_its_routers_on_ports_of_its_own_in_front_of_the_same_wo
     assert _defaults(["up"], monkeypatch)["routers"] == 1
     with pytest.raises(SystemExit):
         main.build_parser().parse_args(["up", "--routers", "0"])
+
+
+@pytest.mark.timeout(30)
+def test_chunks_sized_by_time_reach_the_scheduler_and_up_passes_them_on():
+    from pdserve.cli import up
+
+    scheduler = engine_config(main.build_parser().parse_args(["decode"])).scheduler
+    assert (scheduler.chunking, scheduler.step_time_target_s, scheduler.min_chunk_tokens) == ("tokens", 0.1, 32)
+    flags = ["--chunking", "time", "--step-time-target-ms", "50", "--min-chunk-tokens", "16"]
+    scheduler = engine_config(main.build_parser().parse_args(["prefill", *flags])).scheduler
+    assert (scheduler.chunking, scheduler.step_time_target_s, scheduler.min_chunk_tokens) == ("time", 0.05, 16)
+    argv = up.worker_argv(main.build_parser().parse_args(["up", *flags, "--cluster-token-file", "t"]), "decode")
+    assert all(flag in argv for flag in ("--chunking", "time", "--step-time-target-ms", "50.0", "--min-chunk-tokens"))
+    with pytest.raises(SystemExit, match="step-time-target-ms"):
+        engine_config(main.build_parser().parse_args(["decode", "--step-time-target-ms", "0"]))

@@ -1,8 +1,11 @@
 """An in-process Generation service that answers by the prompt's text, for the client's tests.
 
-    "count": max_tokens messages of one token each, then LENGTH with usage
+    "count": max_tokens messages of one token each (token i is i), then LENGTH with usage; a
+             continued stream (resume_from_token) from there on
     "hold": one token, then holds the call open until the client ends it
     "bad": INVALID_ARGUMENT
+A router made with `dies_after=k` ends every stream UNAVAILABLE after its k-th token, as a router
+that died would.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ class Seen:
 
 
 class FakeGeneration(generation_pb2_grpc.GenerationServicer):
-    def __init__(self) -> None:
+    def __init__(self, dies_after: int | None = None) -> None:
         self.calls: list[Seen] = []
         self.arrived = threading.Event()
+        self.dies_after = dies_after
 
     def Generate(self, request, context):
         seen = Seen(request, dict(context.invocation_metadata()))
@@ -44,7 +48,9 @@ class FakeGeneration(generation_pb2_grpc.GenerationServicer):
             yield pb.GenerateResponse(request_id=request.request_id, token_ids=[1], text="a")
             seen.ended.wait(HOLD_S)
             return
-        for i in range(request.sampling.max_tokens):
+        for i in range(request.resume_from_token, request.sampling.max_tokens):
+            if i == self.dies_after:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
             yield pb.GenerateResponse(request_id=request.request_id, token_ids=[i], text=f"{i} ")
         yield pb.GenerateResponse(request_id=request.request_id, finish_reason=pb.FINISH_REASON_LENGTH,
                                   usage=pb.Usage(prompt_tokens=1, completion_tokens=request.sampling.max_tokens))
@@ -56,8 +62,8 @@ class FakeGeneration(generation_pb2_grpc.GenerationServicer):
 class FakeRouter:
     """The service on a free loopback port, for a `with` block."""
 
-    def __init__(self) -> None:
-        self.service = FakeGeneration()
+    def __init__(self, dies_after: int | None = None) -> None:
+        self.service = FakeGeneration(dies_after)
         self._server = grpc.server(futures.ThreadPoolExecutor(4))
         generation_pb2_grpc.add_GenerationServicer_to_server(self.service, self._server)
         self.target = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"

@@ -107,3 +107,29 @@ def test_the_async_stream_is_sent_at_once_and_cancels(router):
     assert whole.token_ids == [0, 1, 2] and whole.finish_reason == "length"
     assert first.token_ids == (1,) and code == "CANCELLED"
     assert router.last_call().ended.wait(10)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_given_several_routers_a_stream_goes_on_at_the_next_after_the_tokens_it_has(asynchronous):
+    with FakeRouter(dies_after=3) as dying, FakeRouter() as other:
+        if asynchronous:
+            async def main():
+                async with AsyncClient([dying.target, other.target]) as client:
+                    return await client.generate("count", max_tokens=8)
+
+            answer = asyncio.run(main())
+        else:
+            with Client(f"{dying.target},{other.target}") as client:
+                answer = client.generate("count", max_tokens=8)
+        first, then = dying.last_call().request, other.last_call().request
+    assert answer.token_ids == list(range(8)) and answer.finish_reason == "length"
+    assert first.request_id and then.request_id == first.request_id  # an id it is continued by
+    assert not first.HasField("resume_from_token")
+    assert then.resume_from_token == 3 and list(then.prior_token_ids) == [0, 1, 2]
+
+
+def test_with_one_router_a_stream_whose_router_went_away_fails_unavailable():
+    with FakeRouter(dies_after=3) as dying, Client(dying.target) as client:
+        with pytest.raises(PdserveError) as failed:
+            client.generate("count", max_tokens=8)
+    assert failed.value.code == "UNAVAILABLE" and len(dying.service.calls) == 1

@@ -17,6 +17,7 @@ from router.clients import WorkerJob
 from router.flow import RequestFlow
 from router.flow_types import FlowConfig, Job, NewTokens
 from router.grpc_clients import GrpcWorkerClients
+from router.stream import Pumped
 from router.workers import WorkerPool
 from tests.helpers.cluster import cluster_token_file
 from tests.helpers.worker_stats import wait_no_active_blocks
@@ -88,7 +89,7 @@ def test_a_resume_on_a_decode_worker_continues_the_logprobs_without_repeating(se
     async def body(pool, clients):
         job = WorkerJob("logprobs-resume@1.x", prompt, SAMPLING, Priority.NORMAL, 10.0,
                         expected.token_ids[:done], timeout_s=120.0)
-        call = clients.decode(service["decode"]).open(job, local_prefill=True)
+        call = Pumped(clients.decode(service["decode"]).open(job, local_prefill=True), service["decode"])
         tokens = []
         try:
             while not isinstance(event := await call.next(), Finished):

@@ -161,12 +161,15 @@ def test_curl_sees_server_sent_events_framed_as_openai_does(service, model):
     out = subprocess.run(["curl", "-sN", "-H", "content-type: application/json", "-d", body,
                           f"{service['http']}/v1/chat/completions"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    events = [e for e in out.stdout.split("\n\n") if e.strip()]
-    assert all(e.startswith("data: ") for e in events), events[:3]
-    assert events[-1] == "data: [DONE]"
-    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    events = [dict(line.split(": ", 1) for line in e.split("\n")) for e in out.stdout.split("\n\n") if e.strip()]
+    assert all(set(e) == {"id", "data"} for e in events), events[:3]
+    assert events[-1]["data"] == "[DONE]"
+    chunks = [json.loads(e["data"]) for e in events[:-1]]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    # every event's id: <request id>/<tokens sent so far> (what Last-Event-ID continues after)
+    named, counts = {e["id"].rpartition("/")[0] for e in events}, [int(e["id"].rpartition("/")[2]) for e in events]
+    assert len(named) == 1 and counts == sorted(counts) and 0 < counts[-1] <= 8
 
 
 def test_clients_that_disconnect_mid_stream_leave_no_block_behind(service, model):

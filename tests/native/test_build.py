@@ -61,6 +61,28 @@ def test_a_library_built_for_one_cpu_is_not_loaded_on_another(source, monkeypatc
     assert len(libraries(source)) == 2
 
 
+@pytest.mark.timeout(60)
+def test_a_library_built_behind_is_built_once_and_loaded_without_the_compiler(source, monkeypatch):
+    compiles = []
+    compile_now = build._compile
+    monkeypatch.setattr(build, "_compile", lambda *a: (compiles.append(a[1]), compile_now(*a)))
+    behind = build.build_behind([source])
+    assert load_library(source).pdserve_answer() == 42  # built here or waited for: either way once
+    behind.join(30)
+    assert not behind.is_alive()
+    assert compiles == [source] and len(libraries(source)) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_build_behind_is_left_for_the_load_to_report(source, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    behind = build.build_behind([source])
+    behind.join(30)
+    assert not behind.is_alive()
+    with pytest.raises(build.NativeBuildError, match="no C compiler"):
+        load_library(source)
+
+
 def test_a_missing_compiler_says_so(source, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler")
     with pytest.raises(build.NativeBuildError, match="no C compiler .no-such-compiler not found"):
@@ -85,6 +107,7 @@ def prebuilt(source, tmp_path, monkeypatch) -> Path:
 
 @X86
 def test_a_prebuilt_library_loads_without_a_compiler_and_builds_nothing(prebuilt, source):
+    build.build_behind([source]).join(30)
     assert load_library(source).pdserve_answer() == 42
     assert not (source.parent / "cache").exists()
 

@@ -5,7 +5,7 @@ from pdserve.v1 import generation_pb2 as pb
 EXPECTED_FIELDS = {
     "GenerateRequest": {
         "request_id": 1, "text": 2, "token_ids": 3, "messages": 4, "sampling": 5, "priority": 6, "n": 7,
-        "best_of": 8,
+        "best_of": 8, "resume_from_token": 9, "prior_token_ids": 10,
     },
     "TokenIds": {"ids": 1},
     "ChatMessages": {"messages": 1},

@@ -4,6 +4,10 @@
 clients. Its fake data plane carries a prefill worker's writes into a decode worker's
 reservation, unless the decode worker is dead, the reservation is gone, or the two are
 partitioned: then the prefill worker fails with its peer named (Culprit.PEER).
+
+`RouterLink` is one router's view of the fleet: `cut` (the router died), its calls end without
+ending their requests, and a reattachable request decoding there is orphaned for another router's
+link to find and attach (pdserve/reattach.py), as a real decode worker keeps it for its grace.
 """
 
 from __future__ import annotations
@@ -11,17 +15,20 @@ from __future__ import annotations
 import asyncio
 
 from pdserve.aborts import AbortScope, Owner
+from pdserve.reattach import HeldAttempt, prompt_digest
 from pdserve.requests import FinishReason
-from pdserve.worker.events import Chunk, Departed, Finished, FirstToken, Tokens
+from pdserve.worker.events import Attached, Chunk, Departed, Finished, FirstToken, Tokens
 from router.clients import Call, DecodeClient, Departure, MovedKV, PrefillClient, Reservation
 from router.clients import Culprit, FaultKind, WorkerClients, WorkerFault, WorkerJob, WorkerSnapshot
-from tests.router.fake_workers import FakeCall, FakeWorker, FleetConfig, Mode, Trigger, FakeSession, logprobs_at, token_at
+from tests.router.fake_workers import (FakeCall, FakeWorker, FleetConfig, Link, Mode, Trigger, FakeSession, logprobs_at,
+                                       token_at)
 
 
 class FakeDecodeClient(DecodeClient):
-    def __init__(self, worker: FakeWorker):
+    def __init__(self, worker: FakeWorker, link: Link | None = None):
         self.address = worker.address
         self.worker = worker
+        self.link = link
 
     def open(self, job: WorkerJob, local_prefill: bool) -> Call:
         w, size = self.worker, self.worker.fleet.config.block_size
@@ -33,8 +40,10 @@ class FakeDecodeClient(DecodeClient):
         except WorkerFault as fault:
             return FakeCall(w, None, fault)
         session.received = asyncio.get_running_loop().create_future()
+        session.prompt, session.reattachable, session.local = job.prompt, job.reattachable, local_prefill
+        session.tokens.extend(job.output_token_ids)
         w.run(session, self._serve(job, session, local_prefill))
-        return FakeCall(w, session)
+        return FakeCall(w, session, link=self.link)
 
     async def _serve(self, job: WorkerJob, session: FakeSession, local: bool):
         w = self.worker
@@ -50,7 +59,7 @@ class FakeDecodeClient(DecodeClient):
             yield Reservation(transfer_id, "fake", w.address.encode(), tuple(range(session.blocks)),
                               w.fleet.config.block_size, 1, w.address, b"fake", session.blocks)
             await w.step(session, "reserved")
-            await session.received
+            session.tokens.append(await session.received)
             await w.step(session, "received")
             start = len(job.output_token_ids) + 1  # the prefill worker sent the token after them
         for index in range(start, job.sampling.max_tokens):
@@ -62,17 +71,19 @@ class FakeDecodeClient(DecodeClient):
                 session.departing.set_result(index)
                 w.fleet.fire(w, session, "departed")
                 return
-            yield Tokens((token_at(job.prompt, index) + w.skew,), logprobs_at(job.prompt, index, job.sampling.logprobs))
+            session.tokens.append(token_at(job.prompt, index) + w.skew)
+            yield Tokens((session.tokens[-1],), logprobs_at(job.prompt, index, job.sampling.logprobs))
         await w.step(session, "last")
         yield Finished(FinishReason.LENGTH, 0, 0)
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return self.worker.cached_prefix(token_ids)
 
-    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float) -> Departure:
+    async def depart(self, worker_id: str, keep_kv_s: float | None, timeout_s: float,
+                     attachment: int = 0) -> Departure:
         w = await self._reachable()
         session = w.sessions.get(worker_id)
-        if session is None or session.closed:
+        if session is None or session.closed or session.attachment != attachment:
             return Departure(False, 0, f"no request {worker_id!r} is running here")
         if session.received is not None and not session.received.done():
             return Departure(False, 0, "its KV is still arriving")
@@ -95,6 +106,40 @@ class FakeDecodeClient(DecodeClient):
         finally:
             w.release(worker_id)
         return MovedKV(len(target.block_ids) - target.cached_blocks, len(target.block_ids) - target.cached_blocks, 0.0)
+
+    async def find(self, owner: Owner, digest: bytes, timeout_s: float) -> list[HeldAttempt] | None:
+        try:
+            w = await self._reachable()
+        except WorkerFault:
+            return None
+        return [HeldAttempt(s.worker_id, tuple(s.tokens), s.attachable, s.orphaned, s.attachment, w.address)
+                for s in w.sessions.values()
+                if s.owner == owner and not s.closed and prompt_digest(s.prompt) == digest]
+
+    def attach(self, job: WorkerJob) -> Call:
+        w = self.worker
+        session = w.sessions.get(job.request_id)
+        if w.killed or session is None or session.closed or session.owner != job.owner or not session.attachable:
+            return FakeCall(w, None, WorkerFault(FaultKind.LOST, w.address, f"{w.address}: no attachable "
+                                                 f"{job.request_id!r}", Culprit.NOBODY))
+        previous, session.events = session.events, asyncio.Queue()
+        if not session.orphaned:  # its router only stalled: its call ends, the request goes on here
+            previous.put_nowait(WorkerFault(FaultKind.TAKEN, w.address, "attached elsewhere", Culprit.NOBODY))
+        session.orphaned, session.attachment = False, session.attachment + 1
+        session.events.put_nowait(Attached(tuple(session.tokens), session.attachment))
+        return FakeCall(w, session, link=self.link)
+
+    async def abort_attempt(self, worker_id: str, attachment: int, timeout_s: float) -> bool | None:
+        try:
+            w = await self._reachable()
+        except WorkerFault:
+            return None
+        session = w.sessions.get(worker_id)
+        if session is None or session.closed or session.attachment != attachment:
+            return False
+        session.events.put_nowait(WorkerFault(FaultKind.ABORTED, w.address, "aborted", Culprit.NOBODY))
+        session.closed = True
+        return True
 
     async def _reachable(self) -> FakeWorker:
         """The worker, if a unary call reaches it: GONE when killed, or after the keepalive when stalled."""
@@ -187,6 +232,8 @@ class FakeFleet(WorkerClients):
             worker.slow = t.factor
         elif t.mode == Mode.FAIL:
             raise WorkerFault(FaultKind.FAILED, worker.address, f"{worker.address}: internal error (injected)")
+        elif t.mode == Mode.CALL:
+            t.then_call()
         elif t.mode == Mode.PARTITION:
             self.partitions |= {(worker.address, d) for d, w in self.workers.items() if w.role == "decode"}
 
@@ -210,6 +257,10 @@ class FakeFleet(WorkerClients):
         if not session.received.done():
             session.received.set_result(first_token)
 
+    def link(self) -> RouterLink:
+        """A router's own connection to this fleet (cut it: the router died)."""
+        return RouterLink(self)
+
     # ---- WorkerClients ----
 
     def decode(self, address: str) -> DecodeClient:
@@ -232,6 +283,32 @@ class FakeFleet(WorkerClients):
         if worker.stalled:
             await asyncio.sleep(timeout_s)
         return None if worker.killed or worker.stalled else worker.abort(owner, scope)
+
+    async def forget(self, address: str) -> None:
+        return None
+
+
+class RouterLink(WorkerClients):
+    """One router's connection to a FakeFleet; `cut` once the router is gone."""
+
+    def __init__(self, fleet: FakeFleet):
+        self.fleet = fleet
+        self.cut = False
+
+    def decode(self, address: str) -> DecodeClient:
+        return FakeDecodeClient(self.fleet.workers[address], self)
+
+    def prefill(self, address: str) -> PrefillClient:
+        return self.fleet.prefill(address)
+
+    async def stats(self, address: str, role: str, timeout_s: float) -> WorkerSnapshot:
+        return await self.fleet.stats(address, role, timeout_s)
+
+    async def set_role(self, address: str, role: str, timeout_s: float) -> tuple[str, str]:
+        return await self.fleet.set_role(address, role, timeout_s)
+
+    async def abort(self, address: str, role: str, owner: Owner, scope: AbortScope, timeout_s: float) -> bool | None:
+        return await self.fleet.abort(address, role, owner, scope, timeout_s)
 
     async def forget(self, address: str) -> None:
         return None

@@ -14,6 +14,7 @@ Faults (`Trigger`), at any point a request passes on a worker:
     SLOW       every step takes `factor` times longer from now on
     PARTITION  the prefill worker can no longer reach the decode worker of this request
     FAIL       an internal error fails this one request on the worker (FAILED)
+    CALL       `then_call()` runs there (a test's own fault elsewhere: a router's death)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +56,7 @@ class Mode(enum.Enum):
     SLOW = "slow"
     PARTITION = "partition"
     FAIL = "fail"
+    CALL = "call"
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Trigger:
     factor: float = 4.0  # SLOW
     then: Trigger | None = None  # armed the moment this one fires (a second fault where the first leads)
     fired: bool = False
+    then_call: Callable[[], None] | None = None  # CALL
 
 
 class _Killed(Exception):
@@ -85,6 +89,17 @@ class FakeSession:
     departing: asyncio.Future | None = None  # decode: Depart asked; resolved with the tokens generated then
     keep_kv_s: float | None = None  # ... and how long its KV waits for MoveKV (None: given back)
     owner: Owner | None = None  # the client's request (an Abort through any router ends it)
+    prompt: tuple[int, ...] = ()  # decode: its prompt, and every token it generated (resumed ones first)
+    tokens: list[int] = field(default_factory=list)
+    reattachable: bool = False  # decode: a call of a cut router orphans it (RouterLink), another may attach it
+    local: bool = False  # decode: it prefills itself
+    orphaned: bool = False  # its router was cut while it decoded: it goes on, for another router to attach
+    attachment: int = 0  # its anchor now: each attach the next
+
+    @property
+    def attachable(self) -> bool:
+        return self.reattachable and (self.local or (self.received is not None and self.received.done()
+                                                     and not self.received.cancelled()))
 
 
 @dataclass
@@ -267,14 +282,26 @@ class FakeWorker:
                               self.next_role, self.elastic, self.identity)
 
 
+class Link(Protocol):
+    """A router's connection to the workers (fake_fleet.py's RouterLink): cut, its calls end
+    without closing their requests, as a router's death leaves them."""
+
+    cut: bool
+
+
 class FakeCall(Call):
     """The caller's side of one call: a worker that is killed fails it at once, a stalled one
-    after the keepalive time; `close` tells the worker, which frees when it next runs."""
+    after the keepalive time; `close` tells the worker, which frees when it next runs (an
+    attachable decode request of a cut link is orphaned instead)."""
 
-    def __init__(self, worker: FakeWorker, session: FakeSession | None, refused: WorkerFault | None = None):
+    def __init__(self, worker: FakeWorker, session: FakeSession | None, refused: WorkerFault | None = None,
+                 link: Link | None = None):
         self.worker = worker
         self.session = session
         self.refused = refused
+        self.link = link
+        self._queue = session.events if session is not None else None
+        self._attachment = session.attachment if session is not None else 0
         self._done = False
 
     async def next(self) -> object:
@@ -284,7 +311,7 @@ class FakeCall(Call):
             raise StopAsyncIteration
         while True:
             try:
-                item = await asyncio.wait_for(self.session.events.get(), self.worker.fleet.config.keepalive_s)
+                item = await asyncio.wait_for(self._queue.get(), self.worker.fleet.config.keepalive_s)
             except asyncio.TimeoutError:
                 if self.worker.stalled:
                     self.close()
@@ -297,8 +324,13 @@ class FakeCall(Call):
             return item
 
     def close(self) -> None:
-        if self.session is not None:
-            _close(self.session)
+        session = self.session
+        if session is None or session.attachment != self._attachment:  # another router's since
+            return
+        if self.link is not None and self.link.cut and session.attachable:
+            session.orphaned = True
+            return
+        _close(session)
 
 
 def _close(session: FakeSession) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from pdserve.admission import AdmissionPolicy
 from pdserve.requests import Priority, SamplingParams
-from tests.router.fake_fleet import FakeFleet
+from tests.router.fake_fleet import FakeFleet, RouterLink
 from tests.router.fake_workers import FleetConfig, token_at
 from router.flow import RequestFlow
 from router.flow_types import Done, FlowConfig, Job, NewTokens
@@ -52,6 +53,29 @@ async def harness(prefill=PREFILL, decode=DECODE, identities=None, model=None, *
                         **moves)
     try:
         yield Harness(fleet, pool, RequestFlow(pool, fleet, config), incompatible)
+    finally:
+        await pool.stop()
+
+
+@dataclass
+class Router:
+    """One router of a tier over a fleet: its own link (cut: it died), pool and flow."""
+
+    link: RouterLink
+    pool: WorkerPool
+    flow: RequestFlow
+
+
+@asynccontextmanager
+async def router_of(h: Harness) -> AsyncIterator[Router]:
+    """A router beside the harness's, over the same fleet, as its flow is configured."""
+    link = h.fleet.link()
+    roles = {role: [w.address for w in h.pool.workers.values() if w.role == role] for role in ("prefill", "decode")}
+    pool = WorkerPool(link, roles["prefill"], roles["decode"], PoolConfig(poll_s=0.02, poll_timeout_s=0.05))
+    await pool.refresh()
+    pool.start()
+    try:
+        yield Router(link, pool, RequestFlow(pool, link, h.flow.config))
     finally:
         await pool.stop()
 

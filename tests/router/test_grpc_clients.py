@@ -6,7 +6,8 @@ import grpc
 import pytest
 
 from router.clients import Culprit, FaultKind
-from router.grpc_clients import FAULT_METADATA, fault_of
+from pdserve.rpc.errors import FAULT_METADATA
+from router.grpc_wire import fault_of
 
 
 def _error(code: grpc.StatusCode, trailing=()) -> grpc.aio.AioRpcError:

@@ -12,7 +12,7 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.worker.events import FirstToken, Tokens
 from prefill_service.servicer import _event_to_pb as prefill_event_to_pb
-from router.grpc_clients import _decode_event, _prefill_event
+from router.grpc_wire import decode_event, prefill_event
 
 LP = TokenLogprobs(7, -0.25, ((7, -0.25), (3, -1.5)))  # exact in float32
 
@@ -37,14 +37,14 @@ def test_decode_tokens_carry_aligned_logprobs():
     second = TokenLogprobs(9, -3.0)
     event = wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=[7, 9],
                                                     logprobs=[logprobs_to_pb(LP), logprobs_to_pb(second)]))
-    assert _decode_event(event) == Tokens((7, 9), (LP, second))
-    assert _decode_event(wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=[7]))) == Tokens((7,))
+    assert decode_event(event) == Tokens((7, 9), (LP, second))
+    assert decode_event(wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=[7]))) == Tokens((7,))
 
 
 def test_the_prefill_workers_first_token_carries_its_logprobs_when_asked():
     asked = prefill_event_to_pb(FirstToken(7, 0, 10, 1, 1, 0.5, 0.0, LP))
     silent = prefill_event_to_pb(FirstToken(7, 0, 10, 1, 1, 0.5, 0.0))
     assert not silent.done.HasField("first_token_logprobs")
-    first = _prefill_event(asked)
+    first = prefill_event(asked)
     assert isinstance(first, FirstToken) and (first.token_id, first.logprobs) == (7, LP)
-    assert _prefill_event(silent).logprobs is None
+    assert prefill_event(silent).logprobs is None

@@ -162,3 +162,25 @@ def test_echo_is_refused_where_it_cannot_be_served():
         completion_request({"prompt": "a", "echo": "yes"}, {}, "m")
     with pytest.raises(InvalidRequestError, match="echo is not supported"):
         _chat({"echo": True})
+
+
+def test_a_last_event_id_continues_the_stream_it_names_after_its_tokens():
+    r = _chat({"stream": True}, {"last-event-id": "story/1/17"})  # (the request id may hold a slash)
+    assert r.ask.request_id == "story/1" and r.ask.resume.from_token == 17 and r.ask.resume.prior is None
+    same = _chat({"stream": True}, {"last-event-id": "story/17", "x-request-id": "story"})
+    assert same.ask.request_id == "story" and same.ask.resume.from_token == 17
+    assert _chat({"stream": True}).ask.resume is None
+
+
+@pytest.mark.parametrize("body,headers,needle", [
+    ({"stream": True}, {"last-event-id": "story"}, "<request id>/<tokens>"),
+    ({"stream": True}, {"last-event-id": "story/x"}, "<request id>/<tokens>"),
+    ({"stream": True}, {"last-event-id": "story/3", "x-request-id": "other"}, "X-Request-Id"),
+    ({}, {"last-event-id": "story/3"}, "stream true"),
+    ({"stream": True, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     {"last-event-id": "story/3"}, "tools"),
+])
+def test_a_last_event_id_that_cannot_be_served_is_refused(body, headers, needle):
+    with pytest.raises(InvalidRequestError) as refused:
+        _chat(body, headers)
+    assert needle in str(refused.value)

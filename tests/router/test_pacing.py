@@ -52,10 +52,10 @@ async def _drain(pacer: Pacer, until) -> list:
     return items
 
 
-def _feed_one_by_one(queue: asyncio.Queue, items: list) -> asyncio.Task:
+def _feed_one_by_one(pacer: Pacer, items: list) -> asyncio.Task:
     async def feed():
         for item in items:
-            queue.put_nowait(item)
+            pacer.put(item)
             await asyncio.sleep(0)  # the reader runs between puts (it may still find several waiting)
 
     return asyncio.ensure_future(feed())
@@ -63,10 +63,10 @@ def _feed_one_by_one(queue: asyncio.Queue, items: list) -> asyncio.Task:
 
 def test_tokens_are_held_until_the_count_and_the_end_sends_the_rest():
     async def main():
-        queue, observed = asyncio.Queue(), []
-        pacer = Pacer(queue, StreamInterval(tokens=4), lambda i, e: observed.append(e))
+        observed = []
+        pacer = Pacer(StreamInterval(tokens=4), lambda i, e: observed.append(e))
         items = [_tokens(k) for k in range(1, 15)] + [(0, Done(None, 0, 0))]
-        feeder = _feed_one_by_one(queue, items)
+        feeder = _feed_one_by_one(pacer, items)
         out = await _drain(pacer, lambda item: isinstance(item[1], (Done, Ending)))
         await feeder
         return out, observed
@@ -82,12 +82,11 @@ def test_tokens_are_held_until_the_count_and_the_end_sends_the_rest():
 
 def test_held_tokens_go_out_when_their_time_passes_without_another_event():
     async def main():
-        queue = asyncio.Queue()
-        pacer = Pacer(queue, StreamInterval(seconds=0.05), lambda i, e: None)
-        queue.put_nowait(_tokens(1))
+        pacer = Pacer(StreamInterval(seconds=0.05), lambda i, e: None)
+        pacer.put(_tokens(1))
         first = await asyncio.wait_for(pacer.next(), WAIT_S)
-        queue.put_nowait(_tokens(2))
-        queue.put_nowait(_tokens(3))
+        pacer.put(_tokens(2))
+        pacer.put(_tokens(3))
         later = await _drain(pacer, lambda item: item[1].token_ids[-1] == 3)  # nothing more is put
         return first, later
 
@@ -98,10 +97,9 @@ def test_held_tokens_go_out_when_their_time_passes_without_another_event():
 
 def test_any_other_event_sends_the_held_tokens_before_it_and_the_end_with_it():
     async def main():
-        queue = asyncio.Queue()
-        pacer = Pacer(queue, StreamInterval(tokens=MAX_TOKENS), lambda i, e: None)
+        pacer = Pacer(StreamInterval(tokens=MAX_TOKENS), lambda i, e: None)
         for item in (_tokens(1), _tokens(2), (0, Milestone("departed", {})), _tokens(3), (0, Done(None, 0, 0))):
-            queue.put_nowait(item)
+            pacer.put(item)
             await asyncio.sleep(0)
         return await _drain(pacer, lambda item: isinstance(item[1], Ending))
 
@@ -113,11 +111,10 @@ def test_any_other_event_sends_the_held_tokens_before_it_and_the_end_with_it():
 
 def test_an_exception_ending_the_request_sends_every_samples_held_tokens_first():
     async def main():
-        queue = asyncio.Queue()
-        pacer = Pacer(queue, StreamInterval(tokens=MAX_TOKENS), lambda i, e: None)
+        pacer = Pacer(StreamInterval(tokens=MAX_TOKENS), lambda i, e: None)
         for item in ((0, NewTokens((1,))), (1, NewTokens((10,))), (0, NewTokens((2,))), (1, NewTokens((11,))),
                      asyncio.CancelledError()):
-            queue.put_nowait(item)
+            pacer.put(item)
             await asyncio.sleep(0)
         return await _drain(pacer, lambda item: isinstance(item, BaseException))
 
@@ -129,11 +126,33 @@ def test_an_exception_ending_the_request_sends_every_samples_held_tokens_first()
 
 def test_off_hands_each_event_over_as_it_comes():
     async def main():
-        queue, out = asyncio.Queue(), []
-        pacer = Pacer(queue, StreamInterval(), lambda i, e: None)
+        out = []
+        pacer = Pacer(StreamInterval(), lambda i, e: None)
         for k in range(1, 5):
-            queue.put_nowait(_tokens(k))
+            pacer.put(_tokens(k))
             out.append(await asyncio.wait_for(pacer.next(), WAIT_S))
         return out
 
     assert [e.token_ids for _, e in asyncio.run(main())] == [(1,), (2,), (3,), (4,)]
+
+
+def test_tokens_waiting_for_the_door_go_as_one_message_and_held_ones_never_wake_it():
+    async def main():
+        joined_off = Pacer(StreamInterval(), lambda i, e: None)
+        for item in (_tokens(1), _tokens(2), (1, NewTokens((10,))), _tokens(3)):
+            joined_off.put(item)  # the door is away: they wait
+        off = [await asyncio.wait_for(joined_off.next(), WAIT_S) for _ in range(3)]
+        by_count = Pacer(StreamInterval(tokens=4), lambda i, e: None)
+        for item in (_tokens(1), _tokens(2), _tokens(3)):
+            by_count.put(item)
+        first = await asyncio.wait_for(by_count.next(), WAIT_S)
+        held = asyncio.ensure_future(by_count.next())
+        await asyncio.sleep(0.05)  # nothing more is put: nothing is due, whatever the wait
+        waiting = not held.done()
+        by_count.put(_tokens(4))
+        by_count.put(_tokens(5))
+        return off, first, waiting, await asyncio.wait_for(held, WAIT_S)
+
+    off, first, waiting, due = asyncio.run(main())
+    assert off == [_tokens(1, 2), (1, NewTokens((10,))), _tokens(3)]
+    assert first == _tokens(1) and waiting and due == _tokens(2, 3, 4, 5)

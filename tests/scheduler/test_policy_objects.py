@@ -6,6 +6,7 @@ from pdserve.config import PreemptionConfig
 from pdserve.requests import PreemptionMode, Priority, Request
 from pdserve.scheduler.chunking import CappedChunks, WholePrompt
 from pdserve.scheduler.ordering import ArrivalOrder, PriorityOrder
+from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.preemption_mode import AlwaysRecompute, CostBasedMode
 from pdserve.scheduler.queue import Group, RequestQueue
 from pdserve.scheduler.stopping import stop_reason
@@ -108,15 +109,21 @@ def test_recompute_or_swap_by_thresholds_cost_and_host_room() -> None:
     assert AlwaysRecompute().choose(10**6, 10**6) == PreemptionMode.RECOMPUTE
 
 
+def plan(budget_left: int, step_tokens: int) -> StepPlan:
+    step = StepPlan(budget_left + step_tokens, now=0.0)
+    step.budget_left, step.num_tokens = budget_left, step_tokens
+    return step
+
+
 def test_chunk_policies() -> None:
     capped = CappedChunks(max_chunk_tokens=512)
-    assert capped.size(remaining=65536, budget_left=2048, step_tokens=0) == 512
-    assert capped.size(remaining=100, budget_left=2048, step_tokens=0) == 100
-    assert capped.size(remaining=100, budget_left=0, step_tokens=2048) == 0
+    assert capped.size(65536, 0, plan(budget_left=2048, step_tokens=0)) == 512
+    assert capped.size(100, 0, plan(budget_left=2048, step_tokens=0)) == 100
+    assert capped.size(100, 0, plan(budget_left=0, step_tokens=2048)) == 0
     whole = WholePrompt()
-    assert whole.size(remaining=5000, budget_left=2048, step_tokens=0) == 5000  # alone, over budget
-    assert whole.size(remaining=5000, budget_left=2000, step_tokens=48) == 0
-    assert whole.size(remaining=100, budget_left=2000, step_tokens=48) == 100
+    assert whole.size(5000, 0, plan(budget_left=2048, step_tokens=0)) == 5000  # alone, over budget
+    assert whole.size(5000, 0, plan(budget_left=2000, step_tokens=48)) == 0
+    assert whole.size(100, 0, plan(budget_left=2000, step_tokens=48)) == 100
 
 
 def test_stop_reason_order() -> None:

@@ -74,3 +74,21 @@ def test_a_stop_string_ends_at_the_same_token_in_any_grouping(smol, seed):
         one_by_one = _stream(smol, prompt, [[t] for t in ids], stops)
         assert _stream(smol, prompt, _groups(rng, ids), stops) == one_by_one
         assert one_by_one[:2] == (full[:full.index(stops[0])], True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_text_out_after_each_token_is_the_same_however_the_tokens_were_grouped(smol, seed):
+    """So a stream continued elsewhere after k tokens (pushed there at once) goes on where its text
+    was: bytes that never form a character (a random model's) included."""
+    rng = random.Random(seed)
+    byte_tokens = [t for t in range(smol.vocab_size) if smol.decode([t]) == "\ufffd"][:40]
+    ids = [rng.choice(byte_tokens) if rng.random() < 0.85 else rng.randrange(300, 2000) for _ in range(160)]
+    prompt = chat_prompt(smol)
+    for cut in (17, 80, 159):
+        one = IncrementalDetokenizer(smol, prompt)
+        by_one = "".join(one.push(t) for t in ids[:cut])
+        grouped = IncrementalDetokenizer(smol, prompt)
+        by_groups = "".join(grouped.push_many(g) for g in _groups(rng, ids[:cut]))
+        at_once = IncrementalDetokenizer(smol, prompt)
+        assert at_once.push_many(ids[:cut]) == by_groups == by_one
+        assert by_one + one.push_many(ids[cut:]) + one.flush() == smol.decode(ids)
