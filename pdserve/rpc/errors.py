@@ -126,7 +126,15 @@ def failure_of(exc: Exception) -> Failure:
     details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
     peer = exc.peer if isinstance(exc, PeerFault) else NOBODY if isinstance(exc, Withdrawn) else \
         SENDER if isinstance(exc, ChecksumMismatch) else ATTACHED if isinstance(exc, TakenOver) else None
-    return Failure(code, details or type(exc).__name__, peer, retry_after_of(exc))
+    return Failure(code, bounded(details or type(exc).__name__), peer, retry_after_of(exc))
+
+
+MAX_DETAILS = 2048  # characters of a status message: the trailers must stay under gRPC's 8 KB limit
+
+
+def bounded(details: str) -> str:
+    """A status message cut to MAX_DETAILS (an error may quote a request's ids: never all of them)."""
+    return details if len(details) <= MAX_DETAILS else details[:MAX_DETAILS - 16] + " ... (cut)"
 
 
 def retry_after_of(exc: BaseException) -> float | None:
