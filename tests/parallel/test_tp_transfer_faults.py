@@ -54,7 +54,7 @@ def test_a_decode_follower_killed_during_a_transfer_fails_its_worker_and_frees_t
         (follower,) = children(decode.pid)
         os.kill(follower, signal.SIGSTOP)
         thread, outcome = generate_in_background(client)
-        wait_until(lambda: sending(addresses), 30, "the prefill worker sending the stopped rank its share")
+        wait_until(lambda: sending(addresses), 120, "the prefill worker sending the stopped rank its share")
         os.kill(follower, signal.SIGKILL)
         thread.join(60)
         assert not thread.is_alive(), "the request hangs"
