@@ -56,12 +56,15 @@ def layer_kind(layers: Sequence[LayerAttention], layer: int) -> LayerAttention:
 PlanKey = tuple[int, LayerAttention]  # a layer group of the pool, a kind of attention
 
 
-def plan_keys(kv: KVCache, layers: Sequence[LayerAttention]) -> tuple[PlanKey, ...]:
-    """What a pass plans once each: the distinct (layer group, kind) of its layers, in first-use
-    order (one group, the kinds, for a pool of one group)."""
-    if not kv.groups.windowed:
-        return tuple((0, kind) for kind in attention_kinds(layers))
-    return tuple(dict.fromkeys(plan_key(kv, layers, layer) for layer in range(len(kv.groups.layer_group))))
+def layer_keys(kv: KVCache, layers: Sequence[LayerAttention]) -> tuple[PlanKey, ...]:
+    """Each layer's (layer group, kind): found once a pass, so `forward` only indexes it."""
+    return tuple(plan_key(kv, layers, layer) for layer in range(len(kv.groups.layer_group)))
+
+
+def plan_keys(keys: Sequence[PlanKey]) -> tuple[PlanKey, ...]:
+    """What a pass plans once each: the distinct (layer group, kind) of its layers' `keys`
+    (layer_keys), in first-use order."""
+    return tuple(dict.fromkeys(keys))
 
 
 def plan_key(kv: KVCache, layers: Sequence[LayerAttention], layer: int) -> PlanKey:

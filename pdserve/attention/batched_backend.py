@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, plan_key, plan_keys
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, layer_keys, plan_keys
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, block_tables, plan_pool_rows, pool_attention
 from pdserve.attention.torch_backend import Chunk, attend_chunk, plan_chunk
@@ -61,7 +61,7 @@ class BatchedTorchBackend(AttentionBackend):
         None later to stop using it, pdserve/attention/decode_kernel_probe.py)."""
         self.native = native
         self._plan: _Plan | None = None
-        self._layers: tuple[LayerAttention, ...] = ()
+        self._keys: tuple[PlanKey, ...] = ()  # each layer's (group, kind), set by begin
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
         if kv.data.dtype not in SUPPORTED_DTYPES:
@@ -69,7 +69,8 @@ class BatchedTorchBackend(AttentionBackend):
         if not kv.data.is_contiguous():
             raise ValueError("torch-batched attention reads the KV pool as one contiguous tensor")
         device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
-        self._layers, keys = tuple(layers), plan_keys(kv, layers)
+        self._keys = layer_keys(kv, layers)
+        keys = plan_keys(self._keys)
         views = {g: batch.group(g) for g in dict.fromkeys(g for g, _ in keys)}
         chunks = {(g, kind): tuple(plan_chunk(s, size, device, dtype, kind) for s in views[g].seqs if s.query_len > 1)
                   for g, kind in keys}
@@ -87,7 +88,7 @@ class BatchedTorchBackend(AttentionBackend):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         plan = self._plan
         assert plan is not None, "begin() must be called before forward()"
-        key = plan_key(kv, self._layers, layer)
+        key = self._keys[layer]
         if plan.native_writes:
             self.native.write(kv.data, layer, plan.slot_mapping[0], k, v)
         else:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, plan_key
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, layer_keys
 from pdserve.attention.batch import ForwardBatch
 from pdserve.attention.selection import HALF_DTYPES
 from pdserve.kv.kv_cache import KVCache
@@ -78,19 +78,19 @@ class FlashInferBackend(AttentionBackend):
         self._wrappers: dict[PlanKey, Any] = {(0, FULL_ATTENTION): self._new_wrapper()}
         self._batch: ForwardBatch | None = None
         self._layouts: dict[int, PagedLayout] = {}  # by layer group, made on first use
-        self._layers: tuple[LayerAttention, ...] = ()
+        self._keys: tuple[PlanKey, ...] = ()  # each layer's (group, kind), set by begin
         self._planned: set[PlanKey] = set()
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
         if kv.data.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"flashinfer attention needs a float16/bfloat16 KV pool, got {kv.data.dtype}")
         self._batch, self._layouts = batch, {}
-        self._layers = tuple(layers)
+        self._keys = layer_keys(kv, layers)
         self._planned = set()
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         assert self._batch is not None, "begin() must be called before forward()"
-        key = plan_key(kv, self._layers, layer)
+        key = self._keys[layer]
         view = self._batch.group(key[0])
         kv.write(layer, view.slot_mapping, k, v)
         if key[0] not in self._layouts:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, plan_key, plan_keys
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, layer_keys, plan_keys
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.kv.kv_cache import KVCache
 
@@ -88,10 +88,11 @@ class QueryAttentionBackend(AttentionBackend):
     def __init__(self, kernel: QueryKernel):
         self.kernel = kernel
         self._pass: _Pass | None = None
-        self._layers: tuple[LayerAttention, ...] = ()
+        self._keys: tuple[PlanKey, ...] = ()  # each layer's (group, kind), set by begin
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
-        self._layers, keys = tuple(layers), plan_keys(kv, layers)
+        self._keys = layer_keys(kv, layers)
+        keys = plan_keys(self._keys)
         views = {g: batch.group(g) for g in dict.fromkeys(g for g, _ in keys)}
         rows = {g: query_rows(view) for g, view in views.items()}
         plans = {key: self.kernel.plan(rows[key[0]], kv, key, views[key[0]].slot_mapping) for key in keys}
@@ -100,7 +101,7 @@ class QueryAttentionBackend(AttentionBackend):
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         step = self._pass
         assert step is not None, "begin() must be called before forward()"
-        plan = step.plans[plan_key(kv, self._layers, layer)]
+        plan = step.plans[self._keys[layer]]
         self.kernel.write(kv, layer, plan, k, v)
         return self.kernel.attend(q, kv, layer, plan)
 

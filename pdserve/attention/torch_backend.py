@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, plan_key, plan_keys
+from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, layer_keys, plan_keys
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.kv.kv_cache import KVCache
 
@@ -61,15 +61,15 @@ class TorchAttentionBackend(AttentionBackend):
 
     def __init__(self) -> None:
         self._plans: dict[PlanKey, _Plan] = {}
-        self._layers: tuple[LayerAttention, ...] = ()
+        self._keys: tuple[PlanKey, ...] = ()  # each layer's (group, kind), set by begin
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
-        self._layers = tuple(layers)
-        self._plans = {(g, kind): _plan(batch.group(g), kv, kind) for g, kind in plan_keys(kv, self._layers)}
+        self._keys = layer_keys(kv, layers)
+        self._plans = {(g, kind): _plan(batch.group(g), kv, kind) for g, kind in plan_keys(self._keys)}
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache) -> torch.Tensor:
         assert self._plans, "begin() must be called before forward()"
-        plan = self._plans[plan_key(kv, self._layers, layer)]
+        plan = self._plans[self._keys[layer]]
         kv.write(layer, plan.slot_mapping, k, v)
         cache = kv.layer(layer)  # [num_blocks, 2, block_size, kv_heads, head_dim]
         if plan.covers_all and plan.decodes:
