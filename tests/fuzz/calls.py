@@ -18,6 +18,7 @@ ANSWERS = frozenset({
     grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,  # a reservation of another identity (pdserve/worker/decode_peer.py)
+    grpc.StatusCode.NOT_FOUND,  # a continued stream (resume_from_token) nobody holds: generation.proto says so
 })
 OVERSIZED_TRAILERS = "Stream removed (received metadata size exceeds"  # the client's words for them
 TINY_DEADLINE_S = 0.05
