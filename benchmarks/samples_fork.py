@@ -1,5 +1,5 @@
 """n samples of one prompt as one request (the prompt's KV moved once, its blocks shared on one
-decode worker: router/samples.py) against the same n sent as n requests at once, on a fleet of one
+decode worker: router/flow/samples.py) against the same n sent as n requests at once, on a fleet of one
 prefill and one decode worker on the embedded model: the KV bytes moved from prefill to decode,
 the decode worker's most blocks in use (polled every 20 ms), and the time until every sample ended.
 Each case runs on a prompt of its own (random tokens, cached nowhere before), `--repeats` times.

@@ -3,7 +3,7 @@
 A client's request is its tenant's id (`Owner`): the id the client gave, under the tenant the
 router authenticated; the workers hold it under attempt ids of their own, each attempt tagged
 with its owner. An Abort that reaches a router not running the request goes to every worker
-(router/aborting.py), which ends the owner's requests it holds or, asked to, remembers the owner
+(router/doors/aborting.py), which ends the owner's requests it holds or, asked to, remembers the owner
 for a while (a tombstone) so that a request of it arriving later is refused at once
 (pdserve/worker/client_aborts.py).
 

@@ -3,7 +3,7 @@ reader comes back for more goes out as one message, not one per token. A reader 
 sees every event as it came (nothing waits, nothing is merged), so this costs no latency; one that
 falls behind (a slow client, a router at its CPU limit) catches up in fewer, larger messages
 instead of a growing queue. Used on both hops: a decode worker's stream to the router
-(pdserve/worker/session.py) and the router's to its client (router/gateway.py)."""
+(pdserve/worker/session.py) and the router's to its client (router/doors/gateway.py)."""
 
 from __future__ import annotations
 

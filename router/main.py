@@ -18,24 +18,24 @@ from pdserve.rpc.server import RunningServer, ServiceBinding, start_server
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
 from pdserve.worker.observability import Observability, start_observability
-from router.discovery import DnsDiscovery, RegistryServicer
-from router.flow import RequestFlow
-from router.canary import CANARY_TEXT, Canaries, CanaryConfig
-from router.flow_types import FlowConfig, OnLeave
-from router.frontend import Frontend
-from router.grpc_clients import GrpcWorkerClients
-from router.limits import limits_from_args
+from router.doors.frontend import Frontend
+from router.doors.limits import limits_from_args
+from router.fleet.canary import CANARY_TEXT, Canaries, CanaryConfig
+from router.fleet.discovery import DnsDiscovery, RegistryServicer
+from router.fleet.grpc_clients import GrpcWorkerClients
+from router.flow.flow import RequestFlow
+from router.flow.flow_types import FlowConfig, OnLeave
 from pdserve.elastic import PlannerPolicy
-from router.admission_flags import admission_from_args
-from router.planning import Planner
-from router.local_prefill import local_prefill_from_args
-from router.tenants import open_tenants, read_tenants
-from router.recovery import RecoveryPolicy
-from router.gateway import Gateway
-from router.http.app import HttpApi, HttpServer, HttpSettings, max_body_bytes, start_http
-from router.servicer import GenerationServicer
+from router.doors.gateway import Gateway
+from router.doors.http.app import HttpApi, HttpServer, HttpSettings, max_body_bytes, start_http
+from router.doors.servicer import GenerationServicer
+from router.doors.tenants import open_tenants, read_tenants
+from router.fleet.planning import Planner
+from router.fleet.workers import WorkerPool
+from router.flow.recovery import RecoveryPolicy
+from router.placement.admission_flags import admission_from_args
+from router.placement.local_prefill import local_prefill_from_args
 from router.telemetry import RequestTrace
-from router.workers import WorkerPool
 
 
 @dataclass

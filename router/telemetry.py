@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pdserve.requests import FinishReason
 from pdserve.telemetry import Metrics, TokenTimeline, extract_context, inject_metadata
-from router.flow_types import ATTACHED, MOVED_KV, Done, Job, Milestone, NewTokens
+from router.flow.flow_types import ATTACHED, MOVED_KV, Done, Job, Milestone, NewTokens
 
 
 def _ns(seconds_ago: float = 0.0) -> int:

@@ -39,9 +39,9 @@ SETTING_HOMES = {
     ("kv_timeout", 30.0): "pdserve/config.py",
     ("drain_timeout", 30.0): "pdserve/config.py",
     ("quarantine_timeout", 60.0): "pdserve/config.py",
-    ("wait_for_worker", 5.0): "router/flow_types.py",
-    ("max_active", 1024): "router/gateway.py",
-    ("max_(registered_)?workers", 256): "router/discovery.py",
+    ("wait_for_worker", 5.0): "router/flow/flow_types.py",
+    ("max_active", 1024): "router/doors/gateway.py",
+    ("max_(registered_)?workers", 256): "router/fleet/discovery.py",
 }
 # NOTE: transitional, as PENDING_UPWARD.
 PENDING_SETTING_COPIES: set[tuple[str, str]] = set()

@@ -139,6 +139,6 @@ def test_the_circle_check_sees_a_circle():
 def test_the_order_check_sees_an_import_upward():
     assert room_of(REPO / "pdserve/kv/manager.py") == "pdserve/kv"
     assert room_of(REPO / "pdserve/config.py") == "pdserve/config.py"
-    assert room_of(REPO / "router/http/app.py") == "router"
+    assert room_of(REPO / "router/doors/http/app.py") == "router"
     layers = layer_of()
     assert layers["pdserve/cli"] > layers["router"] > layers["pdserve/engine"] > layers["pdserve/kv"]

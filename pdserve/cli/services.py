@@ -18,13 +18,13 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.config import DeadlineConfig
 from pdserve.procs.parent_watch import supervisor_pid, watch_parent
 from pdserve.rpc.security import add_security_flags
-from router.flow_types import FlowConfig, OnLeave
-from router.discovery import MAX_REGISTERED_WORKERS
-from router.gateway import MAX_ACTIVE
-from router.limits import add_limit_flags
-from router.admission_flags import add_admission_flags
-from router.local_prefill import add_local_prefill_flags
-from router.stream_interval import add_stream_interval_flag
+from router.flow.flow_types import FlowConfig, OnLeave
+from router.fleet.discovery import MAX_REGISTERED_WORKERS
+from router.doors.gateway import MAX_ACTIVE
+from router.doors.limits import add_limit_flags
+from router.placement.admission_flags import add_admission_flags
+from router.placement.local_prefill import add_local_prefill_flags
+from router.doors.stream_interval import add_stream_interval_flag
 
 DEFAULT_PORTS = {"router": 50051, "prefill": 50061, "decode": 50071}
 PLANNER_PERIOD_S = 1.0  # --planner-period-s

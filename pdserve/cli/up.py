@@ -28,10 +28,10 @@ from pdserve.config import DeadlineConfig
 from pdserve.procs.health import wait_serving
 from pdserve.procs.supervisor import Child, Supervisor
 from pdserve.rpc.security import write_cluster_token
-from router.flow_types import FlowConfig
-from router.admission_flags import add_admission_flags, admission_argv
-from router.local_prefill import add_local_prefill_flags, local_prefill_argv
-from router.stream_interval import add_stream_interval_flag, stream_interval_argv
+from router.flow.flow_types import FlowConfig
+from router.placement.admission_flags import add_admission_flags, admission_argv
+from router.placement.local_prefill import add_local_prefill_flags, local_prefill_argv
+from router.doors.stream_interval import add_stream_interval_flag, stream_interval_argv
 
 TICK_S = 0.2
 

@@ -1,7 +1,7 @@
 """What internal RPCs may carry, checked before a worker or the registry acts on it.
 
 Each check raises InvalidRequestError (INVALID_ARGUMENT) with a message naming the field; a
-refused call changes nothing. The router checks what clients send (router/limits.py); these
+refused call changes nothing. The router checks what clients send (router/doors/limits.py); these
 bounds are for the internal plane, where a caller holds the cluster token but may still be wrong.
 """
 

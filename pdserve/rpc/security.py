@@ -3,7 +3,7 @@
     server: --tls-cert/--tls-key -> TLS; + --tls-ca -> clients must present a certificate it signed
     client: --tls-ca verifies peers (and with --tls-cert/--tls-key presents ours: mutual TLS)
     tokens: --cluster-token-file guards PrefillWorker/DecodeWorker and the router's Registry (and
-            is sent on every internal call); the tenants' tokens (router/tenants.py, --api-token-file)
+            is sent on every internal call); the tenants' tokens (router/doors/tenants.py, --api-token-file)
             guard Generation and reflection. Health and the workers' Stats (load counters, as on
             /metrics) never need a token.
 

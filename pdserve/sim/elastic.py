@@ -40,7 +40,7 @@ class SimPlanner:
 
 
 def fleet_signals(instances: Iterable[Instance], changing: Iterable[str]) -> FleetSignals:
-    """The instances as the router's planner sees workers (router/planning.py signals_of)."""
+    """The instances as the router's planner sees workers (router/fleet/planning.py signals_of)."""
     moving = set(changing)
     return FleetSignals(tuple(_signals(i, i.name in moving) for i in instances))
 

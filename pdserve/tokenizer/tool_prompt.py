@@ -8,7 +8,7 @@ answer in, and the conversation's earlier calls and results written in that same
                <tool_response>{"tool_call_id": ..., "content": ...}</tool_response>
 
 It is the format Hermes- and Qwen-style templates use, so the router reads every model's calls
-one way (router/http/tool_calls.py)."""
+one way (router/doors/http/tool_calls.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A worker's part in an Abort sent to any router: the client's request is its owner (tenant and
 id, pdserve/aborts.py), which every attempt carries; a router not running the request asks every
-worker (router/aborting.py).
+worker (router/doors/aborting.py).
 
     Abort(owner, LIVE)        every request of the owner held here ends (its stream: ABORTED)
     Abort(owner, REMEMBER)    the same; none held: a tombstone for the owner (ttl_s, bounded)

@@ -1,7 +1,7 @@
 """The events of one request on a worker, one vocabulary on both sides of the wire: a worker
 streams them, its servicer turns them into wire messages (prefill_service/servicer.py,
 decode_service/servicer.py), and the router's gRPC clients turn those back into the same types
-(router/grpc_clients.py) for the flow (router/flow.py).
+(router/fleet/grpc_clients.py) for the flow (router/flow/flow.py).
 
     decode:   Reserved (the router sees it as a Reservation, with where to send), Tokens ...,
               Preempted (preempted, swapped in, resumed), Finished or Departed; an Attach call's

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdserve.cli import main, up
-from router.stream_interval import StreamInterval
+from router.doors.stream_interval import StreamInterval
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -88,7 +88,7 @@ def test_generate_racing_abort_ends_every_stream(fleet):
     """Half the pairs abort at a random moment (before the router has the request, while it runs,
     or after it ended); the other half abort once their stream has its first token, so the
     router holds the request and the abort must find it. An abort that came first leaves a
-    tombstone: its stream ends with abort on arrival (router/tombstones.py)."""
+    tombstone: its stream ends with abort on arrival (router/doors/tombstones.py)."""
     with Client(fleet.target, ClientOptions(timeout_s=120)) as client:
 
         def pair(i: int):

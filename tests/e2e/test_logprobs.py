@@ -13,12 +13,12 @@ from pdserve.requests import Priority, SamplingParams
 from pdserve.rpc.channels import ChannelPool
 from pdserve.rpc.security import Security
 from pdserve.worker.events import Finished, Tokens
-from router.clients import WorkerJob
-from router.flow import RequestFlow
-from router.flow_types import FlowConfig, Job, NewTokens
-from router.grpc_clients import GrpcWorkerClients
-from router.stream import Pumped
-from router.workers import WorkerPool
+from router.fleet.clients import WorkerJob
+from router.flow.flow import RequestFlow
+from router.flow.flow_types import FlowConfig, Job, NewTokens
+from router.fleet.grpc_clients import GrpcWorkerClients
+from router.flow.stream import Pumped
+from router.fleet.workers import WorkerPool
 from tests.helpers.cluster import cluster_token_file
 from tests.helpers.worker_stats import wait_no_active_blocks
 

@@ -27,7 +27,7 @@ def test_four_samples_of_a_long_prompt_move_its_kv_once_and_share_its_blocks(ser
     first, *others = [s.usage for s in samples]
     assert first.kv_transfer_bytes > 0 and not first.local_prefill
     # The prompt's KV moved once, for the first sample alone (the worker's counter may also hold a
-    # canary's few blocks, router/canary.py: never a second prompt's worth).
+    # canary's few blocks, router/fleet/canary.py: never a second prompt's worth).
     assert first.kv_transfer_bytes <= moved < 2 * first.kv_transfer_bytes
     for usage in others:  # prefilled beside it from its cached blocks: only the last partial block computed
         assert usage.local_prefill and usage.kv_transfer_bytes == 0

@@ -1,6 +1,6 @@
 """A streamed OpenAI completion read as a browser's EventSource would: server-sent events with their
 ids, and, when the connection breaks (its router died, or stalled past the read timeout), the
-same POST again at the next router with the last id as `Last-Event-ID` (router/http/app.py)."""
+same POST again at the next router with the last id as `Last-Event-ID` (router/doors/http/app.py)."""
 
 from __future__ import annotations
 

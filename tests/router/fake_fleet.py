@@ -18,8 +18,8 @@ from pdserve.aborts import AbortScope, Owner
 from pdserve.reattach import HeldAttempt, prompt_digest
 from pdserve.requests import FinishReason
 from pdserve.worker.events import Attached, Chunk, Departed, Finished, FirstToken, Tokens
-from router.clients import Call, DecodeClient, Departure, MovedKV, PrefillClient, Reservation
-from router.clients import Culprit, FaultKind, WorkerClients, WorkerFault, WorkerJob, WorkerSnapshot
+from router.fleet.clients import Call, DecodeClient, Departure, MovedKV, PrefillClient, Reservation
+from router.fleet.clients import Culprit, FaultKind, WorkerClients, WorkerFault, WorkerJob, WorkerSnapshot
 from tests.router.fake_workers import (FakeCall, FakeWorker, FleetConfig, Link, Mode, Trigger, FakeSession, logprobs_at,
                                        token_at)
 

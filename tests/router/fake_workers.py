@@ -29,7 +29,7 @@ from typing import Protocol
 from pdserve.aborts import AbortScope, Owner, RecentIds
 from pdserve.identity import WorkerIdentity
 from pdserve.requests import TokenLogprobs
-from router.clients import Call, Culprit, FaultKind, WorkerFault, WorkerSnapshot
+from router.fleet.clients import Call, Culprit, FaultKind, WorkerFault, WorkerSnapshot
 
 DECODE_POINTS = ("open", "reserved", "received", "token", "last")  # last: every token out, Finished not yet
 MOVE_POINTS = ("departed", "move")  # decode: it left with its KV (Depart); MoveKV of that KV begins

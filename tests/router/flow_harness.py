@@ -12,10 +12,10 @@ from pdserve.admission import AdmissionPolicy
 from pdserve.requests import Priority, SamplingParams
 from tests.router.fake_fleet import FakeFleet, RouterLink
 from tests.router.fake_workers import FleetConfig, token_at
-from router.flow import RequestFlow
-from router.flow_types import Done, FlowConfig, Job, NewTokens
-from router.recovery import RecoveryPolicy
-from router.workers import PoolConfig, WorkerPool
+from router.flow.flow import RequestFlow
+from router.flow.flow_types import Done, FlowConfig, Job, NewTokens
+from router.flow.recovery import RecoveryPolicy
+from router.fleet.workers import PoolConfig, WorkerPool
 
 PREFILL = ("p0", "p1")
 DECODE = ("d0", "d1")

@@ -1,5 +1,5 @@
 """Two routers in front of one fake fleet, each with its own pool, flow and gateway: an Abort sent to
-the router not running the request reaches it through the workers (router/aborting.py), as its
+the router not running the request reaches it through the workers (router/doors/aborting.py), as its
 tenant's only; one that overtakes its Generate ends that Generate at the other router at once; no
 worker holds a block or a tombstone afterwards."""
 
@@ -15,14 +15,14 @@ from pdserve.rpc.drain import Drain
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.validation import Limits
-from router.flow import RequestFlow
-from router.flow_types import FlowConfig
-from router.frontend import Frontend
-from router.gateway import Gateway
-from router.servicer import WireAsk
-from router.tenants import read_tenants
-from router.tombstones import AbortOutcome
-from router.workers import PoolConfig, WorkerPool
+from router.flow.flow import RequestFlow
+from router.flow.flow_types import FlowConfig
+from router.doors.frontend import Frontend
+from router.doors.gateway import Gateway
+from router.doors.servicer import WireAsk
+from router.doors.tenants import read_tenants
+from router.doors.tombstones import AbortOutcome
+from router.fleet.workers import PoolConfig, WorkerPool
 from tests.helpers.waiting import async_wait_until
 from tests.router.fake_fleet import FakeFleet
 from tests.router.fake_trace import FakeTrace

@@ -11,10 +11,10 @@ from pdserve.validation import Limits
 from pdserve.rpc.drain import Drain
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb
-from router.frontend import Frontend
-from router.limits import InputLimits
-from router.gateway import Gateway
-from router.servicer import WireAsk
+from router.doors.frontend import Frontend
+from router.doors.limits import InputLimits
+from router.doors.gateway import Gateway
+from router.doors.servicer import WireAsk
 from tests.router.fake_trace import FakeTrace
 
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from pdserve.requests import Priority
-from router.canary import Canaries, CanaryConfig
+from router.fleet.canary import Canaries, CanaryConfig
 from tests.router.flow_harness import collect, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import functools
 
 import pytest
 
-from router.flow_types import Milestone, NewTokens, OnLeave
+from router.flow.flow_types import Milestone, NewTokens, OnLeave
 from tests.router.fake_workers import Mode, Trigger
 from tests.router.flow_harness import expected, harness, job, settle
 

@@ -9,10 +9,10 @@ import contextlib
 import pytest
 
 from pdserve.rpc.errors import Unavailable
-from router.breaker import BreakerState
-from router.flow_types import FlowConfig
+from router.fleet.breaker import BreakerState
+from router.flow.flow_types import FlowConfig
 from tests.router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger
-from router.recovery import RequestPoisoned
+from router.flow.recovery import RequestPoisoned
 from tests.helpers.waiting import async_wait_until
 from tests.router.flow_harness import collect, expected, harness, job, settle
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from router.clients import Culprit, FaultKind
+from router.fleet.clients import Culprit, FaultKind
 from pdserve.rpc.errors import FAULT_METADATA
-from router.grpc_wire import fault_of
+from router.fleet.grpc_wire import fault_of
 
 
 def _error(code: grpc.StatusCode, trailing=()) -> grpc.aio.AioRpcError:

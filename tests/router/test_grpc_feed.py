@@ -1,4 +1,4 @@
-"""The router's end of a decode worker's event feed (router/grpc_feed.py) against a scripted
+"""The router's end of a decode worker's event feed (router/fleet/grpc_feed.py) against a scripted
 worker: each request's events come whole and in order before its end or fault, whichever of
 its two streams the router hears first; a broken feed fails every request on it (GONE) after the
 events it carried, and the next request opens a new one; events of no request here are dropped."""
@@ -17,9 +17,9 @@ from pdserve.v1 import generation_pb2 as gpb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from pdserve.worker.events import Finished, Tokens
-from router.clients import FaultKind, WorkerFault, WorkerJob
-from router.grpc_clients import GrpcWorkerClients
-from router.stream import Pumped
+from router.fleet.clients import FaultKind, WorkerFault, WorkerJob
+from router.fleet.grpc_clients import GrpcWorkerClients
+from router.flow.stream import Pumped
 from tests.helpers.waiting import async_wait_until
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve.telemetry import Metrics
-from router.http.app import HttpApi, HttpSettings
+from router.doors.http.app import HttpApi, HttpSettings
 
 
 async def _get(api: HttpApi, path: str) -> tuple[int, str, str]:

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from router.breaker import BreakerConfig, BreakerState
-from router.links import Links
+from router.fleet.breaker import BreakerConfig, BreakerState
+from router.fleet.links import Links
 from tests.router.flow_harness import collect, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from router.local_prefill import LocalPrefillPolicy
-from router.placement import choose_decode
-from router.workers import Worker
+from router.placement.local_prefill import LocalPrefillPolicy
+from router.placement.placement import choose_decode
+from router.fleet.workers import Worker
 
 
 def _w(address: str, assigned: int = 0, waiting: int = 0, role: str = "decode") -> Worker:
@@ -61,7 +61,7 @@ def test_a_busy_decode_worker_holding_the_conversation_gives_its_rest_to_a_prefi
     import asyncio
     import dataclasses
 
-    from router.flow import RequestFlow
+    from router.flow.flow import RequestFlow
     from tests.router.flow_harness import PROMPT, collect, expected, harness, job, settle
 
     policy = LocalPrefillPolicy(max_uncached_tokens=16, busy_decode_requests=4)  # 40 tokens: too many to compute

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from tests.router.fake_workers import DECODE_POINTS, PREFILL_POINTS, Mode, Trigger, logprobs_at
-from router.flow import RequestFlow
-from router.flow_types import Done, NewTokens
+from router.flow.flow import RequestFlow
+from router.flow.flow_types import Done, NewTokens
 from tests.router.flow_harness import MAX_TOKENS, PROMPT, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ from pdserve.v1 import generation_pb2 as pb
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.worker.events import FirstToken, Tokens
 from prefill_service.servicer import _event_to_pb as prefill_event_to_pb
-from router.grpc_wire import decode_event, prefill_event
+from router.fleet.grpc_wire import decode_event, prefill_event
 
 LP = TokenLogprobs(7, -0.25, ((7, -0.25), (3, -1.5)))  # exact in float32
 

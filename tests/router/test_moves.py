@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from router.flow_types import Milestone, NewTokens
+from router.flow.flow_types import Milestone, NewTokens
 from tests.router.fake_workers import Mode, Trigger
 from tests.router.flow_harness import expected, harness, job, settle
 

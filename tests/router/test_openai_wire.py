@@ -6,9 +6,9 @@ import pytest
 
 from pdserve.errors import InvalidRequestError
 from pdserve.requests import FinishReason, Priority, TokenLogprobs
-from router.asks import ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
-from router.http.openai_requests import chat_request, completion_request
-from router.http.openai_responses import Reply
+from router.doors.asks import ChatPrompt, Finish, Output, TextPrompt, TokenPrompt, Usage
+from router.doors.http.openai_requests import chat_request, completion_request
+from router.doors.http.openai_responses import Reply
 
 def _chat(body, headers=None):
     return chat_request({"messages": [{"role": "user", "content": "hi"}], **body}, headers or {}, "m")

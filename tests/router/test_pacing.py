@@ -1,5 +1,5 @@
-"""The stream interval (router/stream_interval.py) and the pacer that applies it
-(router/pacing.py): tokens held per sample until due, the first at once, anything else sending
+"""The stream interval (router/doors/stream_interval.py) and the pacer that applies it
+(router/doors/pacing.py): tokens held per sample until due, the first at once, anything else sending
 what is held first; nothing lost, nothing reordered."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from router.flow_types import Done, Milestone, NewTokens
-from router.pacing import Ending, Pacer
-from router.stream_interval import MAX_TOKENS, StreamInterval, parse_stream_interval
+from router.flow.flow_types import Done, Milestone, NewTokens
+from router.doors.pacing import Ending, Pacer
+from router.doors.stream_interval import MAX_TOKENS, StreamInterval, parse_stream_interval
 
 pytestmark = pytest.mark.timeout(30)
 WAIT_S = 10.0  # for an item the pacer must hand over; never reached when it behaves

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.placement import NoWorker, choose_decode, choose_prefill
-from router.workers import Worker
+from router.placement.placement import NoWorker, choose_decode, choose_prefill
+from router.fleet.workers import Worker
 
 
 def _w(address: str, role: str, **kw) -> Worker:
@@ -47,9 +47,9 @@ def test_no_worker_is_an_error():
 
 def test_a_worker_a_request_failed_on_is_avoided_until_it_restarts():
     """FlowState.avoided: the fault's incarnation of the worker is avoided; once a poll answers
-    after silent ones (a restart, router/workers.py), the worker is a candidate again."""
-    from router.flow_types import FlowState
-    from router.protocol import RequestProtocol
+    after silent ones (a restart, router/fleet/workers.py), the worker is a candidate again."""
+    from router.flow.flow_types import FlowState
+    from router.flow.protocol import RequestProtocol
 
     a, b = Worker("a", "decode", ready=True), Worker("b", "decode", ready=True)
     state = FlowState(RequestProtocol("r"))
@@ -62,8 +62,8 @@ def test_a_worker_a_request_failed_on_is_avoided_until_it_restarts():
 def test_a_poll_that_answers_after_silent_ones_is_a_new_incarnation():
     import asyncio
 
-    from router.clients import FaultKind, WorkerFault, WorkerSnapshot
-    from router.workers import PoolConfig, WorkerPool
+    from router.fleet.clients import FaultKind, WorkerFault, WorkerSnapshot
+    from router.fleet.workers import PoolConfig, WorkerPool
 
     class Clients:
         answering = True

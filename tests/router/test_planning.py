@@ -12,8 +12,8 @@ from opentelemetry import trace
 
 from pdserve.elastic import PlannerPolicy
 from pdserve.telemetry import Metrics
-from router.planning import Planner
-from router.workers import PoolConfig, WorkerPool
+from router.fleet.planning import Planner
+from router.fleet.workers import PoolConfig, WorkerPool
 from tests.router.flow_harness import collect, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,10 +7,10 @@ import pytest
 from pdserve.errors import InvalidRequestError
 from pdserve.requests import FinishReason, SamplingParams
 from pdserve.rpc.errors import Unavailable
-from router.breaker import BreakerConfig, BreakerState, CircuitBreaker
-from router.clients import Culprit, FaultKind, WorkerFault
-from router.protocol import LIVE, TRANSITIONS, Phase, ProtocolError, RequestProtocol, Signal
-from router.recovery import Action, RecoveryPolicy, RequestPoisoned, charged_to
+from router.fleet.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from router.fleet.clients import Culprit, FaultKind, WorkerFault
+from router.flow.protocol import LIVE, TRANSITIONS, Phase, ProtocolError, RequestProtocol, Signal
+from router.flow.recovery import Action, RecoveryPolicy, RequestPoisoned, charged_to
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
 

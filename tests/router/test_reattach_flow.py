@@ -1,4 +1,4 @@
-"""A stream continued at another router when its router died (router/reattaching.py), over the fake
+"""A stream continued at another router when its router died (router/flow/reattaching.py), over the fake
 fleet: two routers, each its own link to the workers; router A dies (its link cut, its flow
 cancelled) at a point of the request, and router B continues the client's request from its
 tokens. Whatever the point, the client's tokens and B's make exactly the request's tokens, and
@@ -14,8 +14,8 @@ import pytest
 
 from pdserve.rpc.errors import NotFound
 from pdserve.requests import FinishReason, SamplingParams
-from router.asks import Ask, Resume, SampleCount, TokenPrompt, check_resume
-from router.flow_types import Done, Milestone, NewTokens, OnLeave, Resumed
+from router.doors.asks import Ask, Resume, SampleCount, TokenPrompt, check_resume
+from router.flow.flow_types import Done, Milestone, NewTokens, OnLeave, Resumed
 from tests.router.fake_workers import Mode, Trigger
 from tests.router.flow_harness import Router, expected, harness, job, router_of, settle
 

@@ -16,12 +16,12 @@ from pdserve.requests import SamplingParams
 from pdserve.rpc.drain import Drain
 from pdserve.tokenizer import load_tokenizer
 from pdserve.validation import Limits
-from router.asks import Ask, Output, SampleCount, TokenPrompt, sizes_of
-from router.frontend import Frontend
-from router.gateway import Gateway
-from router.http.app import HttpApi, HttpSettings
-from router.flow_types import NewTokens
-from router.stream_interval import StreamInterval
+from router.doors.asks import Ask, Output, SampleCount, TokenPrompt, sizes_of
+from router.doors.frontend import Frontend
+from router.doors.gateway import Gateway
+from router.doors.http.app import HttpApi, HttpSettings
+from router.flow.flow_types import NewTokens
+from router.doors.stream_interval import StreamInterval
 from tests.router.fake_trace import FakeTrace
 from tests.router.flow_harness import PROMPT, expected, harness
 

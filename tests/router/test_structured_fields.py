@@ -10,7 +10,7 @@ import pytest
 
 from pdserve.errors import InvalidRequestError
 from pdserve.requests import Constraint, ConstraintKind
-from router.http.openai_requests import chat_request, completion_request
+from router.doors.http.openai_requests import chat_request, completion_request
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 

@@ -13,10 +13,10 @@ from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import PermissionDenied, Unauthenticated
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb
-from router.frontend import Frontend
-from router.gateway import Gateway, _Active
-from router.servicer import WireAsk
-from router.tenants import OverPriority, Tenant, TenantsFileError, open_tenants, read_tenants
+from router.doors.frontend import Frontend
+from router.doors.gateway import Gateway, _Active
+from router.doors.servicer import WireAsk
+from router.doors.tenants import OverPriority, Tenant, TenantsFileError, open_tenants, read_tenants
 from tests.router.fake_trace import FakeTrace
 
 FILE = """

@@ -1,4 +1,4 @@
-"""An Abort that overtakes its Generate still cancels it (router/tombstones.py): the router keeps
+"""An Abort that overtakes its Generate still cancels it (router/doors/tombstones.py): the router keeps
 the ids aborted while unknown, per tenant, bounded in time and size; and it tells an Abort of a
 request that ended from one of a request not seen yet."""
 
@@ -13,11 +13,11 @@ from pdserve.rpc.drain import Drain
 from pdserve.tokenizer import load_tokenizer
 from pdserve.v1 import generation_pb2 as pb
 from pdserve.validation import Limits
-from router.frontend import Frontend
-from router.gateway import Gateway
-from router.servicer import WireAsk
-from router.tenants import read_tenants
-from router.tombstones import AbortOutcome, RecentIds, TombstoneConfig
+from router.doors.frontend import Frontend
+from router.doors.gateway import Gateway
+from router.doors.servicer import WireAsk
+from router.doors.tenants import read_tenants
+from router.doors.tombstones import AbortOutcome, RecentIds, TombstoneConfig
 from tests.router.flow_harness import harness
 from tests.router.fake_trace import FakeTrace
 

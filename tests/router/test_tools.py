@@ -11,8 +11,8 @@ import pytest
 from pdserve.errors import InvalidRequestError
 from pdserve.grammar import check_constraint
 from pdserve.tokenizer import ChatMessage, ToolCall, load_tokenizer
-from router.http.openai_requests import chat_request
-from router.http.tool_calls import StreamedCalls, parse
+from router.doors.http.openai_requests import chat_request
+from router.doors.http.tool_calls import StreamedCalls, parse
 
 LOOKUP = {"type": "function", "function": {"name": "lookup_isbn", "description": "A book by its ISBN",
                                            "parameters": {"type": "object", "properties": {"isbn": {"type": "string"}},

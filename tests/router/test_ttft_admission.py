@@ -13,7 +13,7 @@ import pytest
 from pdserve.admission import AdmissionPolicy, parse_objectives
 from pdserve.errors import OverloadedError
 from pdserve.requests import Priority
-from router.flow_types import Done, Milestone, NewTokens
+from router.flow.flow_types import Done, Milestone, NewTokens
 from tests.router.fake_workers import Mode, Trigger
 from tests.router.flow_harness import collect, expected, harness, job, settle
 

@@ -96,7 +96,7 @@ def test_cancellation_and_aborts_pass_through():
 
 
 def test_a_refusal_with_a_retry_hint_sends_it_on_both_doors():
-    from router.http.errors import retry_headers
+    from router.doors.http.errors import retry_headers
     from pdserve.errors import OverloadedError
     from pdserve.rpc.errors import Unavailable
 

@@ -9,9 +9,9 @@ import pytest
 
 from pdserve.errors import InvalidRequestError, OverloadedError
 from pdserve.rpc.channels import ChannelPool
-from router.discovery import RegistryServicer
-from router.grpc_clients import GrpcWorkerClients
-from router.workers import PoolConfig, WorkerPool
+from router.fleet.discovery import RegistryServicer
+from router.fleet.grpc_clients import GrpcWorkerClients
+from router.fleet.workers import PoolConfig, WorkerPool
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,9 +14,9 @@ from decode_service.servicer import DecodeServicer
 from pdserve.requests import Priority, SamplingParams
 from pdserve.rpc.channels import ChannelPool
 from pdserve.worker.events import Finished, Tokens
-from router.clients import FaultKind, WorkerFault, WorkerJob
-from router.grpc_clients import GrpcWorkerClients
-from router.stream import Pumped
+from router.fleet.clients import FaultKind, WorkerFault, WorkerJob
+from router.fleet.grpc_clients import GrpcWorkerClients
+from router.flow.stream import Pumped
 from tests.worker.pair import settle
 from tests.worker.served import served
 

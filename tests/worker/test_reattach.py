@@ -15,9 +15,9 @@ from pdserve.requests import Priority, SamplingParams
 from pdserve.rpc.channels import ChannelPool
 from pdserve.worker.events import Attached, Finished, Tokens
 from pdserve.worker.leases import LeaseKind, Reclaim
-from router.clients import FaultKind, WorkerFault, WorkerJob
-from router.grpc_clients import GrpcWorkerClients
-from router.stream import Pumped
+from router.fleet.clients import FaultKind, WorkerFault, WorkerJob
+from router.fleet.grpc_clients import GrpcWorkerClients
+from router.flow.stream import Pumped
 from tests.helpers.waiting import async_wait_until
 from tests.worker.pair import settle
 from tests.worker.served import Served, served

@@ -1,0 +1,49 @@
+"""Which workers serve a request. Policies only: they read worker snapshots and never call out.
+
+`avoid` holds the workers this request already failed on: they are chosen only when no other
+worker of the role is usable (with a single worker, a retry goes back to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from router.fleet.workers import Worker
+
+
+class NoWorker(RuntimeError):
+    pass
+
+
+def _candidates(workers: list[Worker], avoid: Collection[str], role: str) -> list[Worker]:
+    if not workers:
+        raise NoWorker(f"no {role} worker is ready")
+    preferred = [w for w in workers if w.address not in avoid]
+    return preferred or workers
+
+
+DECODE_SLACK = 4  # requests in flight a decode worker may have beyond the least loaded one, for its cache
+
+
+def choose_decode(workers: list[Worker], cached: Mapping[str, int] | None = None, avoid: Collection[str] = (),
+                  slack: int = DECODE_SLACK) -> Worker:
+    """The longest cached prefix of the prompt (an earlier turn of the conversation decoded
+    there) among the workers within `slack` requests in flight of the least loaded; then fewest
+    in flight, most free KV blocks, fewest running. So a conversation stays where its KV is,
+    and no worker is flooded for its cache."""
+    candidates = _candidates(workers, avoid, "decode")
+    least = min(w.assigned for w in candidates)
+    near = [w for w in candidates if w.assigned <= least + slack]
+    cached = cached or {}
+    return max(near, key=lambda w: (cached.get(w.address, 0), -w.assigned, w.free_blocks, -w.running))
+
+
+def choose_prefill(workers: list[Worker], cached: Mapping[str, int], avoid: Collection[str] = (),
+                   predicted_s: Mapping[str, float] | None = None) -> Worker:
+    """The earliest predicted first token (`predicted_s`, router/placement/predicting.py: the queue ahead and
+    the part of the prompt not cached there, at the worker's speed); then the longest cached
+    prefix, then the least loaded."""
+    predicted_s = predicted_s or {}
+    return min(_candidates(workers, avoid, "prefill"),
+               key=lambda w: (predicted_s.get(w.address, 0.0), -cached.get(w.address, 0), w.assigned,
+                              w.running + w.waiting))
