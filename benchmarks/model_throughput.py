@@ -16,6 +16,12 @@ and every decode figure against the machine's roofline measured in the same run 
              projections, the fastest weight layout's, at that batch or 256 rows) and the memory
              bound (weights + KV read / bandwidth); "of bound" is tokens/s over it
 
+The first line names the CPU (AVX-512 or AVX2-only), the -march the kernels are built for and
+torch's vector class, with any limit set on torch's, oneDNN's and MKL's instruction sets
+(ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 with
+PDSERVE_NATIVE_ARCH=x86-64-v3 emulate an AVX2-only part on an AVX-512 one); every column is also
+shown over transformers' tokens/s ("/tf") and over the bound.
+
 transformers' prefill is timed with generate(1 new token); its decode with its own loop: the batch
 prefilled once into its KV cache, then --steps forward passes of one token per sequence from a
 copy of that cache, so both sides time the decode steps alone (taking the difference of two
@@ -64,6 +70,8 @@ from pdserve.kv.kv_cache import KVCache  # noqa: E402
 from pdserve.model import LoadedModel, load_model  # noqa: E402
 from pdserve.cpu.transform import apply_cpu_paths  # noqa: E402
 from pdserve.config import LAYER_KERNELS  # noqa: E402
+from pdserve.native.target import cpu_flags, target  # noqa: E402
+from pdserve.measurements import ISA_LIMITS, machine  # noqa: E402
 from pdserve.sampling.sampler import argmax_rows  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -79,8 +87,8 @@ class Row:
 
     def line(self) -> str:
         cells = [f"{self.name:<24}"] + [f"{v:>22.1f}" for v in self.ours.values()]
-        best = max(self.ours.values())
-        cells.append(f"{self.reference:14.1f}{best / self.reference:7.2f}x" if self.reference else f"{'-':>14}{'-':>8}")
+        cells.append(f"{self.reference:14.1f}" if self.reference else f"{'-':>14}")
+        cells += [f"{v / self.reference:>25.2f}x" if self.reference else f"{'-':>26}" for v in self.ours.values()]
         if self.bound is not None:
             cells.append(f"{self.bound.tokens_per_s:10.1f} {self.bound.by:>4}")
             cells += [f"{v / self.bound.tokens_per_s:>28.2f}" for v in self.ours.values()]
@@ -248,12 +256,23 @@ def scaling_line(context: int, sizes: list[int], rows: list[Row]) -> str:
     return f"ctx{context} tokens/s over the batch before: " + "; ".join(cells)
 
 
+def cpu_line() -> str:
+    """The CPU, its vector class, what the kernels are built for and what torch, oneDNN and MKL may use."""
+    flags = cpu_flags()
+    vectors = "AVX-512" if "avx512f" in flags else "AVX2-only" if "avx2" in flags else "no AVX2"
+    limits = [f"{name}={os.environ[name]}" for name in ("ATEN_CPU_CAPABILITY", *ISA_LIMITS) if os.environ.get(name)]
+    return (f"cpu {machine()['cpu']} ({vectors}); kernels -march={target()}; torch {torch.backends.cpu.get_cpu_capability()}"
+            + (f"; limited by {' '.join(limits)}" if limits else ""))
+
+
 def print_header(args, loaded: LoadedModel) -> None:
     columns = [f"{b}/{w}" for b, w in variants(args)]
+    print(cpu_line())
     print(f"model {loaded.config.name}, fp32, {args.threads} threads, {args.steps} steps, best of {args.repeats}, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs{', random KV' if args.random_kv else ''}")
-    print(f"{'tokens/s':<24}" + "".join(f"{c:>22}" for c in columns) + f"{'transformers':>14}{'ratio':>8}"
-          f"{'bound':>10}{'by':>5}" + "".join(f"{c + ' /bound':>28}" for c in columns), flush=True)
+    print(f"{'tokens/s':<24}" + "".join(f"{c:>22}" for c in columns) + f"{'transformers':>14}"
+          + "".join(f"{c + ' /tf':>26}" for c in columns)
+          + f"{'bound':>10}{'by':>5}" + "".join(f"{c + ' /bound':>28}" for c in columns), flush=True)
 
 
 def print_roofline(roofline: Roofline) -> None:

@@ -5,7 +5,9 @@ one) reads them instead of measuring again.
     measured("products", {"shapes": ..., "threads": 1}, probe)   # probe() -> a JSON-able dict
 
     file:   <cache>/measured/<kind>-<key>.json   cache: pdserve/native/build.py's cache_dir()
-    key:    sha256 of `depends_on` and of the machine (CPU model and features, torch's version)
+    key:    sha256 of `depends_on` and of the machine (CPU model and features, torch's version and the
+            instruction sets torch, oneDNN and MKL may use: ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA,
+            MKL_ENABLE_INSTRUCTIONS narrow them)
     write:  the first writer wins (a temporary file linked into place, never replaced): processes
             that measured at the same time all use the one figure on disk, so a choice made from it
             (which layout multiplies, what calibration says) is the same in every process
@@ -30,6 +32,8 @@ from pdserve.kept_file import keep_file
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when what a kind's file holds changes
+# what limits the instruction sets oneDNN's and MKL's kernels use (torch's own: its CPU capability)
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def measured(kind: str, depends_on: dict[str, Any], measure: Callable[[], dict[str, Any]],
@@ -51,7 +55,8 @@ def machine() -> dict[str, str]:
     import torch
 
     return {"cpu": _cpu_line("model name"), "features": _cpu_line("flags") or _cpu_line("Features"),
-            "arch": platform.machine(), "cores": str(os.cpu_count()), "torch": torch.__version__}
+            "arch": platform.machine(), "cores": str(os.cpu_count()), "torch": torch.__version__,
+            "isa": " ".join([torch.backends.cpu.get_cpu_capability(), *(os.environ.get(name, "") for name in ISA_LIMITS)])}
 
 
 def _key(kind: str, depends_on: dict[str, Any]) -> str:

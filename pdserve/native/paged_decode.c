@@ -8,10 +8,11 @@
  *   p[g][t]      = softmax over t of scores[g]
  *   out[b, h*G + g] = sum over t of p[g][t] * v[t]
  *
- * With head_dim a multiple of 16 (up to 256; 64 and 128 in most models) a sequence is computed in
- * segments of up to 16 positions of one block. The query heads of one KV head go together in a
- * span (as many as 16 registers of query or sums hold), so each key and value is loaded once per
- * span: a span scores all 16 positions (one shuffle tree sums each head's lanes), then, after the
+ * With head_dim a multiple of SEGMENT (16 floats where built for AVX-512, else 8; head_dim up to
+ * 16 SEGMENTs: 64 and 128 in most models) a sequence is computed in segments of up to SEGMENT
+ * positions of one block. The query heads of one KV head go together in a span (as many as 16
+ * vectors of query or sums hold), so each key and value is loaded once per span: a span scores
+ * all SEGMENT positions (one shuffle tree sums each head's lanes), then, after the
  * softmax, sums the segment's values into registers. While a segment computes, the next segments'
  * keys and values (AHEAD of them, across sequences) are asked for into L2 a part at a time, so
  * memory streams during the arithmetic instead of between it. Any other head_dim goes one position
@@ -22,7 +23,7 @@
  * pdserve_paged_attend_from: the same with each sequence's first position `starts[b]` (a window:
  * t from starts[b] to lens[b]). NOTE: a sequence's result is a function of its query, its
  * positions' keys and values, its start and length and the block size only (segments end at
- * t + 16, its block's end or its length; one thread computes it), never of the other sequences
+ * t + SEGMENT, its block's end or its length; one thread computes it), never of the other sequences
  * or the thread count: the deterministic mode attends every query, prefill rows too, through it.
  */
 #include <math.h>
@@ -32,10 +33,16 @@
 #include <string.h>
 
 #define LANES 16
-#define SEGMENT 16      /* positions per segment: one score vector */
 #define AHEAD 2         /* segments asked for ahead of the one computing */
 #define SPAN_VECTORS 16 /* a span's query (or sum) vectors: half the registers of AVX-512 */
 #define SPAN_HEADS 4    /* the most query heads in a span */
+/* positions per segment: one score vector, a register of the build's instruction set (16-float
+ * vectors on AVX2, two registers each, made the kernel 2.7x slower at 256 rows of context 128) */
+#ifdef __AVX512F__
+#define SEGMENT 16
+#else
+#define SEGMENT 8
+#endif
 
 typedef struct {
     const float *pool, *q;
@@ -163,25 +170,26 @@ static void attend_positions(const Work *w, int64_t b, float *scores, Cursor *ah
 #endif
 
 #ifdef HAVE_SEGMENTS
-/* 16-float vectors (GCC and clang vector extensions; the compiler maps them onto what
- * -march=native offers: one AVX-512 register, two AVX2 ones, four NEON ones). */
-typedef float v16 __attribute__((vector_size(64)));
+/* SEGMENT-float vectors (GCC and clang vector extensions): one AVX-512 or AVX2 register, two NEON
+ * ones. */
+typedef float vseg __attribute__((vector_size(SEGMENT * sizeof(float))));
 
-static inline v16 load16(const float *p) {
-    v16 v;
+static inline vseg load_seg(const float *p) {
+    vseg v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+static inline void store_seg(float *p, vseg v) { memcpy(p, &v, sizeof v); }
 
-/* One vector whose lane i is the sum of the lanes of part[i]: four rounds, each adding the two
- * halves of pairs of vectors. The rounds leave the sums in bit-reversed order, so callers file
+/* One vector whose lane i is the sum of the lanes of part[i]: log2(SEGMENT) rounds, each adding the
+ * two halves of pairs of vectors. The rounds leave the sums in bit-reversed order, so callers file
  * position i's partial sums at part[BITREV[i]] and the result comes out in position order. */
+#if SEGMENT == 16
 static const int BITREV[SEGMENT] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
-static inline v16 sum_lanes16(const v16 part[SEGMENT]) {
-    v16 a[8], b[4], c[2];
+static inline vseg sum_lanes(const vseg part[SEGMENT]) {
+    vseg a[8], b[4], c[2];
     for (int i = 0; i < 8; i++)
         a[i] = __builtin_shufflevector(part[2 * i], part[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21,
                                        22, 23) +
@@ -200,34 +208,49 @@ static inline v16 sum_lanes16(const v16 part[SEGMENT]) {
     return __builtin_shufflevector(c[0], c[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
            __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
 }
+#else
+static const int BITREV[SEGMENT] = {0, 4, 2, 6, 1, 5, 3, 7};
+
+static inline vseg sum_lanes(const vseg part[SEGMENT]) {
+    vseg a[4], b[2];
+    for (int i = 0; i < 4; i++)
+        a[i] = __builtin_shufflevector(part[2 * i], part[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(part[2 * i], part[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++)
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return __builtin_shufflevector(b[0], b[1], 0, 8, 2, 10, 4, 12, 6, 14) +
+           __builtin_shufflevector(b[0], b[1], 1, 9, 3, 11, 5, 13, 7, 15);
+}
+#endif
 
 /* Query heads [h0, h0 + span) of one KV head against the n (<= SEGMENT) keys of a segment, `stride`
  * floats apart: each key is loaded once for the span; scores[h * max_len + i]. `span` and `chunks`
- * (head_dim / 16) are constants where the call is inlined. */
+ * (head_dim / SEGMENT) are constants where the call is inlined. */
 static inline __attribute__((always_inline)) void score_span(const Work *w, const float *q, const float *keys,
                                                              int64_t stride, int64_t n, float *scores, int64_t h0,
                                                              const int64_t span, const int64_t chunks,
                                                              const Lines *next, int64_t part, int64_t parts) {
     int64_t dim = w->head_dim;
-    v16 qh[SPAN_VECTORS], sums_of[SPAN_HEADS][SEGMENT];
+    vseg qh[SPAN_VECTORS], sums_of[SPAN_HEADS][SEGMENT];
     for (int64_t g = 0; g < span; g++)
-        for (int64_t c = 0; c < chunks; c++) qh[g * chunks + c] = load16(q + (h0 + g) * dim + 16 * c);
+        for (int64_t c = 0; c < chunks; c++) qh[g * chunks + c] = load_seg(q + (h0 + g) * dim + SEGMENT * c);
     for (int64_t i = 0; i < SEGMENT; i++) {
         prefetch_part(next, part * SEGMENT + i, parts * SEGMENT);
-        v16 acc[SPAN_HEADS];
-        for (int64_t g = 0; g < span; g++) acc[g] = (v16){0};
+        vseg acc[SPAN_HEADS];
+        for (int64_t g = 0; g < span; g++) acc[g] = (vseg){0};
         if (i < n) {
-            v16 k[SPAN_VECTORS];
-            for (int64_t c = 0; c < chunks; c++) k[c] = load16(keys + i * stride + 16 * c);
+            vseg k[SPAN_VECTORS];
+            for (int64_t c = 0; c < chunks; c++) k[c] = load_seg(keys + i * stride + SEGMENT * c);
             for (int64_t g = 0; g < span; g++)
                 for (int64_t c = 0; c < chunks; c++) acc[g] += qh[g * chunks + c] * k[c];
         }
         for (int64_t g = 0; g < span; g++) sums_of[g][BITREV[i]] = acc[g];
     }
     for (int64_t g = 0; g < span; g++) {
-        v16 sums = sum_lanes16(sums_of[g]) * w->scale;
+        vseg sums = sum_lanes(sums_of[g]) * w->scale;
         float *row = scores + (h0 + g) * w->max_len;
-        if (n == SEGMENT) store16(row, sums);
+        if (n == SEGMENT) store_seg(row, sums);
         else memcpy(row, &sums, sizeof(float) * n);
     }
 }
@@ -238,19 +261,19 @@ static inline __attribute__((always_inline)) void value_span(const Work *w, cons
                                                              int64_t stride, int64_t n, float *out, int64_t h0,
                                                              const int64_t span, const int64_t chunks) {
     int64_t dim = w->head_dim;
-    v16 acc[SPAN_VECTORS];
+    vseg acc[SPAN_VECTORS];
     for (int64_t g = 0; g < span; g++)
-        for (int64_t c = 0; c < chunks; c++) acc[g * chunks + c] = load16(out + (h0 + g) * dim + 16 * c);
+        for (int64_t c = 0; c < chunks; c++) acc[g * chunks + c] = load_seg(out + (h0 + g) * dim + SEGMENT * c);
     for (int64_t i = 0; i < n; i++) {
-        v16 v[SPAN_VECTORS];
-        for (int64_t c = 0; c < chunks; c++) v[c] = load16(values + i * stride + 16 * c);
+        vseg v[SPAN_VECTORS];
+        for (int64_t c = 0; c < chunks; c++) v[c] = load_seg(values + i * stride + SEGMENT * c);
         for (int64_t g = 0; g < span; g++) {
             float p = probs[(h0 + g) * w->max_len + i];
             for (int64_t c = 0; c < chunks; c++) acc[g * chunks + c] += p * v[c];
         }
     }
     for (int64_t g = 0; g < span; g++)
-        for (int64_t c = 0; c < chunks; c++) store16(out + (h0 + g) * dim + 16 * c, acc[g * chunks + c]);
+        for (int64_t c = 0; c < chunks; c++) store_seg(out + (h0 + g) * dim + SEGMENT * c, acc[g * chunks + c]);
 }
 
 
@@ -329,11 +352,11 @@ static inline __attribute__((always_inline)) void attend_segments(const Work *w,
 static void attend_sequence(const Work *w, int64_t b, float *scores, Cursor *ahead) {
 #ifdef HAVE_SEGMENTS
     switch (w->head_dim) { /* constant chunk counts: a span's vectors stay in registers */
-    case 64: attend_segments(w, b, scores, 4, ahead); return;
-    case 128: attend_segments(w, b, scores, 8, ahead); return;
+    case 64: attend_segments(w, b, scores, 64 / SEGMENT, ahead); return;
+    case 128: attend_segments(w, b, scores, 128 / SEGMENT, ahead); return;
     default:
-        if (w->head_dim % 16 == 0 && w->head_dim / 16 <= SPAN_VECTORS) {
-            attend_segments(w, b, scores, w->head_dim / 16, ahead);
+        if (w->head_dim % SEGMENT == 0 && w->head_dim / SEGMENT <= SPAN_VECTORS) {
+            attend_segments(w, b, scores, w->head_dim / SEGMENT, ahead);
             return;
         }
     }

@@ -7,7 +7,8 @@
  * another, so the whole weight is one sequential stream: a row's product is bound by how fast memory
  * delivers the weight, and every row of a tile (up to ROW_TILE rows) reuses each vector while it is
  * in registers; the next tiles of rows read the same panel again, from the cache, so many rows are
- * bound by the FMA units instead.
+ * bound by the FMA units instead. Each y[t, c] is one sum in input order (i = 0, 1, ..., in - 1),
+ * whatever the rows beside t.
  *
  * The tile fits the register file of the instruction set this file is compiled for (-march):
  *
@@ -17,15 +18,20 @@
  * (a 64-column tile of 24 sums on AVX2 spills to the stack, and ran at a tenth of the dense
  * product's rate on a znver1 EPYC). pdserve_panels_width() tells the packer which.
  *
+ * The rows go in blocks whose x (block rows x in floats) fills at most half of the L2 cache this CPU
+ * reports, so every panel of a block reads x from L2 (256 rows of a 576-wide x are 590 KB, more
+ * than a znver3 core's 512 KB L2): each block reads the weight once more, from memory or L3.
+ *
  * x's rows may be strided (`x_stride` floats from one row's start to the next); y is [rows, out]
- * contiguous. The (panel, row tile) grid is split over up to `limit` POSIX threads where the product
- * is worth it (pdserve_panels_threads: the one place that decides, for every caller).
+ * contiguous. The (row block, panel, row tile) grid is split over up to `limit` POSIX threads where
+ * the product is worth it (pdserve_panels_threads: the one place that decides, for every caller).
  * Loaded by row_panels.py, which packs the panels and checks every shape and stride first;
  * tests/cpu/test_panel_weights.py compares it with the dense product.
  */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef __AVX512F__
 #define VEC 16  /* floats a vector register */
@@ -36,6 +42,7 @@
 #endif
 #define PANEL (VEC * VECS) /* columns a panel */
 #define ROW_TILE 6         /* rows a pass */
+#define L2_BYTES 524288    /* where the CPU does not report its L2 */
 /* a product is split over threads where it takes long enough for a thread's start to pay: */
 #define THREADED_FLOATS (1 << 20) /* a weight of 4 MB, read from memory (one or a few rows) */
 #define THREADED_MACS (8 << 20)   /* or this many multiply-adds (many rows) */
@@ -62,6 +69,10 @@ static inline vec load(const float *p) {
             }                                                                                     \
         }                                                                                         \
         for (int r = 0; r < ROWS; r++) {                                                          \
+            if (cols == PANEL) { /* a whole panel: no copy through the stack */                   \
+                memcpy(y + r * out, acc[r], sizeof acc[r]);                                       \
+                continue;                                                                         \
+            }                                                                                     \
             float tile[PANEL];                                                                    \
             memcpy(tile, acc[r], sizeof tile);                                                    \
             memcpy(y + r * out, tile, (size_t)cols * sizeof(float));                              \
@@ -81,23 +92,49 @@ static const PanelRows BY_ROWS[ROW_TILE + 1] = {0, panel_1, panel_2, panel_3, pa
 /* The columns of a panel as this build lays them out (the packer asks). */
 int64_t pdserve_panels_width(void) { return PANEL; }
 
+static pthread_once_t l2_read = PTHREAD_ONCE_INIT;
+static int64_t l2_bytes = L2_BYTES; /* written once, by read_l2 */
+
+static void read_l2(void) { /* sysconf may ask the CPU (cpuid: a VM exit in a VM), so once */
+    long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (bytes > 0) l2_bytes = bytes;
+}
+
+/* Rows a block: whole row tiles whose x fills at most half of L2 (one tile at the least). */
+static int64_t block_rows(int64_t in) {
+    pthread_once(&l2_read, read_l2);
+    int64_t tiles = l2_bytes / 2 / (in * (int64_t)sizeof(float)) / ROW_TILE;
+    return (tiles < 1 ? 1 : tiles) * ROW_TILE;
+}
+
 typedef struct {
     const float *x, *panels;
     float *y;
-    int64_t x_stride, rows, in, out, first, last; /* tiles [first, last) of the panel-major grid */
+    int64_t x_stride, rows, in, out, block, first, last; /* tiles [first, last) of the grid */
 } Work;
 
-/* The grid's tiles are (panel, ROW_TILE rows of x), panel-major: a thread's run of tiles reads each
- * of its panels from memory once, and its other row tiles find that panel in the cache. */
-static void *run(void *arg) {
-    const Work *w = arg;
-    int64_t tiles = (w->rows + ROW_TILE - 1) / ROW_TILE;
-    for (int64_t t = w->first; t < w->last; t++) {
-        int64_t p = t / tiles, r = t % tiles * ROW_TILE;
+/* The tiles [first, last) of the block of rows from r0 (`tiles` row tiles a panel, panel-major). */
+static void block_tiles(const Work *w, int64_t r0, int64_t tiles, int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; t++) {
+        int64_t p = t / tiles, r = r0 + t % tiles * ROW_TILE;
         const float *panel = w->panels + p * w->in * PANEL;
         int64_t c0 = p * PANEL, cols = w->out - c0 < PANEL ? w->out - c0 : PANEL;
         int64_t n = w->rows - r < ROW_TILE ? w->rows - r : ROW_TILE;
         BY_ROWS[n](w->x + r * w->x_stride, w->x_stride, panel, w->in, w->y + r * w->out + c0, w->out, cols);
+    }
+}
+
+/* The grid: row blocks, in each the (panel, row tile) tiles panel-major, so a thread's run of tiles
+ * reads each of its panels from memory once a block and its other row tiles find it in the cache. */
+static void *run(void *arg) {
+    const Work *w = arg;
+    int64_t panels = (w->out + PANEL - 1) / PANEL;
+    for (int64_t r0 = 0, start = 0; r0 < w->rows && start < w->last; r0 += w->block) {
+        int64_t rows = w->rows - r0 < w->block ? w->rows - r0 : w->block;
+        int64_t tiles = (rows + ROW_TILE - 1) / ROW_TILE, end = start + panels * tiles;
+        int64_t first = w->first > start ? w->first : start, last = w->last < end ? w->last : end;
+        if (first < last) block_tiles(w, r0, tiles, first - start, last - start);
+        start = end;
     }
     return NULL;
 }
@@ -117,12 +154,13 @@ int64_t pdserve_panels_threads(int64_t rows, int64_t in, int64_t out, int64_t li
 
 void pdserve_panels_gemm(const float *x, int64_t x_stride, int64_t rows, const float *panels, int64_t in,
                          int64_t out, float *y, int64_t limit) {
-    int64_t count = grid_tiles(rows, out), threads = pdserve_panels_threads(rows, in, out, limit);
+    int64_t block = block_rows(in), count = 0, threads = pdserve_panels_threads(rows, in, out, limit);
+    for (int64_t r0 = 0; r0 < rows; r0 += block) count += grid_tiles(rows - r0 < block ? rows - r0 : block, out);
     Work work[threads];
     pthread_t ids[threads];
     int started[threads];
     for (int64_t i = 0; i < threads; i++) {
-        work[i] = (Work){x, panels, y, x_stride, rows, in, out, count * i / threads, count * (i + 1) / threads};
+        work[i] = (Work){x, panels, y, x_stride, rows, in, out, block, count * i / threads, count * (i + 1) / threads};
         started[i] = i > 0 && pthread_create(&ids[i], NULL, run, &work[i]) == 0;
     }
     for (int64_t i = 1; i < threads; i++)

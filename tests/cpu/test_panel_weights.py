@@ -1,8 +1,9 @@
 """The panels for decode-sized products (pdserve/cpu/panel_weights.py, pdserve/native/row_panels.py):
 the product against the dense one at every row count of a tile and past it, odd widths and depths,
-strided and non-float32 inputs, biases, threads over panels and row tiles; a Linear reading them
-only up to PANEL_MAX_ROWS rows; a copied model packing its own; a model's logits against the dense
-model's; and the machines where they do not build."""
+strided and non-float32 inputs, biases, threads over panels and row tiles, rows past a block of
+L2 (each row's sum its own); a Linear reading them only up to PANEL_MAX_ROWS rows; a copied model
+packing its own; a model's logits against the dense model's; and the machines where they do not
+build."""
 
 from __future__ import annotations
 
@@ -112,6 +113,22 @@ def test_a_large_product_splits_over_threads_with_the_same_result(panels, rows, 
         torch.testing.assert_close(panels.pack(weight)(x, None), dense(x, weight), rtol=1e-4, atol=1e-3)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_rows_past_an_l2_block_give_each_row_its_own_sum_bit_for_bit(panels, threads):
+    # 300 rows of 8,192 inputs: 9.8 MB of x, several blocks of rows on any L2 (row_panels.c)
+    gen = torch.Generator().manual_seed(7)
+    weight, x = torch.randn(8192, 70, generator=gen), torch.randn(300, 8192, generator=gen)
+    packed, before = panels.pack(weight), torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        together = packed(x, None)
+    finally:
+        torch.set_num_threads(before)
+    alone = torch.cat([packed(x[i : i + 1], None) for i in (0, 5, 6, 131, 299)])
+    assert torch.equal(together[[0, 5, 6, 131, 299]], alone)
+    torch.testing.assert_close(together, dense(x, weight), rtol=1e-4, atol=1e-2)
 
 
 def test_a_product_is_threaded_by_its_weight_or_its_multiply_adds(panels):
