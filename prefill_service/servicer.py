@@ -30,13 +30,14 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
     async def Prefill(self, request: wpb.PrefillRequest, context):
         self.refuse_unless_serving()
         r, t = request.request, request.target
-        target = target_from_pb(t, self.transport, self.kv_identity)
+        target = None if request.target_follows else target_from_pb(t, self.transport, self.kv_identity)
         owner = self.refuse_if_aborted(r)
         with stream_span(
                 self.tracer, "pdserve.prefill", context=extract_context(context.invocation_metadata()), kind=SpanKind.SERVER,
                 attributes={"gen_ai.request.id": r.request_id, "pdserve.prompt_tokens": len(r.prompt_token_ids),
                             "pdserve.resumed_tokens": len(r.output_token_ids),
-                            "pdserve.decode_endpoint": t.decode_endpoint}) as span:
+                            "pdserve.decode_endpoint": t.decode_endpoint,
+                            "pdserve.target_follows": request.target_follows}) as span:
             session = await self.worker.open(r.request_id, tuple(r.prompt_token_ids), sampling_from_pb(r.sampling),
                                              priority_from_pb(r.priority), target, kv_timeout(r.kv_timeout_s),
                                              tuple(r.output_token_ids), r.age_s, owner)
@@ -46,6 +47,16 @@ class PrefillServicer(CommonWorkerRpcs, worker_pb2_grpc.PrefillWorkerServicer):
                     yield _event_to_pb(event)
             finally:
                 self.worker.live.close(session)
+
+    async def Stats(self, request: wpb.StatsRequest, context) -> wpb.WorkerStats:
+        stats = await super().Stats(request, context)
+        stats.target_follows = True
+        stats.requests_awaiting_target = self.worker.awaiting_target()
+        return stats
+
+    async def SetTarget(self, request: wpb.SetTargetRequest, context) -> wpb.SetTargetResponse:
+        target = target_from_pb(request.target, self.transport, self.kv_identity)
+        return wpb.SetTargetResponse(held_blocks=self.worker.set_target(request.request_id, target))
 
     def _observe(self, span, event) -> None:
         if isinstance(event, Chunk):

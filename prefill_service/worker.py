@@ -6,6 +6,10 @@
     last chunk samples the first token -> last piece -> decode.CompleteKV(first token)
            <-- Chunk ... FirstToken --
 
+A prefill opened without its reservation (`target` None: the router reserves decode blocks once
+this worker has started the prompt) keeps what its steps computed, held, until `set_target`
+brings the reservation; then what was held goes out as one piece and the steps go on as above.
+
 The engine holds every block of a request that a piece still has to read (BlockHold) until
 the send finished, so preemption or eviction can never recycle blocks under a transfer. Each
 hold is a lease owned by its piece's send: it ends when the send ends (or never starts), or
@@ -29,12 +33,13 @@ from dataclasses import dataclass, field
 from pdserve.aborts import Owner
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
-from pdserve.errors import PeerFault
+from pdserve.errors import IncompatibleError, InvalidRequestError, PeerFault
 from pdserve.engine.outputs import StepResult
 from pdserve.kv import BlockHold
 from pdserve.parallel.kv_ranks import RanksSender
 from pdserve.requests import Priority, Request, SamplingParams, TokenLogprobs
 from pdserve.rpc.bounds import check_id, check_timeout
+from pdserve.rpc.errors import NotFound
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender
 from pdserve.validation import validate_resumed
@@ -52,7 +57,7 @@ log = logging.getLogger(__name__)
 class PrefillJob:
     request_id: str
     kv_tokens: int  # the prompt's, and a resume's tokens so far: the KV this job sends
-    target: Target
+    target: Target | None  # None: it follows (set_target); until then the steps' KV waits here
     session: Session
     kv_timeout_s: float
     sent_blocks: int = 0  # table entries (layer groups of a block) from the reservation's start
@@ -70,6 +75,30 @@ class PrefillJob:
     checksums: list[int] = field(default_factory=list)  # each piece's sum as sent, in order (none: unsummed)
     chain: asyncio.Future | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
+    started: bool = False  # a step computed some of it
+    waiting: Waiting | None = None  # the KV computed while its target had not come, held
+
+
+@dataclass(frozen=True)
+class Computed:
+    """What a step computed of a job: its block table then (the hold's), the tokens whose KV it
+    holds, and, on the last chunk, the first token."""
+
+    blocks: tuple[int, ...]
+    end: int
+    final: bool
+    first_token: int | None
+
+
+@dataclass
+class Waiting:
+    """The latest step's KV of a job without its target, held (each step's hold covers every
+    block before it, so only the latest is kept). `lease` gives the hold back unless handed on."""
+
+    computed: Computed
+    hold: BlockHold | None
+    lease: Lease | None = None
+    handed_on: bool = False
 
 
 class PrefillWorker:
@@ -90,20 +119,21 @@ class PrefillWorker:
         engine.add_listener(self.on_step)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
-                   target: Target, kv_timeout_s: float, resumed: tuple[int, ...] = (), age_s: float = 0.0,
+                   target: Target | None, kv_timeout_s: float, resumed: tuple[int, ...] = (), age_s: float = 0.0,
                    owner: Owner | None = None) -> Session:
         """The prompt's KV (and a resume's: of the tokens generated so far, `resumed`, too) sent
-        into `target`, then the next token; queued as if it had arrived `age_s` ago; `owner`: its
-        client's request (an Abort of it through any router ends it).
+        into `target` (None: it follows, by set_target), then the next token; queued as if it had
+        arrived `age_s` ago; `owner`: its client's request (an Abort of it through any router ends it).
         InvalidRequestError, with nothing started, for a bad id, timeout or reservation (the
         engine checks prompt, sampling, `resumed` and `age_s` itself)."""
         check_id("request_id", request_id)
         check_timeout("kv_timeout_s", kv_timeout_s)
         validate_resumed(resumed, sampling, self.engine.engine.limits)  # the engine sees max_tokens len(resumed) + 1
         kv_tokens = len(prompt) + len(resumed)
-        check_target(target, self.sender, self.block_size, self.block_nbytes, kv_tokens, self.groups)
+        if target is not None:
+            check_target(target, self.sender, self.block_size, self.block_nbytes, kv_tokens, self.groups)
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id, owner), kv_timeout_s,
-                         sent_blocks=target.cached_blocks * self.groups, resumed=len(resumed))
+                         sent_blocks=target.cached_blocks * self.groups if target else 0, resumed=len(resumed))
         # the first token only; min_tokens capped with it (what bans an end for that one token stays)
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": (),
                                        "min_tokens": min(sampling.min_tokens, len(resumed) + 1)})
@@ -116,6 +146,8 @@ class PrefillWorker:
         job.failed = True
         for task in job.tasks:
             task.cancel()
+        if job.waiting is not None and job.waiting.lease is not None:
+            job.waiting.lease.end()
         if abort:
             self.engine.call_nowait(lambda e: _abort(e, job.request_id))
 
@@ -137,20 +169,70 @@ class PrefillWorker:
     def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold: BlockHold | None, step_s: float) -> None:
         request = chunk.request
         job.cached_tokens = request.num_cached_tokens
-        if job.seq == 0 and job.sent_blocks == job.target.cached_blocks * self.groups:
+        if not job.started:
+            job.started = True
             job.queue_seconds = max(0.0, (request.first_scheduled_time or request.arrival_time) - request.arrival_time)
         job.session.push(Chunk(chunk.start, chunk.num_tokens, request.num_cached_tokens, step_s))
         final = chunk.samples
-        complete = (-(-job.kv_tokens // self.block_size) if final else chunk.end // self.block_size) * self.groups
-        blocks = hold.blocks if hold is not None else chunk.block_table
+        first = request.output_token_ids[job.resumed] if final and len(request.output_token_ids) > job.resumed else None
+        computed = Computed(tuple(hold.blocks if hold is not None else chunk.block_table), chunk.end, final, first)
+        if job.target is None:
+            self._wait(job, computed, hold)
+        else:
+            self._ship(job, computed, hold)
+
+    def _ship(self, job: PrefillJob, computed: Computed, hold: BlockHold | None) -> None:
+        """The blocks `computed` completed since the last piece go out as the next piece, after it."""
+        complete = (-(-job.kv_tokens // self.block_size) if computed.final else computed.end // self.block_size) \
+            * self.groups  # table entries, `groups` a block
         piece = None
-        if complete > job.sent_blocks:  # table entries, `groups` a block
-            piece = Piece(job.target.transfer_id, job.seq, job.sent_blocks, tuple(blocks[job.sent_blocks:complete]),
-                          job.kv_timeout_s, job.target.secret, len(self.sender.ports))
+        if complete > job.sent_blocks:
+            piece = Piece(job.target.transfer_id, job.seq, job.sent_blocks,
+                          computed.blocks[job.sent_blocks:complete], job.kv_timeout_s, job.target.secret,
+                          len(self.sender.ports))
             job.seq += 1
             job.sent_blocks = complete
-        first = request.output_token_ids[job.resumed] if final and len(request.output_token_ids) > job.resumed else None
-        self._chain(job, piece, hold, first)
+        self._chain(job, piece, hold, computed.first_token)
+
+    # ---- a target that follows ----
+
+    def _wait(self, job: PrefillJob, computed: Computed, hold: BlockHold | None) -> None:
+        """Keep this step's hold until the target comes; the previous one's blocks are in it."""
+        previous = job.waiting
+        waiting = job.waiting = Waiting(computed, hold)
+        if hold is not None:
+            def reclaim(_: Reclaim) -> None:
+                if not waiting.handed_on:
+                    self.engine.release_nowait(hold)
+
+            waiting.lease = self.leases.grant(LeaseKind.WAITING, f"KV of {job.request_id} waiting for its target",
+                                              len(hold.blocks), None, reclaim)
+        if previous is not None and previous.lease is not None:
+            previous.lease.end()
+
+    def set_target(self, request_id: str, target: Target) -> int:
+        """The reservation of a prefill opened without one: what it computed so far goes out now
+        (its table entries, returned). NotFound: no such prefill here; IncompatibleError: it has
+        one; InvalidRequestError: one this worker cannot fill (the prefill fails with it)."""
+        job = self.live.get(check_id("request_id", request_id))
+        if job is None:
+            raise NotFound(f"no prefill {request_id!r} is running here")
+        if job.target is not None:
+            raise IncompatibleError(f"prefill {request_id!r} has its reservation already")
+        try:
+            check_target(target, self.sender, self.block_size, self.block_nbytes, job.kv_tokens, self.groups)
+        except InvalidRequestError as exc:
+            self._fail(job, exc)
+            raise
+        job.target, job.sent_blocks = target, target.cached_blocks * self.groups
+        waiting, job.waiting = job.waiting, None
+        if waiting is None:
+            return 0
+        waiting.handed_on = True  # to the piece's own lease, granted by _ship
+        self._ship(job, waiting.computed, waiting.hold)
+        if waiting.lease is not None:
+            waiting.lease.end()
+        return job.sent_blocks - target.cached_blocks * self.groups
 
     def _chain(self, job: PrefillJob, piece: Piece | None, hold: BlockHold | None, first_token: int | None) -> None:
         """Pieces of one request go out in order; other requests' pieces proceed in parallel.
@@ -205,6 +287,10 @@ class PrefillWorker:
         job.kv_bytes += sent.nbytes
         job.kv_descriptors += sent.descriptors
         job.kv_seconds += sent.seconds
+
+    def awaiting_target(self) -> int:
+        """Started prefills whose reservation has not come (their KV waits here)."""
+        return sum(1 for job in self.live.records() if job.target is None and job.started)
 
     def kv_rank_bytes(self) -> list[int]:
         """KV bytes each rank of this worker sent, rank 0 first."""

@@ -24,7 +24,7 @@ from router.fleet.canary import CANARY_TEXT, Canaries, CanaryConfig
 from router.fleet.discovery import DnsDiscovery, RegistryServicer
 from router.fleet.grpc_clients import GrpcWorkerClients
 from router.flow.flow import RequestFlow
-from router.flow.flow_types import FlowConfig, OnLeave
+from router.flow.flow_types import FlowConfig, OnLeave, ReserveAt
 from pdserve.elastic import PlannerPolicy
 from router.doors.gateway import Gateway
 from router.doors.http.app import HttpApi, HttpServer, HttpSettings, max_body_bytes, start_http
@@ -116,6 +116,8 @@ async def start_router(args: argparse.Namespace) -> RouterService:
                                                  local_prefill=local_prefill_from_args(args),
                                                  admission=admission_from_args(args),
                                                  on_leave=OnLeave(args.on_leave),
+                                                 gather_tokens=args.stream_interval.gather_tokens,
+                                                 reserve_at=ReserveAt(args.reserve_at),
                                                  rebalance_interval_s=args.rebalance_interval_s or None))
     tracer = obs.tracing.tracer()
     gateway = Gateway(frontend, flow, lambda md: RequestTrace(tracer, obs.metrics, config.name, md),

@@ -13,7 +13,11 @@
     total_s = reserve_s + queue_s + prefill_s + transfer_s
 
 The steps run in that order on the service's path (docs/ARCHITECTURE.md): reserve, then
-prefill behind the worker's queue, then the last piece and the first token.
+prefill behind the worker's queue, then the last piece and the first token. With the
+reservation taken when the prefill starts (`overlapped`, the router's `--reserve-at prefill`),
+the prompt computes while its blocks are reserved, and the first piece waits for them:
+
+    total_s = queue_s + max(prefill_s, reserve_s) + transfer_s
 """
 
 from __future__ import annotations
@@ -39,9 +43,12 @@ class TtftPrediction:
     prefill_s: float
     transfer_s: float
     prefill_worker: str  # who computes the prompt
+    overlapped: bool = False  # reserved once the prefill starts: the reservation overlaps the prefill
 
     @property
     def total_s(self) -> float:
+        if self.overlapped:
+            return self.queue_s + max(self.prefill_s, self.reserve_s) + self.transfer_s
         return self.reserve_s + self.queue_s + self.prefill_s + self.transfer_s
 
     def attributes(self) -> dict[str, float | str]:
@@ -49,7 +56,8 @@ class TtftPrediction:
         return {"pdserve.ttft.predicted_s": self.total_s, "pdserve.ttft.predicted.reserve_s": self.reserve_s,
                 "pdserve.ttft.predicted.queue_s": self.queue_s, "pdserve.ttft.predicted.prefill_s": self.prefill_s,
                 "pdserve.ttft.predicted.transfer_s": self.transfer_s,
-                "pdserve.ttft.predicted.prefill_worker": self.prefill_worker}
+                "pdserve.ttft.predicted.prefill_worker": self.prefill_worker,
+                "pdserve.ttft.predicted.overlapped": self.overlapped}
 
 
 def predict_prefill(prompt_tokens: int, side: PrefillSide, fallback_tokens_per_s: float) -> tuple[float, float]:
@@ -63,6 +71,8 @@ def predict_prefill(prompt_tokens: int, side: PrefillSide, fallback_tokens_per_s
 
 
 def predict_ttft(prompt_tokens: int, side: PrefillSide, reserve_s: float,
-                 fallback_tokens_per_s: float) -> TtftPrediction:
+                 fallback_tokens_per_s: float, overlapped: bool = False) -> TtftPrediction:
+    """`overlapped`: the decode blocks are reserved once the prefill starts (a remote prefill only)."""
     queue_s, prefill_s = predict_prefill(prompt_tokens, side, fallback_tokens_per_s)
-    return TtftPrediction(max(0.0, reserve_s), queue_s, prefill_s, max(0.0, side.transfer_s), side.address)
+    return TtftPrediction(max(0.0, reserve_s), queue_s, prefill_s, max(0.0, side.transfer_s), side.address,
+                          overlapped)

@@ -54,6 +54,7 @@ class SeparateFleet(Fleet):
         by_role = {role: ",".join(w.address for w in self.workers() if w.role == role) for role in ("prefill", "decode")}
         return ["router", "--host", self._host("router"), "--port", "0", "--prefill-workers", by_role["prefill"], "--decode-workers", by_role["decode"],
                 "--kv-timeout", str(self.spec.kv_timeout_s), "--decode-failover", "resume",
+                "--reserve-at", self.spec.reserve_at,
                 "--anonymous-max-priority", "vip", "--insecure"]  # the load has VIP requests
 
     def _watch(self) -> None:

@@ -35,6 +35,7 @@ class UpFleet(Fleet):
                 "--kv-timeout", str(self.spec.kv_timeout_s), "--ready-timeout", str(self.spec.ready_timeout_s),
                 "--drain-timeout-s", str(self.spec.drain_timeout_s), "--status-file", str(self.status_file),
                 "--anonymous-max-priority", "vip",  # the load has VIP requests
+                "--reserve-at", self.spec.reserve_at,
                 *self.spec.engine_argv()]
         return argv
 

@@ -62,6 +62,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     f.add_argument("--deterministic", action="store_const", const=True, default=None,
                    help="workers in deterministic mode: every output must equal the no-fault run's exactly "
                         "(no tie judge)")
+    f.add_argument("--reserve-at", dest="reserve_at", choices=["prefill", "arrival"], default=None,
+                   help="router: decode blocks reserved once the prefill starts, or at arrival")
     f.add_argument("--ready-timeout", dest="ready_timeout_s", type=float, default=None)
     g = p.add_argument_group("load")
     g.add_argument("--streams", type=int, default=None, help="concurrent chat streams")

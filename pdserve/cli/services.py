@@ -18,7 +18,7 @@ from pdserve.cli.options import add_engine_flags
 from pdserve.config import DeadlineConfig
 from pdserve.procs.parent_watch import supervisor_pid, watch_parent
 from pdserve.rpc.security import add_security_flags
-from router.flow.flow_types import FlowConfig, OnLeave
+from router.flow.flow_types import FlowConfig, OnLeave, ReserveAt
 from router.fleet.discovery import MAX_REGISTERED_WORKERS
 from router.doors.gateway import MAX_ACTIVE
 from router.doors.limits import add_limit_flags
@@ -103,6 +103,9 @@ def _router_flags(p: argparse.ArgumentParser) -> None:
                    help="a request decoding on a worker that drains or changes role, when another decode worker "
                         "could take it: move its KV there (move), prefill it again there (prefill), or let it "
                         "finish where it is (finish)")
+    p.add_argument("--reserve-at", default=flow.reserve_at.value, choices=[r.value for r in ReserveAt],
+                   help="when a remote prefill's decode blocks are reserved: once a prefill worker has started the "
+                        "prompt, its KV held there until then (prefill), or when the request is placed (arrival)")
     p.add_argument("--canary-interval-s", type=float, default=60.0,
                    help="a fixed greedy prompt through every prefill-decode pair at start and this often; a pair "
                         "answering other than the others leaves rotation (0: no canaries)")

@@ -76,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-leave", default="move", choices=["move", "prefill", "finish"],
                    help="router: a request decoding on a worker that leaves (drain, role change) moves its KV to "
                         "another decode worker, is prefilled again there, or finishes where it is")
+    p.add_argument("--reserve-at", default="prefill", choices=["prefill", "arrival"],
+                   help="router: a remote prefill's decode blocks are reserved once a prefill worker started the "
+                        "prompt (its KV held there until then), or when the request is placed")
     p.add_argument("--kv-checksums", default="on", choices=["on", "off"],
                    help="workers: sum every KV piece sent and check it where it lands")
     p.add_argument("--ready-timeout", type=float, default=300.0)
@@ -211,7 +214,8 @@ def router_argv(args: argparse.Namespace, addresses: dict[str, list[str]], index
     if args.elastic:
         argv.append("--planner")
     argv += ["--kv-timeout", str(args.kv_timeout), "--decode-failover", args.decode_failover,
-             "--on-leave", args.on_leave, "--wait-for-worker-s", str(args.wait_for_worker_s)]
+             "--on-leave", args.on_leave, "--reserve-at", args.reserve_at,
+             "--wait-for-worker-s", str(args.wait_for_worker_s)]
     if args.otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     if args.api_token_file:

@@ -20,6 +20,7 @@ class WorkerSignals:
     free_blocks: int
     total_blocks: int
     step_s: float  # its recent steps' seconds
+    awaiting_target: int = 0  # (prefill) started prompts whose decode blocks are not reserved yet
 
     @property
     def occupancy(self) -> float:
@@ -50,7 +51,10 @@ class FleetSignals:
 
     @property
     def decode_waiting(self) -> int:
-        return sum(w.waiting for w in self.of_role("decode"))
+        """Requests waiting for decode blocks: queued on a decode worker for their reservation, or
+        started on a prefill worker that holds their KV until it is reserved (a reservation taken
+        when the prefill starts: they wait for it there)."""
+        return sum(w.waiting for w in self.of_role("decode")) + sum(w.awaiting_target for w in self.of_role("prefill"))
 
     @property
     def decode_occupancy(self) -> float:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 class LeaseKind(enum.Enum):
     HOLD = "hold"  # blocks a KV send reads (a prefill piece, a departed request's move); owner: that send
+    WAITING = "waiting"  # prefill: a started prompt's KV waiting for its reservation; owner: the router's Prefill stream
     RESERVATION = "reservation"  # decode: blocks a prefill worker writes; owner: the router's Decode stream
     QUARANTINE = "quarantine"  # decode: blocks a withdrawn receive may still write; owner: the transport
     ORPHAN = "orphan"  # decode: a request whose router's stream broke, kept for a re-attach; owner: none (the grace)

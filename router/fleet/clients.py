@@ -6,6 +6,8 @@
                --WorkerClients.decode(address).find(owner) / .attach(job)--> a request another router ran
                                                                    (pdserve/reattach.py): Attached, Tokens...
                --WorkerClients.prefill(address).open(job, reservation)--> PrefillCall: Chunk... FirstToken
+               --WorkerClients.prefill(address).open(job, None)--> Chunk --.set_target(id, reservation)--> ... FirstToken
+                                                                   (the decode blocks reserved once the prefill started)
                --WorkerClients.stats(address, role)-->                   WorkerSnapshot (the pool's health watch)
     gateway    --WorkerClients.abort(address, role, owner, scope)-->   an Abort of a request another router runs
 
@@ -146,6 +148,8 @@ class WorkerSnapshot:
     next_role: str = ""  # an elastic worker leaving `role` for this one ("": none)
     elastic: bool = False  # its role can change (WorkerClients.set_role)
     identity: WorkerIdentity | None = None  # what it serves (None: it did not say; it is never used)
+    target_follows: bool = False  # (prefill) it takes a prefill whose reservation follows (set_target)
+    awaiting_target: int = 0  # (prefill) started prompts whose KV waits there for their reservation
 
 
 class Sink(Protocol):
@@ -232,8 +236,15 @@ class PrefillClient(abc.ABC):
     address: str
 
     @abc.abstractmethod
-    def open(self, job: WorkerJob, target: Reservation) -> Call:
-        """Prefill `job` into the decode worker's reservation; ends with FirstToken."""
+    def open(self, job: WorkerJob, target: Reservation | None) -> Call:
+        """Prefill `job` into the decode worker's reservation; ends with FirstToken. `target` None:
+        it follows by `set_target` (once the worker sent its first Chunk: started, the KV it
+        computes waits there for it); no FirstToken comes before it."""
+
+    @abc.abstractmethod
+    async def set_target(self, worker_id: str, target: Reservation, timeout_s: float) -> None:
+        """The reservation of a prefill opened without one. Raises WorkerFault (LOST: the worker
+        no longer runs it; REFUSED: a reservation it cannot fill, and the prefill fails with it)."""
 
     @abc.abstractmethod
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:

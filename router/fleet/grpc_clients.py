@@ -148,10 +148,18 @@ class GrpcPrefillClient(PrefillClient):
         self.address = address
         self._stub = worker_pb2_grpc.PrefillWorkerStub(channel)
 
-    def open(self, job: WorkerJob, target: Reservation) -> Call:
-        call = self._stub.Prefill(wpb.PrefillRequest(request=worker_request(job), target=target_to_pb(target)),
-                                  metadata=job.metadata, timeout=job.timeout_s)
+    def open(self, job: WorkerJob, target: Reservation | None) -> Call:
+        request = wpb.PrefillRequest(request=worker_request(job), target_follows=True) if target is None else \
+            wpb.PrefillRequest(request=worker_request(job), target=target_to_pb(target))
+        call = self._stub.Prefill(request, metadata=job.metadata, timeout=job.timeout_s)
         return GrpcCall(call, self.address, prefill_event)
+
+    async def set_target(self, worker_id: str, target: Reservation, timeout_s: float) -> None:
+        try:
+            await self._stub.SetTarget(wpb.SetTargetRequest(request_id=worker_id, target=target_to_pb(target)),
+                                       timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise fault_of(exc, self.address) from None
 
     async def match_prefix(self, token_ids: tuple[int, ...], timeout_s: float) -> int | None:
         return await _match_prefix(self._stub, token_ids, timeout_s)
@@ -188,7 +196,8 @@ class GrpcWorkerClients(WorkerClients):
                               running=s.requests_running, waiting=s.requests_waiting, draining=s.draining,
                               active_blocks=s.blocks_active, queued_prefill_tokens=s.queued_prefill_tokens,
                               prefill_tokens_per_s=s.prefill_tokens_per_s, step_s=s.step_seconds, role=s.role,
-                              next_role=s.next_role, elastic=s.elastic, identity=identity_from_pb(s.identity))
+                              next_role=s.next_role, elastic=s.elastic, identity=identity_from_pb(s.identity),
+                              target_follows=s.target_follows, awaiting_target=s.requests_awaiting_target)
 
     async def set_role(self, address: str, role: str, timeout_s: float) -> tuple[str, str]:
         stub = worker_pb2_grpc.WorkerControlStub(self.channels.get(address))

@@ -82,4 +82,4 @@ def signals_of(pool: WorkerPool) -> FleetSignals:
 def _signals(w: Worker) -> WorkerSignals:
     return WorkerSignals(w.address, w.role, w.elastic, bool(w.next_role), w.queued_prefill_tokens + w.sent_tokens,
                          w.prefill_tokens_per_s, max(w.running, w.assigned), w.waiting, w.free_blocks,
-                         w.total_blocks, w.step_s)
+                         w.total_blocks, w.step_s, w.awaiting_target)

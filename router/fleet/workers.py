@@ -42,6 +42,8 @@ class Worker:
     sent_tokens: int = 0  # prompt tokens this router sent it to compute since its last poll
     prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)
     step_s: float = 0.0  # its recent steps' seconds (0: none yet)
+    target_follows: bool = False  # (prefill) it takes a prefill whose reservation follows
+    awaiting_target: int = 0  # (prefill) started prompts whose KV waits there for their reservation
     next_role: str = ""  # an elastic worker changing role: usable for neither until it has
     elastic: bool = False  # its role can change
     gave_back: bool = False  # it gave a request back (leaving its role): unused until its next poll
@@ -76,6 +78,7 @@ class Worker:
         self.queued_prefill_tokens, self.sent_tokens = snapshot.queued_prefill_tokens, 0
         self.prefill_tokens_per_s, self.step_s = snapshot.prefill_tokens_per_s, snapshot.step_s
         self.identity = snapshot.identity
+        self.target_follows, self.awaiting_target = snapshot.target_follows, snapshot.awaiting_target
 
 
 @dataclass(frozen=True)

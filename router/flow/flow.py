@@ -36,8 +36,8 @@ from router.fleet.workers import Worker, WorkerPool
 from router.flow.decoding import Decoder
 from router.flow.departing import Departer
 from router.flow.flow_types import (ATTACHED, MOVED_KV, Attempt, FlowConfig, FlowEvent, FlowState, Job, Milestone,
-                                    NewTokens, worker_job)
-from router.flow.prefilling import Prefiller
+                                    NewTokens, ReserveAt, worker_job)
+from router.flow.prefilling import Prefiller, Started
 from router.flow.protocol import RequestProtocol, Signal
 from router.flow.reattaching import Reattacher
 from router.flow.recovery import Action, Decision, charged_to
@@ -128,23 +128,44 @@ class RequestFlow:
                 else:
                     yield event
             local = plan.local.local
-        state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
+        started: Started | None = None
+        try:
+            if departed is None and not local and self.config.reserve_at is ReserveAt.PREFILL:
+                prefill = await self.placer.prefill(job, state, decode, plan.prefill)
+                plan = dataclasses.replace(plan, prefill=prefill)
+                if prefill.target_follows:  # the prompt starts there first; the decode worker reserves after
+                    state.protocol.advance(Signal.PLACED_LATE, decode.address)
+                    async for event in self.prefiller.start(job, state, decode, prefill):
+                        if isinstance(event, Started):
+                            started = event
+                        else:
+                            yield event
+            if started is None:
+                state.protocol.advance(Signal.PLACED_LOCAL if local else Signal.PLACED, decode.address)
+            attempt = self._open_decode(job, state, decode, local, departed is not None)
+            yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local,
+                                          "pdserve.local_prefill.reason": MOVED_KV if departed else plan.local.reason,
+                                          "pdserve.decode_cached_tokens": state.decode_cached_tokens})
+            if departed is not None:
+                head = self.reserver.move_kv(attempt, departed)
+            elif started is not None:
+                head = self.prefiller.fill(attempt, started)
+            elif not local:
+                head = self.prefiller.prefill(attempt, plan.prefill)
+            else:
+                head = _nothing()
+            async for event in self.decoder.drive(attempt, head):
+                yield event
+        finally:
+            if started is not None:
+                self.prefiller.close(started)
+
+    def _open_decode(self, job: Job, state: FlowState, decode: Worker, local: bool, moving_kv: bool) -> Attempt:
         self.pool.placed(decode)
         opened = time.monotonic()
-        on_worker = worker_job(job, state, self.config, moving_kv=departed is not None)
+        on_worker = worker_job(job, state, self.config, moving_kv=moving_kv)
         call = Pumped(self.clients.decode(decode.address).open(on_worker, local), decode.address)
-        attempt = Attempt(job, state, decode, call, on_worker.request_id, opened)
-        yield Milestone("placement", {"pdserve.decode_worker": decode.address, "pdserve.local_prefill": local,
-                                      "pdserve.local_prefill.reason": MOVED_KV if departed else plan.local.reason,
-                                      "pdserve.decode_cached_tokens": state.decode_cached_tokens})
-        if departed is not None:
-            head = self.reserver.move_kv(attempt, departed)
-        elif not local:
-            head = self.prefiller.prefill(attempt, plan.prefill)
-        else:
-            head = _nothing()
-        async for event in self.decoder.drive(attempt, head):
-            yield event
+        return Attempt(job, state, decode, call, on_worker.request_id, opened)
 
     async def _attach(self, job: Job, state: FlowState) -> AsyncIterator[FlowEvent]:
         """The attempt a continued stream's decode worker holds (router/flow/reattaching.py), driven here."""

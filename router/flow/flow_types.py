@@ -81,11 +81,14 @@ class NewTokens:
     """Tokens for the client, each exactly once across retries and resumes. `logprobs`: one per
     token id, in order, when the request set sampling.logprobs (else empty); each computed by
     the worker that sampled the token and never sent again. `prompt_logprobs`: with the first
-    token, when the request set sampling.prompt_logprobs."""
+    token, when the request set sampling.prompt_logprobs. `arrived`: (time.perf_counter(), tokens)
+    per worker step, for steps gathered before the flow took them (router/flow/stream.py), read
+    as it comes (the trace's timeline); empty: they came as one, now."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] = ()
     prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+    arrived: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,13 @@ MOVED_KV = "moved_kv"  # a placement's reason when no prompt is computed: the KV
 ATTACHED = "attached"  # ... or: a continued stream's request, attached where it decodes (router/flow/reattaching.py)
 
 
+class ReserveAt(enum.Enum):
+    """When a remote prefill's decode blocks are reserved."""
+
+    PREFILL = "prefill"  # once a prefill worker has started the prompt; its KV waits there until then (the default)
+    ARRIVAL = "arrival"  # when the request is placed, before it queues for a prefill worker
+
+
 class OnLeave(enum.Enum):
     """What a request decoding on a worker that leaves (draining, changing role) does, when another
     decode worker could take it now."""
@@ -200,6 +210,13 @@ class FlowConfig:
     move_check_s: float = 0.5
     max_moves: int = 2
     on_leave: OnLeave = OnLeave.MOVE_KV
+    # A decoding request's token events wait in its call until this many tokens came (0: its task
+    # wakes at each): the stream interval's N, sooner than which nothing is sent (its first tokens at once).
+    gather_tokens: int = 0
+    # Reserved when the prefill starts, a prompt queued behind others on the prefill workers holds
+    # no decode blocks, which the running streams grow into (a prefill worker that does not take
+    # a late reservation is given one at arrival).
+    reserve_at: ReserveAt = ReserveAt.PREFILL
     # A request decoding where requests wait for blocks moves, KV and all, to a decode worker with
     # room: at most one per worker per this many seconds (router/placement/rebalancing.py); None: never.
     rebalance_interval_s: float | None = 1.0

@@ -7,20 +7,32 @@ opens the decode call; router/flow/reserving.py waits for its reservation).
                    prefill worker is predicted to give the first token much sooner: P's call is
                    closed (out of its queue) and one opened there, into the same reservation
 
+Reserved when the prefill starts (FlowConfig.reserve_at, the default), the order turns:
+
+    STARTING       P --open(no reservation)--> queued there (moved to a sooner one as above)
+    HELD           P's first chunk: the prompt started, its KV held on P ──▶ D opened, reserves
+    KV_IN_FLIGHT   P --set_target(reservation)--> what P held goes out, then chunks ... first token
+
+so a prompt queued behind others on the prefill workers holds no decode blocks (`start`, `fill`).
+
 A fault of the prefill call is charged to P, or to D when it is D's seen through P's stream
 (its KV link is out: router/fleet/links.py); the prefill call is closed however it ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from pdserve.worker.events import Chunk, FirstToken
 from router.fleet.clients import Culprit, FaultKind, Reservation, WorkerClients, WorkerFault
 from router.fleet.workers import Worker, WorkerPool
-from router.flow.flow_types import Attempt, Blame, FlowConfig, FlowEvent, Milestone, NewTokens, worker_job
+from router.flow.flow_types import (Attempt, Blame, FlowConfig, FlowEvent, FlowState, Job, Milestone, NewTokens,
+                                    worker_job)
 from router.flow.protocol import Signal
 from router.flow.reserving import Reserver, first_event
 from router.flow.stream import Pumped
@@ -36,6 +48,16 @@ class MovedPrefill(Exception):
     def __init__(self, target: Worker, waited_s: float):
         super().__init__(f"moved to {target.address} after {waited_s:.1f} s queued")
         self.target, self.waited_s = target, waited_s
+
+
+@dataclass(frozen=True)
+class Started:
+    """A prefill opened without its reservation, begun: its call (read from its second event on),
+    its id on the prefill worker, and that worker."""
+
+    prefill: Worker
+    call: Pumped
+    worker_id: str
 
 
 class Prefiller:
@@ -80,7 +102,18 @@ class Prefiller:
         call = Pumped(self.clients.prefill(prefill.address).open(worker_job(job, state, self.config), reservation),
                       prefill.address)
         try:
-            async for event in self._events(attempt, call, prefill):
+            async for event in self._delivered(attempt, prefill, self._events(attempt, call, prefill)):
+                yield event
+        finally:
+            self.pool.left(prefill)
+            call.close()
+
+    async def _delivered(self, attempt: Attempt, prefill: Worker,
+                         events: AsyncIterator[FlowEvent]) -> AsyncIterator[FlowEvent]:
+        """`events` of a prefill into the attempt's reservation; its faults charged to whom they are due."""
+        state, decode = attempt.state, attempt.decode
+        try:
+            async for event in events:
                 yield event
             self.pool.credit(prefill.address)
             self.pool.link_delivered(prefill.address, decode.address)
@@ -96,13 +129,95 @@ class Prefiller:
             if fault.address == prefill.address:
                 self.blame(state, fault, "prefill", prefill.address)
             raise
-        finally:
-            self.pool.left(prefill)
-            call.close()
 
-    async def _events(self, attempt: Attempt, call: Pumped, prefill: Worker) -> AsyncIterator[FlowEvent]:
+    # ---- reserved when the prefill starts ----
+
+    async def start(self, job: Job, state: FlowState, decode: Worker,
+                    prefill: Worker) -> AsyncIterator[FlowEvent | Started]:
+        """A prefill on `prefill` whose reservation follows, to its first chunk (moving to a sooner
+        prefill worker while queued): ends with Started, whose call the caller closes."""
+        yield Milestone("placement.prefill", {"pdserve.prefill_worker": prefill.address, "pdserve.reserve_at": "prefill"})
+        while True:
+            on_worker = worker_job(job, state, self.config)
+            self.pool.placed(prefill, len(job.prompt) + len(state.generated))
+            call = Pumped(self.clients.prefill(prefill.address).open(on_worker, None), prefill.address)
+            started = Started(prefill, call, on_worker.request_id)
+            try:
+                first = await first_event(call.next, state, self.config, time.monotonic(),
+                                          lambda waited: self._sooner(job, state, prefill, decode, waited))
+            except MovedPrefill as moved:  # queued there while another gives the first token much sooner
+                self.close(started)
+                state.protocol.advance(Signal.MOVE, f"{prefill.address} -> {moved.target.address}")
+                yield Milestone("moved", {"pdserve.from": prefill.address, "pdserve.to": moved.target.address,
+                                          "pdserve.waited_s": moved.waited_s, "pdserve.role": "prefill"})
+                prefill = moved.target
+                continue
+            except StopAsyncIteration:
+                self.close(started)
+                raise WorkerFault(FaultKind.FAILED, prefill.address, "the prefill worker ended the stream before "
+                                                                     "it started") from None
+            except WorkerFault as fault:
+                self.close(started)
+                if fault.address == prefill.address:
+                    self.blame(state, fault, "prefill", prefill.address)
+                raise
+            except BaseException:
+                self.close(started)
+                raise
+            if not isinstance(first, Chunk):
+                self.close(started)
+                raise WorkerFault(FaultKind.FAILED, prefill.address, f"{prefill.address} sent "
+                                  f"{type(first).__name__} before its reservation")
+            state.protocol.advance(Signal.CHUNK)
+            try:
+                yield _chunk_milestone(first)
+            except BaseException:  # closed here, before the caller has it
+                self.close(started)
+                raise
+            yield started
+            return
+
+    def close(self, started: Started) -> None:
+        self.pool.left(started.prefill)
+        started.call.close()
+
+    async def fill(self, attempt: Attempt, started: Started) -> AsyncIterator[FlowEvent]:
+        """The decode worker's reservation (once the prefill started), handed to the prefill worker:
+        what it held goes out, then the rest, to the first token."""
+        state, decode, prefill = attempt.state, attempt.decode, started.prefill
+        reservation = await self.reserver.reserved(attempt)
+        state.decode_cached_tokens = reservation.cached_blocks * reservation.block_size
+        state.protocol.advance(Signal.RESERVED, prefill.address)
+        yield Milestone("reserved", {"pdserve.kv_blocks_reserved": len(reservation.block_ids),
+                                     "pdserve.decode_worker": decode.address})
+        self.pool.links.trial(prefill.address, decode.address)
+        async for event in self._delivered(attempt, prefill, self._filled(attempt, started, reservation)):
+            yield event
+
+    async def _filled(self, attempt: Attempt, started: Started, reservation: Reservation) -> AsyncIterator[FlowEvent]:
+        client = self.clients.prefill(started.prefill.address)
+        try:
+            await attempt.call.unless_failed(client.set_target(started.worker_id, reservation,
+                                                               self.config.kv_timeout_s))
+        except WorkerFault as fault:
+            if fault.kind is FaultKind.LOST:  # it ended there: its stream says why (an Abort, a failure)
+                await self._ended(attempt, started)
+            raise
+        async for event in self._events(attempt, started.call, started.prefill, chunks=1):
+            yield event
+
+    async def _ended(self, attempt: Attempt, started: Started) -> None:
+        """Raises the fault the prefill stream ended with, if it ends within a probe's time."""
+        with contextlib.suppress(TimeoutError, StopAsyncIteration):
+            async with asyncio.timeout(self.config.probe_timeout_s):
+                while True:
+                    await attempt.call.unless_failed(started.call.next())
+
+    async def _events(self, attempt: Attempt, call: Pumped, prefill: Worker,
+                      chunks: int = 0) -> AsyncIterator[FlowEvent]:
+        """The prefill's events to its first token (`chunks`: those read already)."""
         state, decode_call = attempt.state, attempt.call
-        chunks, opened, address = 0, time.monotonic(), prefill.address
+        opened, address = time.monotonic(), prefill.address
         while True:
             try:
                 if chunks:
@@ -115,9 +230,7 @@ class Prefiller:
             if isinstance(event, Chunk):
                 chunks += 1
                 state.protocol.advance(Signal.CHUNK)
-                yield Milestone("prefill.chunk", {"tokens": event.num_tokens, "start": event.start,
-                                                  "cached_tokens": event.cached_tokens,
-                                                  "step_seconds": event.step_seconds})
+                yield _chunk_milestone(event)
             elif isinstance(event, FirstToken):
                 state.protocol.advance(Signal.FIRST_TOKEN)
                 state.cached_tokens = event.cached_tokens
@@ -136,9 +249,16 @@ class Prefiller:
         there longer than move_after_s), a prefill worker predicted to give the first token much
         sooner takes it: raises MovedPrefill (the caller closes this call, which takes the request
         out of that queue, and opens one there into the same reservation)."""
-        return await first_event(lambda: attempt.call.unless_failed(call.next()), attempt, self.config, opened,
-                                 lambda waited: self._sooner(attempt, prefill, waited))
+        return await first_event(lambda: attempt.call.unless_failed(call.next()), attempt.state, self.config, opened,
+                                 lambda waited: self._sooner(attempt.job, attempt.state, prefill, attempt.decode,
+                                                             waited))
 
-    def _sooner(self, attempt: Attempt, prefill: Worker, waited: float) -> MovedPrefill | None:
-        target = self.placer.sooner_prefill(attempt.job, attempt.state, prefill, attempt.decode)
+    def _sooner(self, job: Job, state: FlowState, prefill: Worker, decode: Worker,
+                waited: float) -> MovedPrefill | None:
+        target = self.placer.sooner_prefill(job, state, prefill, decode)
         return None if target is None else MovedPrefill(target, waited)
+
+
+def _chunk_milestone(event: Chunk) -> Milestone:
+    return Milestone("prefill.chunk", {"tokens": event.num_tokens, "start": event.start,
+                                       "cached_tokens": event.cached_tokens, "step_seconds": event.step_seconds})

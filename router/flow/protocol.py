@@ -13,6 +13,9 @@
           └── depart (DECODING: its decode worker leaves; the request's KV moves to the next one, MOVING_KV)
           └── attach ──► ATTACHING ──tokens──► DECODING  (a continued stream: the decode worker that held
                                                          its request drives it from this router on)
+          └── placed_late ──► STARTING ──chunk──► HELD ──reserved──► KV_IN_FLIGHT  (reserved when the prefill
+                              (move: to a sooner      (move: queued for blocks,    starts: the prompt is queued
+                               prefill worker)         back to PLACING)            and begun on P before D reserves)
                                                        complete (every token was out) ──► FINISHED
                                                        the client went away ──► CANCELLED
 
@@ -35,6 +38,8 @@ class Phase(enum.Enum):
     KV_IN_FLIGHT = "kv_in_flight"  # chunks computed, KV pieces streaming, until the first token
     LOCAL_PREFILL = "local_prefill"  # the decode worker prefills itself (colocated, cached, or a resume with no prefill worker)
     MOVING_KV = "moving_kv"  # the decode worker it departed from sends its KV into the new one's reservation
+    STARTING = "starting"  # Prefill call open without a reservation, queued there: nothing computed yet
+    HELD = "held"  # the prefill started: its KV waits on the prefill worker while the decode worker reserves
     ATTACHING = "attaching"  # a stream continued: attached to the decode worker that held it (pdserve/reattach.py)
     DECODING = "decoding"  # tokens from the decode worker
     FINISHED = "finished"
@@ -49,6 +54,7 @@ class Phase(enum.Enum):
 class Signal(enum.Enum):
     PLACED = "placed"  # a decode worker took the request; its KV comes from a prefill worker
     PLACED_LOCAL = "placed_local"  # ... and prefills it itself
+    PLACED_LATE = "placed_late"  # ... and reserves its blocks once a prefill worker has started the prompt
     RESERVED = "reserved"  # the decode worker reserved blocks; a prefill worker was chosen
     CHUNK = "chunk"  # the prefill worker computed a chunk
     FIRST_TOKEN = "first_token"
@@ -67,11 +73,16 @@ class Signal(enum.Enum):
 
 
 LIVE = (Phase.PLACING, Phase.RESERVING, Phase.PREFILLING, Phase.KV_IN_FLIGHT, Phase.LOCAL_PREFILL, Phase.MOVING_KV,
-        Phase.ATTACHING, Phase.DECODING)
+        Phase.ATTACHING, Phase.DECODING, Phase.STARTING, Phase.HELD)
 
 TRANSITIONS: dict[tuple[Phase, Signal], Phase] = {
     (Phase.PLACING, Signal.PLACED): Phase.RESERVING,
     (Phase.PLACING, Signal.PLACED_LOCAL): Phase.LOCAL_PREFILL,
+    (Phase.PLACING, Signal.PLACED_LATE): Phase.STARTING,
+    (Phase.STARTING, Signal.MOVE): Phase.STARTING,  # to another prefill worker (nothing reserved yet)
+    (Phase.STARTING, Signal.CHUNK): Phase.HELD,
+    (Phase.HELD, Signal.RESERVED): Phase.KV_IN_FLIGHT,
+    (Phase.HELD, Signal.MOVE): Phase.PLACING,  # queued for blocks while another decode worker has room
     (Phase.RESERVING, Signal.RESERVED): Phase.PREFILLING,
     (Phase.RESERVING, Signal.MOVE): Phase.PLACING,
     (Phase.RESERVING, Signal.MOVE_KV): Phase.MOVING_KV,
@@ -139,7 +150,8 @@ class RequestProtocol:
     @property
     def attempts(self) -> int:
         """Placements so far (each attempt starts with one)."""
-        return sum(self.counts.get(s, 0) for s in (Signal.PLACED, Signal.PLACED_LOCAL, Signal.ATTACH))
+        return sum(self.counts.get(s, 0) for s in (Signal.PLACED, Signal.PLACED_LOCAL, Signal.PLACED_LATE,
+                                                   Signal.ATTACH))
 
     @property
     def moves(self) -> int:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from router.fleet.clients import FaultKind, Reservation, WorkerFault
 from router.flow.departing import Departer
-from router.flow.flow_types import Attempt, FlowConfig, FlowEvent, Milestone
+from router.flow.flow_types import Attempt, FlowConfig, FlowEvent, FlowState, Milestone
 from router.flow.protocol import Signal
 from router.placement.observed import Observed
 from router.placement.placing import Placer
@@ -32,12 +32,11 @@ class Moved(Exception):
         self.target, self.waited_s = target, waited_s
 
 
-async def first_event(read: Callable[[], Awaitable[object]], attempt: Attempt, config: FlowConfig, opened: float,
+async def first_event(read: Callable[[], Awaitable[object]], state: FlowState, config: FlowConfig, opened: float,
                       move: Callable[[float], Exception | None]) -> object:
     """A call's first event, `read()`. Every move_check_s without one, once the request has waited
     there longer than move_after_s (`opened`: when the call was) and may move again, `move(waited)`
     names where it goes instead, as the exception to raise."""
-    state = attempt.state
     while True:
         try:  # asyncio.timeout, not wait_for: wait_for can swallow a cancel (an Abort) that meets its result
             async with asyncio.timeout(config.move_check_s):
@@ -62,7 +61,7 @@ class Reserver:
         """The decode worker's reservation, its first event; while it keeps the request queued for
         blocks, a decode worker with room now takes the request instead: raises Moved."""
         decode = attempt.decode
-        reservation = await first_event(attempt.call.next, attempt, self.config, attempt.opened,
+        reservation = await first_event(attempt.call.next, attempt.state, self.config, attempt.opened,
                                         lambda waited: self._roomier(attempt, waited))
         if not isinstance(reservation, Reservation):
             raise WorkerFault(FaultKind.FAILED, decode.address, f"{decode.address} did not reserve KV blocks "

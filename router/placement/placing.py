@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pdserve.rpc.errors import Unavailable
 from router.fleet.clients import WorkerClients
 from router.fleet.workers import Worker, WorkerPool
-from router.flow.flow_types import FlowConfig, FlowState, Job
+from router.flow.flow_types import FlowConfig, FlowState, Job, ReserveAt
 from router.placement.local_prefill import RESUME_REMOTE, LocalPrefillDecision
 from router.placement.observed import Observed
 from router.placement.placement import NoWorker, choose_decode
@@ -29,7 +29,8 @@ class Placer:
         self.pool = pool
         self.clients = clients
         self.config = config
-        self.predictor = Predictor(pool, observed, self.cached_prefixes)
+        self.predictor = Predictor(pool, observed, self.cached_prefixes,
+                                   late_reservation=config.reserve_at is ReserveAt.PREFILL)
 
     async def decode(self, job: Job, state: FlowState) -> tuple[Worker, int]:
         """The decode worker, and how much of the prompt (with the tokens out so far) it holds."""

@@ -24,11 +24,14 @@ DEFAULT_TOKENS_PER_S = 1000.0  # a speed for workers none of which has reported 
 
 
 class Predictor:
-    def __init__(self, pool: WorkerPool, observed: Observed, probe: Probe):
-        """`probe(role, prompt, workers)`: what each worker holds of the prompt (MatchPrefix)."""
+    def __init__(self, pool: WorkerPool, observed: Observed, probe: Probe, late_reservation: bool = False):
+        """`probe(role, prompt, workers)`: what each worker holds of the prompt (MatchPrefix);
+        `late_reservation`: decode blocks are reserved once a prefill worker started the prompt (on
+        one that takes that), so the reservation overlaps its prefill."""
         self.pool = pool
         self.observed = observed
         self.probe = probe
+        self.late_reservation = late_reservation
 
     def reserve_s(self, decode: Worker) -> float:
         """Until `decode` reserves blocks: its next step when it has room and nothing waits there,
@@ -59,7 +62,8 @@ class Predictor:
         if not workers:
             raise NoWorker("no prefill worker is ready")
         reserve_s, length, fallback = self.reserve_s(decode), _length(job, state), self.fallback_tokens_per_s()
-        return {w.address: predict_ttft(length, self.side(w, cached.get(w.address, 0)), reserve_s, fallback)
+        return {w.address: predict_ttft(length, self.side(w, cached.get(w.address, 0)), reserve_s, fallback,
+                                        overlapped=self.late_reservation and w.target_follows)
                 for w in workers}
 
     def on(self, job: Job, state: FlowState, worker: Worker) -> TtftPrediction:

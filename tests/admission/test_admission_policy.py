@@ -43,6 +43,15 @@ def test_a_prediction_adds_the_reservation_the_queue_the_uncached_prompt_and_the
         predict_ttft(10, PrefillSide("p3", 0, 0.0), 0.0, fallback_tokens_per_s=0.0)
 
 
+def test_a_reservation_taken_when_the_prefill_starts_overlaps_the_prefill():
+    side = PrefillSide("p0", queued_tokens=3000, tokens_per_s=1000.0, cached_tokens=200, transfer_s=0.01)
+    short = predict_ttft(1200, side, reserve_s=0.05, fallback_tokens_per_s=99.0, overlapped=True)
+    assert math.isclose(short.total_s, 3.0 + 1.0 + 0.01)  # blocks reserved while the prompt computes
+    long = predict_ttft(1200, side, reserve_s=2.5, fallback_tokens_per_s=99.0, overlapped=True)
+    assert math.isclose(long.total_s, 3.0 + 2.5 + 0.01)  # the pieces wait for them
+    assert long.attributes()["pdserve.ttft.predicted.overlapped"] is True
+
+
 POLICY = AdmissionPolicy(parse_objectives("vip=1,normal=5,batch=30", "normal=0.5"), defer_max_s=60.0)
 
 

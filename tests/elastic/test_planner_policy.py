@@ -3,6 +3,7 @@ last worker of a role, workers that cannot change)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from pdserve.elastic import FleetSignals, PlannerPolicy, WorkerSignals
@@ -86,3 +87,11 @@ def test_a_condition_that_flickers_is_never_confirmed():
     policy = PlannerPolicy(confirm=3)
     assert [policy.observe(BACKLOG if t % 2 == 0 else calm, t) for t in range(10)] == [None] * 10
     assert math.isinf(FleetSignals((_w("d0", "decode"),)).prefill_backlog_s)
+
+
+def test_prompts_whose_kv_waits_on_a_prefill_worker_for_decode_blocks_count_as_decode_waiting():
+    """With the reservation taken when the prefill starts, a request short of decode blocks waits
+    on its prefill worker, not in a decode worker's queue: the planner sees it all the same."""
+    held = dataclasses.replace(_w("p0", "prefill"), awaiting_target=4)
+    fleet = FleetSignals((held, _w("d0", "decode", waiting=1), _w("d1", "decode")))
+    assert fleet.decode_waiting == 5

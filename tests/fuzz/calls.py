@@ -2,7 +2,8 @@
 
 Every answer must be one of the documented statuses; INTERNAL and UNKNOWN mean a handler (or
 the wire layer) failed on the input. DEADLINE_EXCEEDED is an answer only to a caller that gave
-a tiny deadline, or on a stream that may rightly wait (a Decode stream waiting for its KV).
+a tiny deadline, or on a stream that may rightly wait (a Decode stream waiting for its KV, a
+Prefill opened with target_follows waiting for its reservation).
 A server's trailers too big for the client to take (an error message echoing an input without
 bound) are no answer either: the client sees RESOURCE_EXHAUSTED instead of what was meant.
 """

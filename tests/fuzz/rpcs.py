@@ -1,6 +1,6 @@
 """Every RPC the fuzz tests send, with a valid message of each to mutate.
 
-Messages that name a KV transfer (Prefill, PushKV, CompleteKV) are valid only against a live
+Messages that name a KV transfer (Prefill, SetTarget, PushKV, CompleteKV) are valid only against a live
 reservation: `reservation()` opens a Decode stream for it and cancels the stream afterwards, so
 the decode worker frees its blocks whatever the fuzzed call did.
 """
@@ -89,6 +89,10 @@ def _prefill(ids: Ids, reserved: Reserved | None) -> wpb.PrefillRequest:
     return wpb.PrefillRequest(request=_worker_request(ids, "prefill"), target=reserved.target)
 
 
+def _set_target(ids: Ids, reserved: Reserved | None) -> wpb.SetTargetRequest:
+    return wpb.SetTargetRequest(request_id=ids.next("prefill"), target=reserved.target)
+
+
 def _decode(ids: Ids, _) -> wpb.DecodeRequest:
     return wpb.DecodeRequest(request=_worker_request(ids, "decode", kv_timeout_s=2.0))
 
@@ -130,7 +134,8 @@ RPCS = (
     Rpc("registry", "/pdserve.v1.Registry/Register", wpb.RegisterRequest,
         lambda ids, _: wpb.RegisterRequest(address="127.0.0.1:9", role="decode")),
     Rpc("prefill", "/pdserve.v1.PrefillWorker/Prefill", wpb.PrefillRequest, _prefill, stream=True,
-        needs_reservation=True, max_responses=64),
+        needs_reservation=True, max_responses=64, may_wait=True, deadline_s=5.0),  # target_follows: waits for it
+    Rpc("prefill", "/pdserve.v1.PrefillWorker/SetTarget", wpb.SetTargetRequest, _set_target, needs_reservation=True),
     Rpc("prefill", "/pdserve.v1.PrefillWorker/MatchPrefix", wpb.MatchPrefixRequest,
         lambda ids, _: wpb.MatchPrefixRequest(token_ids=PROMPT)),
     Rpc("prefill", "/pdserve.v1.PrefillWorker/Abort", wpb.WorkerAbortRequest, _abort),

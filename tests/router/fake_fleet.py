@@ -156,16 +156,30 @@ class FakePrefillClient(PrefillClient):
         self.address = worker.address
         self.worker = worker
 
-    def open(self, job: WorkerJob, target: Reservation) -> Call:
+    def open(self, job: WorkerJob, target: Reservation | None) -> Call:
         w = self.worker
         try:
             session = w.open_session(job.request_id, -(-_kv_tokens(job) // w.fleet.config.block_size), job.owner)
         except WorkerFault as fault:
             return FakeCall(w, None, fault)
+        if target is None:
+            session.target = asyncio.get_running_loop().create_future()
         w.run(session, self._serve(job, target, session))
         return FakeCall(w, session)
 
-    async def _serve(self, job: WorkerJob, target: Reservation, session: FakeSession):
+    async def set_target(self, worker_id: str, target: Reservation, timeout_s: float) -> None:
+        w = self.worker
+        if w.killed:
+            raise WorkerFault(FaultKind.GONE, w.address, f"{w.address}: connection refused")
+        session = w.sessions.get(worker_id)
+        if session is None or session.closed or session.target is None or session.target.done():
+            raise WorkerFault(FaultKind.LOST, w.address, f"{w.address}: no prefill {worker_id} awaits a target",
+                              Culprit.NOBODY)
+        session.target.set_result(target)
+
+    async def _serve(self, job: WorkerJob, target: Reservation | None, session: FakeSession):
+        """Chunks written into the reservation as they are computed; without one, the KV computed
+        waits here (a "held" point every step) until set_target brings it."""
         w, cfg = self.worker, self.worker.fleet.config
         await w.step(session, "open")
         while not w.reserving.is_set():  # queued behind other prompts while a test holds it (ends if closed)
@@ -174,8 +188,15 @@ class FakePrefillClient(PrefillClient):
         for start in range(0, kv_tokens, cfg.chunk_tokens):
             await w.step(session, "chunk")
             end = min(kv_tokens, start + cfg.chunk_tokens)
-            w.fleet.write(w, target, end // cfg.block_size)
+            if target is None and session.target.done():
+                target = session.target.result()
+            if target is not None:
+                w.fleet.write(w, target, end // cfg.block_size)
             yield Chunk(start, end - start, 0, cfg.step_s)
+        while target is None:
+            await w.step(session, "held")
+            target = session.target.result() if session.target.done() else None
+        w.fleet.write(w, target, kv_tokens // cfg.block_size)
         w.fleet.complete(w, target, token_at(job.prompt, index))
         await w.step(session, "written")
         first = logprobs_at(job.prompt, index, job.sampling.logprobs)

@@ -34,6 +34,7 @@ from router.fleet.clients import Call, Culprit, FaultKind, WorkerFault, WorkerSn
 DECODE_POINTS = ("open", "reserved", "received", "token", "last")  # last: every token out, Finished not yet
 MOVE_POINTS = ("departed", "move")  # decode: it left with its KV (Depart); MoveKV of that KV begins
 PREFILL_POINTS = ("open", "chunk", "written")
+HELD_POINT = "held"  # prefill: every step its KV waits for a reservation that follows (set_target)
 
 
 def token_at(prompt: tuple[int, ...], index: int) -> int:
@@ -95,6 +96,7 @@ class FakeSession:
     local: bool = False  # decode: it prefills itself
     orphaned: bool = False  # its router was cut while it decoded: it goes on, for another router to attach
     attachment: int = 0  # its anchor now: each attach the next
+    target: asyncio.Future | None = None  # prefill opened without its reservation: it comes by set_target
 
     @property
     def attachable(self) -> bool:
@@ -279,7 +281,9 @@ class FakeWorker:
         return WorkerSnapshot(self.free, self.fleet.config.blocks, len(self.sessions), self.waiting, self.draining,
                               self.active_blocks,
                               self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s, self.role,
-                              self.next_role, self.elastic, self.identity)
+                              self.next_role, self.elastic, self.identity, target_follows=True,
+                              awaiting_target=sum(1 for s in self.sessions.values()
+                                                  if getattr(s, "target", None) is not None and not s.target.done()))
 
 
 class Link(Protocol):

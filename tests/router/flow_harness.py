@@ -46,8 +46,8 @@ async def harness(prefill=PREFILL, decode=DECODE, identities=None, model=None, *
                       on_incompatible=lambda w: incompatible.append(w.address))
     await pool.refresh()
     pool.start()
-    moves = {k: flow_kw.pop(k) for k in ("move_after_s", "move_check_s", "max_moves", "on_leave", "rebalance_interval_s")
-             if k in flow_kw}
+    moves = {k: flow_kw.pop(k) for k in ("move_after_s", "move_check_s", "max_moves", "on_leave", "rebalance_interval_s",
+                                         "reserve_at", "gather_tokens") if k in flow_kw}
     config = FlowConfig(kv_timeout_s=1.0, wait_for_worker_s=flow_kw.pop("wait_for_worker_s", 2.0),
                         admission=flow_kw.pop("admission", AdmissionPolicy()), recovery=RecoveryPolicy(**flow_kw),
                         **moves)

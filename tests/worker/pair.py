@@ -94,6 +94,17 @@ class Outcome:
     finished: Finished | None
 
 
+async def decoded(first_token: int, events) -> Outcome:
+    """The decode stream's `events` after the first token, to its end."""
+    outcome = Outcome(first_token, [], None)
+    async for event in events:
+        if isinstance(event, Tokens):
+            outcome.tokens.extend(event.token_ids)
+        elif isinstance(event, Finished):
+            outcome.finished = event
+    return outcome
+
+
 @dataclass
 class Pair:
     prefill: PrefillWorker
@@ -127,13 +138,7 @@ class Pair:
                 done = [e async for e in p_session.events() if isinstance(e, FirstToken)]
             finally:
                 self.prefill.live.close(p_session)
-            outcome = Outcome(done[0].token_id, [], None)
-            async for event in events:
-                if isinstance(event, Tokens):
-                    outcome.tokens.extend(event.token_ids)
-                elif isinstance(event, Finished):
-                    outcome.finished = event
-            return outcome
+            return await decoded(done[0].token_id, events)
         finally:
             self.decode.live.close(d_session)
 
