@@ -81,7 +81,10 @@ class RequestTrace:
 
     def on_event(self, event) -> None:
         if isinstance(event, NewTokens):
-            self.timeline.record(time.perf_counter(), len(event.token_ids))
+            if not event.arrived:
+                self.timeline.record(time.perf_counter(), len(event.token_ids))
+            for at, tokens in event.arrived:  # gathered steps (router/flow/stream.py), each as it came
+                self.timeline.record(max(at, self.timeline.last), tokens)
         elif isinstance(event, Milestone):
             self._milestone(event)
         elif isinstance(event, Done):

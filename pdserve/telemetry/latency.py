@@ -51,6 +51,11 @@ class TokenTimeline:
         self.finished_at = now
 
     @property
+    def last(self) -> float:
+        """The last delivery's time (the arrival's before any)."""
+        return self.deliveries[-1] if self.deliveries else self.arrival
+
+    @property
     def ttft(self) -> float | None:
         return self.deliveries[0] - self.arrival if self.deliveries else None
 

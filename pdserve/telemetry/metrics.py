@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
-from pdserve.telemetry.buckets import LATENCY_BUCKETS, RATIO_BUCKETS, TOKEN_LATENCY_BUCKETS, TRANSFER_BUCKETS
+from pdserve.telemetry.buckets import (LATENCY_BUCKETS, RATIO_BUCKETS, TOKEN_LATENCY_BUCKETS, TRANSFER_BUCKETS,
+                                      observe_all)
 from pdserve.telemetry.latency import TokenTimeline
 from pdserve.telemetry.metrics_server import MetricsServer, serve_metrics
 from pdserve.telemetry.vllm_names import VllmNames
@@ -213,9 +214,7 @@ class Metrics:
         its end, a gap per delivery (a step's tokens arrive as one), never per token."""
         if timeline.ttft is not None:
             self.observe_ttft(timeline.ttft)
-        itl = self.itl.labels(self.model_name)
-        for gap in timeline.inter_token_latencies():
-            itl.observe(gap)
+        observe_all(self.itl.labels(self.model_name), timeline.inter_token_latencies())
         if timeline.e2e is not None:
             self.observe_e2e(timeline.e2e)
 

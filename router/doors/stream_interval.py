@@ -28,6 +28,12 @@ class StreamInterval:
     def off(self) -> bool:
         return self.tokens <= 1 and self.seconds <= 0
 
+    @property
+    def gather_tokens(self) -> int:
+        """Tokens a request's relay may gather before its flow takes them (FlowConfig.gather_tokens):
+        N, where nothing goes out sooner than N tokens after the first; 0 where time may send them."""
+        return 0 if self.off or self.seconds > 0 else self.tokens
+
     def due(self, held: int, since_sent_s: float | None) -> bool:
         """Whether `held` tokens go out now; `since_sent_s`: since the request's last message
         (None: nothing sent yet, so this is its first token)."""

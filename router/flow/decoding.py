@@ -2,7 +2,9 @@
 first (the KV's way in: router/flow/reserving.py, router/flow/prefilling.py; or an attach), then
 the decode worker's tokens relayed until Finished.
 
-    Tokens          to the client (each once across attempts)
+    Tokens          to the client (each once across attempts); after the first, a step's tokens
+                    are gathered in the call until the stream interval's N wait (router/flow/stream.py),
+                    so the request's task wakes per message, not per step
     Preempted       counted, and a milestone for the trace
     Finished        the request's end
     leaving         its worker drains, changes role, or is under memory pressure while another has
@@ -16,6 +18,7 @@ to it. The attempt's decode call is closed however it ends.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -23,9 +26,10 @@ from pdserve.worker.events import Departed, Finished, Preempted, Tokens
 from router.fleet.clients import FaultKind, WorkerFault
 from router.fleet.workers import WorkerPool
 from router.flow.departing import Departer, Leaving, LeftFor
-from router.flow.flow_types import Attempt, Blame, FlowConfig, FlowEvent, Milestone, NewTokens
+from router.flow.flow_types import Attempt, Blame, FlowConfig, FlowEvent, FlowState, Milestone, NewTokens
 from router.flow.protocol import Signal
 from router.flow.reserving import Moved
+from router.flow.stream import Gathered
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +79,25 @@ class Decoder:
         worker: raises LeftFor once every token it generated there is out."""
         state, call = attempt.state, attempt.call
         leaving = Leaving()
+        if _first_out(state):
+            call.gather(self.config.gather_tokens)
         while True:
             try:
                 event = await call.next_within(self.config.move_check_s)
             except StopAsyncIteration:
                 raise WorkerFault(FaultKind.FAILED, call.address, "the decode worker ended the stream without "
                                                                   "finishing the request") from None
+            except asyncio.CancelledError:  # what was gathered goes out as the pacer's held tokens would
+                if (gathered := call.gathered()) is not None:
+                    yield self._tokens(state, gathered)
+                raise
             if isinstance(event, Tokens):
                 state.protocol.advance(Signal.TOKENS)
                 state.generated.extend(event.token_ids)
                 yield NewTokens(event.token_ids, event.logprobs, event.prompt_logprobs)
+                call.gather(self.config.gather_tokens)
+            elif isinstance(event, Gathered):
+                yield self._tokens(state, event)
             elif isinstance(event, Preempted):
                 if event.phase == "preempted":  # counted here, on every attempt: a moved or resumed stream's
                     state.by_mode[event.mode] = state.by_mode.get(event.mode, 0) + 1  # earlier ones too
@@ -101,3 +114,18 @@ class Decoder:
                 raise LeftFor(leaving.target, event.kv_kept)
             if self.departer.wants(attempt, leaving):
                 await self.departer.ask(attempt, leaving)
+
+    @staticmethod
+    def _tokens(state: FlowState, gathered: Gathered) -> NewTokens:
+        """A gathered run of token events (one step of the protocol) as the client's."""
+        tokens = gathered.tokens
+        state.protocol.advance(Signal.TOKENS)
+        state.generated.extend(tokens.token_ids)
+        return NewTokens(tokens.token_ids, tokens.logprobs, (), gathered.arrived)
+
+
+def _first_out(state: FlowState) -> bool:
+    """Whether the request's first tokens went to its client (a stream interval sends them at once):
+    from then on its token events may be gathered (router/flow/stream.py)."""
+    counts = state.protocol.counts
+    return bool(counts.get(Signal.TOKENS) or counts.get(Signal.FIRST_TOKEN))

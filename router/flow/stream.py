@@ -1,18 +1,33 @@
 """A worker call read in the background, so that its failure is seen even while nobody reads it
-(a PushCall, whose events its feed hands over as they come, needs no reader: this is its sink)."""
+(a PushCall, whose events its feed hands over as they come, needs no reader: this is its sink).
+
+A decode call's token events may be gathered (`gather(n)`, the stream interval's N once the
+request's first token is out): they wake the reader only once n tokens wait, as one `Gathered`
+with each step's arrival (the trace's timeline stays per step); anything else lets them go first.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
+from pdserve.coalescing import joined_run
+from pdserve.worker.events import Tokens
 from router.fleet.clients import Call, PushCall, WorkerFault
 
 T = TypeVar("T")
 _END = object()
 _CHECK = object()  # next_within's period passed
+
+
+class Gathered(NamedTuple):
+    """Token events that waited together, joined; `arrived`: (time.perf_counter(), tokens) per event."""
+
+    tokens: Tokens
+    arrived: tuple[tuple[float, int], ...]
 
 
 class Pumped:
@@ -28,6 +43,10 @@ class Pumped:
         self._waiter: asyncio.Future | None = None  # its reader's, while it waits
         self._task: asyncio.Future | None = None
         self._check: asyncio.TimerHandle | None = None  # next_within's period, while one runs
+        self._gather = 0  # tokens that wake the reader (0: every event does)
+        self._run: list[Tokens] = []  # token events gathered, not let go yet
+        self._arrived: list[tuple[float, int]] = []
+        self._run_tokens = 0
         if isinstance(call, PushCall):
             call.start(self)
         else:
@@ -46,15 +65,47 @@ class Pumped:
     # ---- the sink (router/fleet/clients.py Sink) ----
 
     def deliver(self, event: object) -> None:
+        if self._gather and type(event) is Tokens and not event.prompt_logprobs:
+            self._run.append(event)
+            self._arrived.append((time.perf_counter(), len(event.token_ids)))
+            self._run_tokens += len(event.token_ids)
+            if self._run_tokens >= self._gather:
+                self._let_go()
+            return
+        if self._run:
+            self._let_go()
         self._put(event)
 
     def end(self) -> None:
+        if self._run:
+            self._let_go()
         self._put(_END)
 
     def fail(self, fault: WorkerFault) -> None:
+        if self._run:
+            self._let_go()
         self.fault = fault
         self._put(fault)
         self.failed.set()
+
+    # ---- gathering ----
+
+    def gather(self, tokens: int) -> None:
+        """Token events wake the reader only once `tokens` wait (0: each as it comes). NOTE: the
+        reader asks for it only where nothing would be sent sooner."""
+        self._gather = tokens
+
+    def gathered(self) -> Gathered | None:
+        """The token events gathered and not let go yet, taken (the reader's last look, when cancelled)."""
+        if not self._run:
+            return None
+        gathered = Gathered(joined_run(self._run), tuple(self._arrived))
+        self._run, self._arrived, self._run_tokens = [], [], 0
+        return gathered
+
+    def _let_go(self) -> None:
+        if (gathered := self.gathered()) is not None:
+            self._put(gathered)
 
     async def next(self) -> object:
         while (item := await self._get()) is _CHECK:

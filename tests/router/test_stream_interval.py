@@ -48,7 +48,7 @@ class _Source:
         return self._ask
 
 
-def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTrace] | None = None):
+def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTrace] | None = None, **flow_kw):
     made = [] if traces is None else traces
 
     def trace(metadata) -> FakeTrace:
@@ -56,7 +56,7 @@ def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTr
         return made[-1]
 
     async def main():
-        async with harness() as h:
+        async with harness(**flow_kw) as h:
             frontend = Frontend(tokenizer, Limits(49152, 8192))
             try:
                 return await body(Gateway(frontend, h.flow, trace, Drain(), interval=interval))
@@ -66,12 +66,13 @@ def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTr
     return asyncio.run(main())
 
 
-def _serve(tokenizer, interval: StreamInterval, ask: Ask, traces: list[FakeTrace] | None = None) -> list[Output]:
+def _serve(tokenizer, interval: StreamInterval, ask: Ask, traces: list[FakeTrace] | None = None,
+           **flow_kw) -> list[Output]:
     async def body(gateway: Gateway) -> list[Output]:
         generation = await gateway.admit((), _Source(ask), None)
         return [output async for output in gateway.stream(generation)]
 
-    return _with_gateway(tokenizer, interval, body, traces)
+    return _with_gateway(tokenizer, interval, body, traces, **flow_kw)
 
 
 def _sse_chunks(tokenizer, interval: StreamInterval) -> list[dict]:
@@ -114,6 +115,35 @@ def test_the_interval_groups_tokens_and_the_client_gets_the_same_output(tokenize
     messages = _token_messages(grouped)
     assert messages[0] and all(len(ids) >= EVERY_4.tokens for ids in messages[1:] if ids)
     assert len(grouped) <= TOKENS // EVERY_4.tokens + 3  # first, groups, the rest and the finish
+
+
+def test_token_events_gathered_in_the_relay_give_the_same_messages_and_every_step_to_the_trace(tokenizer):
+    paced, traces = _serve(tokenizer, EVERY_4, _ask()), []
+    gathered = _serve(tokenizer, EVERY_4, _ask(n=1), traces, gather_tokens=EVERY_4.gather_tokens)
+    assert _whole(gathered) == _whole(paced)
+    assert [len(ids) for ids in _token_messages(gathered)] == [len(ids) for ids in _token_messages(paced)]
+    events = [e for e in traces[0].events if isinstance(e, NewTokens)]
+    steps = [n for e in events for _, n in e.arrived or ((0.0, len(e.token_ids)),)]
+    assert sum(steps) == TOKENS and len(steps) > len(events)  # a step each, fewer wake-ups
+
+
+def test_an_abort_sends_the_gathered_tokens_with_the_finish(tokenizer):
+    async def body(gateway: Gateway) -> list[Output]:
+        generation = await gateway.admit((), _Source(dataclasses.replace(_ask(max_tokens=200), request_id="r")),
+                                         None)
+        outputs = []
+        async for output in gateway.stream(generation):
+            outputs.append(output)
+            if len(outputs) == 3:
+                for _ in range(7):  # tokens come by the flow meanwhile, some gathered
+                    await asyncio.sleep(0.002)
+                await gateway.abort((), "r")
+        return outputs
+
+    outputs = _with_gateway(tokenizer, EVERY_4, body, gather_tokens=EVERY_4.gather_tokens)
+    tokens, _, finish = _whole(outputs)
+    assert finish.reason.name == "ABORT" and finish.usage.completion_tokens == len(tokens)
+    assert tokens == expected(max_tokens=len(tokens))
 
 
 def test_n_samples_are_grouped_each_on_its_own(tokenizer):

@@ -1,0 +1,108 @@
+"""router/flow/stream.py's Pumped gathering a decode call's token events: its reader wakes once N
+tokens wait, with each event's arrival; anything else lets them go first, in order; a periodic
+check leaves them gathered; a cancelled reader takes them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pdserve.requests import FinishReason
+from pdserve.worker.events import Finished, Preempted, Tokens
+from router.fleet.clients import FaultKind, PushCall, Sink, WorkerFault
+from router.flow.stream import Gathered, Pumped
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class _Pushed(PushCall):
+    def start(self, sink: Sink) -> None:
+        self.sink = sink
+
+    def close(self) -> None:
+        pass
+
+
+def _pumped(gather: int) -> tuple[Pumped, Sink]:
+    call = _Pushed()
+    pumped = Pumped(call, "d0")
+    pumped.gather(gather)
+    return pumped, call.sink
+
+
+def _woken(pumped: Pumped) -> bool:
+    """Whether a reader waiting now would have something to take (run on a loop)."""
+    return bool(pumped._items)
+
+
+def test_token_events_wake_the_reader_once_n_tokens_wait():
+    async def main():
+        pumped, sink = _pumped(4)
+        sink.deliver(Tokens((1,)))
+        sink.deliver(Tokens((2, 3)))
+        assert not _woken(pumped)
+        sink.deliver(Tokens((4,)))
+        got = await pumped.next()
+        assert isinstance(got, Gathered) and got.tokens.token_ids == (1, 2, 3, 4)
+        assert [n for _, n in got.arrived] == [1, 2, 1]
+        assert [at for at, _ in got.arrived] == sorted(at for at, _ in got.arrived)
+
+    asyncio.run(main())
+
+
+def test_anything_else_lets_the_gathered_tokens_go_first():
+    async def main():
+        pumped, sink = _pumped(4)
+        sink.deliver(Tokens((1,)))
+        sink.deliver(Preempted("recompute", "memory", "preempted"))
+        sink.deliver(Tokens((2,)))
+        sink.deliver(Finished(FinishReason.LENGTH, 0, 0))
+        sink.end()
+        got = [await pumped.next() for _ in range(4)]
+        assert got[0].tokens.token_ids == (1,) and isinstance(got[1], Preempted)
+        assert got[2].tokens.token_ids == (2,) and isinstance(got[3], Finished)
+        with pytest.raises(StopAsyncIteration):
+            await pumped.next()
+
+    asyncio.run(main())
+
+
+def test_a_fault_comes_after_the_gathered_tokens():
+    async def main():
+        pumped, sink = _pumped(8)
+        sink.deliver(Tokens((1, 2)))
+        sink.fail(WorkerFault(FaultKind.GONE, "d0", "gone"))
+        assert (await pumped.next()).tokens.token_ids == (1, 2)
+        with pytest.raises(WorkerFault):
+            await pumped.next()
+
+    asyncio.run(main())
+
+
+def test_the_periodic_check_leaves_them_gathered_and_a_cancelled_reader_takes_them():
+    async def main():
+        pumped, sink = _pumped(4)
+        sink.deliver(Tokens((1,)))
+        assert await pumped.next_within(0.01) is None
+        sink.deliver(Tokens((2,)))
+        reader = asyncio.ensure_future(pumped.next_within(10))
+        await asyncio.sleep(0)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        assert pumped.gathered().tokens.token_ids == (1, 2)
+        assert pumped.gathered() is None
+        pumped.close()
+
+    asyncio.run(main())
+
+
+def test_a_first_token_with_prompt_logprobs_is_never_gathered():
+    async def main():
+        pumped, sink = _pumped(4)
+        first = Tokens((1,), (), ("prompt",))
+        sink.deliver(first)
+        assert await pumped.next() is first
+
+    asyncio.run(main())
