@@ -178,8 +178,8 @@ ATTACHED = "attached"  # ... or: a continued stream's request, attached where it
 class ReserveAt(enum.Enum):
     """When a remote prefill's decode blocks are reserved."""
 
-    PREFILL = "prefill"  # once a prefill worker has started the prompt; its KV waits there until then (the default)
-    ARRIVAL = "arrival"  # when the request is placed, before it queues for a prefill worker
+    ARRIVAL = "arrival"  # when the request is placed, before it queues for a prefill worker (the default)
+    PREFILL = "prefill"  # once a prefill worker has started the prompt; its KV waits there until then
 
 
 class OnLeave(enum.Enum):
@@ -213,10 +213,11 @@ class FlowConfig:
     # A decoding request's token events wait in its call until this many tokens came (0: its task
     # wakes at each): the stream interval's N, sooner than which nothing is sent (its first tokens at once).
     gather_tokens: int = 0
-    # Reserved when the prefill starts, a prompt queued behind others on the prefill workers holds
-    # no decode blocks, which the running streams grow into (a prefill worker that does not take
-    # a late reservation is given one at arrival).
-    reserve_at: ReserveAt = ReserveAt.PREFILL
+    # Reserved when the prefill starts (PREFILL), a prompt queued behind others on the prefill
+    # workers holds no decode blocks, which the running streams grow into (a prefill worker that
+    # does not take a late reservation is given one at arrival). Not the default: on small pools
+    # its VIP streams stalled (docs/BENCHMARKS.md, "Reservations when the prefill starts").
+    reserve_at: ReserveAt = ReserveAt.ARRIVAL
     # A request decoding where requests wait for blocks moves, KV and all, to a decode worker with
     # room: at most one per worker per this many seconds (router/placement/rebalancing.py); None: never.
     rebalance_interval_s: float | None = 1.0

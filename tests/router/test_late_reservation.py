@@ -1,4 +1,4 @@
-"""Decode blocks reserved when the prefill starts (FlowConfig.reserve_at, the default): a prompt
+"""Decode blocks reserved when the prefill starts (FlowConfig.reserve_at PREFILL): a prompt
 queued on the prefill workers holds no decode blocks; once its prefill worker starts it, its KV
 waits there while a decode worker reserves. A fault, a cancel or a move at each of those points
 ends with the full output (or a clear status) and no fake worker holding a block."""
@@ -19,6 +19,8 @@ from tests.router.flow_harness import collect, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)
 
+LATE = ReserveAt.PREFILL
+
 
 def _sessions(h, role: str) -> int:
     return sum(len(w.sessions) for w in h.fleet.workers.values() if w.role == role)
@@ -26,7 +28,7 @@ def _sessions(h, role: str) -> int:
 
 def test_a_prompt_queued_on_the_prefill_workers_holds_no_decode_blocks():
     async def main():
-        async with harness() as h:
+        async with harness(reserve_at=LATE) as h:
             for p in ("p0", "p1"):
                 h.fleet.workers[p].reserving.clear()  # every prefill queued
             task = asyncio.ensure_future(collect(h.flow, job()))
@@ -55,7 +57,7 @@ def test_arrival_reservations_open_the_decode_call_first():
 
 def test_a_prefill_worker_that_takes_no_late_reservation_is_given_one_at_arrival():
     async def main():
-        async with harness(prefill=("p0",)) as h:
+        async with harness(prefill=("p0",), reserve_at=LATE) as h:
             worker = h.pool.workers["p0"]
             take = worker.take
             worker.take = lambda snapshot: (take(snapshot), setattr(worker, "target_follows", False))
@@ -81,7 +83,7 @@ def test_a_fault_while_the_prefill_holds_the_kv_ends_with_the_full_output_and_no
     """The decode workers' reservations wait (queued) until the prefill has computed the whole
     prompt, so the prefill worker holds it all when the fault comes."""
     async def main():
-        async with harness() as h:
+        async with harness(reserve_at=LATE) as h:
             for w in h.pool.workers.values():
                 if w.role == "decode" and w.address != "d0":
                     w.assigned, w.running = 1, 9  # d0 first
@@ -105,7 +107,7 @@ def test_a_fault_while_the_prefill_holds_the_kv_ends_with_the_full_output_and_no
 
 def test_a_request_cancelled_while_queued_started_or_held_leaves_no_block():
     async def main():
-        async with harness() as h:
+        async with harness(reserve_at=LATE) as h:
             for d in ("d0", "d1"):
                 h.fleet.workers[d].reserving.clear()  # held on the prefill worker from its first chunk on
             for delay in (0.0, 0.002, 0.005, 0.01, 0.03, 0.08):
@@ -124,7 +126,7 @@ def test_a_request_cancelled_while_queued_started_or_held_leaves_no_block():
 
 def test_a_request_queued_for_decode_blocks_while_its_kv_is_held_moves_to_a_decode_worker_with_room():
     async def main():
-        async with harness(move_after_s=0.2, move_check_s=0.05) as h:
+        async with harness(move_after_s=0.2, move_check_s=0.05, reserve_at=LATE) as h:
             for w in h.pool.workers.values():
                 if w.address == "d1":
                     w.assigned, w.running = 1, 9  # d0 first
@@ -139,13 +141,13 @@ def test_a_request_queued_for_decode_blocks_while_its_kv_is_held_moves_to_a_deco
     asyncio.run(main())
 
 
-ARRIVAL_CASES = [("p0", p, m) for p in PREFILL_POINTS for m in (Mode.KILL, Mode.STALL, Mode.FAIL, Mode.PARTITION)]
+EVERY_POINT = [("p0", p, m) for p in PREFILL_POINTS for m in (Mode.KILL, Mode.STALL, Mode.FAIL, Mode.PARTITION)]
 
 
-@pytest.mark.parametrize("address,point,mode", ARRIVAL_CASES, ids=[f"{a}-{p}-{m.value}" for a, p, m in ARRIVAL_CASES])
-def test_with_arrival_reservations_a_prefill_fault_at_every_point_ends_with_the_full_output(address, point, mode):
+@pytest.mark.parametrize("address,point,mode", EVERY_POINT, ids=[f"{a}-{p}-{m.value}" for a, p, m in EVERY_POINT])
+def test_reserved_late_a_prefill_fault_at_every_point_ends_with_the_full_output(address, point, mode):
     async def main():
-        async with harness(reserve_at=ReserveAt.ARRIVAL) as h:
+        async with harness(reserve_at=LATE) as h:
             for w in h.pool.workers.values():
                 if w.role == "prefill" and w.address != address:
                     w.assigned, w.running = 1, 9
@@ -163,7 +165,7 @@ def test_an_abort_that_ends_the_prefill_just_before_its_reservation_is_handed_ov
     reservation and SetTarget: SetTarget finds nothing there (LOST), and the prefill stream's own
     end says why: the request ends aborted, it is not retried."""
     async def main():
-        async with harness() as h:
+        async with harness(reserve_at=LATE) as h:
             j = job(max_tokens=500)
             original = FakePrefillClient.set_target
 
