@@ -62,9 +62,16 @@ class Departer:
         if leaving.target is not None or attempt.job.pinned:
             return False
         decode = attempt.decode
-        due = self.pool.leaving(decode.address) or (
-            self.config.on_leave is OnLeave.MOVE_KV and self.rebalancer.due(decode, attempt.state.protocol.departures))
-        return due and leaving.may_ask()
+        if self.pool.leaving(decode.address):
+            return leaving.may_ask()
+        if self.config.on_leave is OnLeave.MOVE_KV and self.rebalancer.due(decode, attempt.state.protocol.departures) \
+                and leaving.may_ask():
+            # the worker's one departure of the interval, claimed now, before the Depart is answered:
+            # every request there sees the same pressure at once, and all leaving would overfill the
+            # worker they would all choose by its last poll
+            self.rebalancer.departed(decode)
+            return True
+        return False
 
     async def ask(self, attempt: Attempt, leaving: Leaving) -> None:
         """Ask the decode worker to let the request go, if another one could take it now (else it

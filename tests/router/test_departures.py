@@ -11,6 +11,7 @@ import functools
 import pytest
 
 from router.flow.flow_types import Milestone, NewTokens, OnLeave
+from tests.helpers.waiting import async_wait_until
 from tests.router.fake_workers import Mode, Trigger
 from tests.router.flow_harness import expected, harness, job, settle
 
@@ -180,3 +181,23 @@ async def test_no_rebalancing_when_switched_off_or_nowhere_roomier():
         h.fleet.workers["d1"].waiting = 1  # requests wait there too
         tokens, milestones = await asyncio.wait_for(await _decoding_on_d0_under_pressure(h), 20)
         assert tokens == expected(max_tokens=LONG) and "departed" not in _names(milestones)
+
+
+@_run
+async def test_of_many_requests_on_a_worker_under_pressure_one_leaves_per_interval():
+    """Every request on the worker sees the same pressure at once: the worker's departure of the
+    interval is claimed by the first that asks, before its Depart is answered, so the others stay
+    (many leaving together would overfill the worker they all chose, by its last poll)."""
+    async with harness(rebalance_interval_s=60.0) as h:
+        d0, d1 = h.fleet.workers["d0"], h.fleet.workers["d1"]
+        d0.slow, d1.draining = 8.0, True
+        await h.pool.refresh()
+        jobs = [job(f"r{i}", max_tokens=LONG) for i in range(6)]
+        running = [asyncio.ensure_future(_drive(h, j)) for j in jobs]
+        await async_wait_until(lambda: sum(s.received is not None and s.received.done()
+                                           for s in d0.sessions.values()) == len(jobs), 20, "all decoding on d0")
+        d1.draining, d0.waiting = False, 2
+        results = await asyncio.wait_for(asyncio.gather(*running), 30)
+        assert all(tokens == expected(max_tokens=LONG) for tokens, _ in results)
+        assert sum(_names(milestones).count("departed") for _, milestones in results) == 1
+        assert set((await settle(h.fleet)).values()) == {0}
