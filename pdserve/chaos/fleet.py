@@ -32,7 +32,7 @@ class FleetSpec:
     restart_delay_s: float = 1.0  # separate fleet: from a worker's exit to its restart
     ready_timeout_s: float = 300.0
     deterministic: bool = False  # workers' --deterministic: outputs judged by exact equality (no tie judge)
-    reserve_at: str = "arrival"  # the router's --reserve-at
+    reserve_at: str = "prefill"  # the router's --reserve-at
 
     def names(self) -> tuple[str, ...]:
         return (*(f"prefill-{i}" for i in range(self.prefill)), *(f"decode-{i}" for i in range(self.decode)))

@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-leave", default="move", choices=["move", "prefill", "finish"],
                    help="router: a request decoding on a worker that leaves (drain, role change) moves its KV to "
                         "another decode worker, is prefilled again there, or finishes where it is")
-    p.add_argument("--reserve-at", default="arrival", choices=["arrival", "prefill"],
+    p.add_argument("--reserve-at", default="prefill", choices=["prefill", "arrival"],
                    help="router: a remote prefill's decode blocks are reserved once a prefill worker started the "
                         "prompt (its KV held there until then), or when the request is placed")
     p.add_argument("--kv-checksums", default="on", choices=["on", "off"],

@@ -9,7 +9,7 @@ Mirrors the service's request path (docs/ARCHITECTURE.md):
            ──> when the last piece has crossed: release the hold, mark_received on the decode
                instance, which decodes the rest like any running request
 
-With SimConfig.reserve_at "prefill" (the service's router with `--reserve-at prefill`) the
+With SimConfig.reserve_at "prefill" (the service's router's default, `--reserve-at prefill`) the
 prompt goes to its prefill instance at once, and its decode blocks are asked for, on the decode
 instance with the most room then, when the prefill instance first schedules it; what it computes
 before they are reserved waits there (held), then crosses.

@@ -178,8 +178,8 @@ ATTACHED = "attached"  # ... or: a continued stream's request, attached where it
 class ReserveAt(enum.Enum):
     """When a remote prefill's decode blocks are reserved."""
 
-    ARRIVAL = "arrival"  # when the request is placed, before it queues for a prefill worker (the default)
-    PREFILL = "prefill"  # once a prefill worker has started the prompt; its KV waits there until then
+    PREFILL = "prefill"  # once a prefill worker has started the prompt; its KV waits there until then (the default)
+    ARRIVAL = "arrival"  # when the request is placed, before it queues for a prefill worker
 
 
 class OnLeave(enum.Enum):
@@ -215,9 +215,9 @@ class FlowConfig:
     gather_tokens: int = 0
     # Reserved when the prefill starts (PREFILL), a prompt queued behind others on the prefill
     # workers holds no decode blocks, which the running streams grow into (a prefill worker that
-    # does not take a late reservation is given one at arrival). Not the default: on small pools
-    # its VIP streams stalled (docs/BENCHMARKS.md, "Reservations when the prefill starts").
-    reserve_at: ReserveAt = ReserveAt.ARRIVAL
+    # does not take a late reservation is given one at arrival); docs/BENCHMARKS.md,
+    # "Reservations when the prefill starts", has the 60-chat scenario both ways.
+    reserve_at: ReserveAt = ReserveAt.PREFILL
     # A request decoding where requests wait for blocks moves, KV and all, to a decode worker with
     # room: at most one per worker per this many seconds (router/placement/rebalancing.py); None: never.
     rebalance_interval_s: float | None = 1.0

@@ -7,7 +7,7 @@ opens the decode call; router/flow/reserving.py waits for its reservation).
                    prefill worker is predicted to give the first token much sooner: P's call is
                    closed (out of its queue) and one opened there, into the same reservation
 
-Reserved when the prefill starts (FlowConfig.reserve_at PREFILL, router --reserve-at prefill), the order turns:
+Reserved when the prefill starts (FlowConfig.reserve_at PREFILL, the default), the order turns:
 
     STARTING       P --open(no reservation)--> queued there (moved to a sooner one as above)
     HELD           P's first chunk: the prompt started, its KV held on P ──▶ D opened, reserves
