@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from pdserve.reattach import HeldAttempt, prompt_digest
-from pdserve.rpc.errors import NotFound
+from pdserve.rpc.errors import NotFound, Unavailable
 from router.doors.asks import Resume
 from router.fleet.clients import WorkerClients
 from router.fleet.workers import WorkerPool
@@ -35,6 +36,7 @@ from router.flow.protocol import Signal
 from router.flow.recovery import RecoveryPolicy
 
 FIND_TIMEOUT_S = 1.0  # each decode worker's answer to Find
+FIND_TRIES = 3  # Finds of a usable decode worker that did not answer, before a stream is judged lost
 ABORT_TIMEOUT_S = 1.0  # each Abort of an attempt found and not taken
 
 
@@ -77,8 +79,19 @@ class Reattacher:
         """Where the continued stream `job` starts: Resumed (the client's tokens) and, when it
         attaches, `state.attach`; done at once when the client has every token. NotFound: LOST."""
         assert job.resume is not None
-        held = await self.find(job)
+        now = time.monotonic()
+        held, silent = await self.find(job, [w.address for w in self.pool.workers.values() if w.role == "decode"])
         plan = plan_reattach(held, job.resume, job.reattachable)
+        for _ in range(FIND_TRIES - 1):  # lost only if every usable decode worker said so
+            silent = [a for a in silent if a in self.pool.workers and self.pool.workers[a].usable(now)]
+            if plan.way is not Way.LOST or not silent:
+                break
+            more, silent = await self.find(job, silent)
+            held += more
+            plan = plan_reattach(held, job.resume, job.reattachable)
+        if plan.way is Way.LOST and silent:
+            raise Unavailable(f"request {job.request_id!r}: decode workers {', '.join(silent)} did not answer "
+                              "whether they hold it; try again", retry_after_s=FIND_TIMEOUT_S)
         self._abandon(plan.abandon)
         yield Milestone("reattach", {"pdserve.reattach": plan.way.value, "pdserve.resume_from_token":
                                      job.resume.from_token, "pdserve.held": len(held),
@@ -94,12 +107,12 @@ class Reattacher:
             state.protocol.advance(Signal.COMPLETE, "the client has every token")
             yield state.done(reason)
 
-    async def find(self, job: Job) -> list[HeldAttempt]:
-        decode = [w for w in self.pool.workers.values() if w.role == "decode"]
+    async def find(self, job: Job, addresses: Sequence[str]) -> tuple[list[HeldAttempt], list[str]]:
+        """What those decode workers hold of the job, and those that did not answer."""
         digest = prompt_digest(job.prompt)
-        answers = await asyncio.gather(*(self.clients.decode(w.address).find(job.owner, digest, FIND_TIMEOUT_S)
-                                         for w in decode))
-        return [h for answer in answers if answer for h in answer]
+        answers = await asyncio.gather(*(self.clients.decode(a).find(job.owner, digest, FIND_TIMEOUT_S)
+                                         for a in addresses))
+        return [h for answer in answers if answer for h in answer], [a for a, r in zip(addresses, answers) if r is None]
 
     def _abandon(self, held: Sequence[HeldAttempt]) -> None:
         for h in held:

@@ -12,10 +12,11 @@ import functools
 
 import pytest
 
-from pdserve.rpc.errors import NotFound
+from pdserve.rpc.errors import NotFound, Unavailable
 from pdserve.requests import FinishReason, SamplingParams
 from router.doors.asks import Ask, Resume, SampleCount, TokenPrompt, check_resume
 from router.flow.flow_types import Done, Milestone, NewTokens, OnLeave, Resumed
+from tests.router.fake_fleet import FakeDecodeClient
 from tests.router.fake_workers import Mode, Trigger
 from tests.router.flow_harness import Router, expected, harness, job, router_of, settle
 
@@ -197,3 +198,32 @@ async def test_a_router_dying_mid_migration_leaves_the_request_to_go_on_from_the
 def test_a_continued_stream_that_cannot_be_served_is_refused_before_any_work(ask, needle):
     assert needle in check_resume(ask)
     assert check_resume(dataclasses.replace(ask, resume=None)) is None
+
+
+@_run
+async def test_a_decode_worker_slow_to_answer_find_is_asked_again_before_the_stream_is_judged_lost():
+    """The worker holding the request does not answer the first Find in time (busy): it is asked
+    again, and the stream attaches there; one that never answers leaves the client UNAVAILABLE
+    (try again), not NOT_FOUND (which would end its stream)."""
+    async with harness() as h, router_of(h) as a, router_of(h) as b:
+        j = job(max_tokens=LONG)
+        seen = await _started(h, a, j, lambda s: len(s.tokens) >= 5, "tokens out through router A")
+        original, silent = FakeDecodeClient.find, {"times": 1}
+
+        async def slow_once(self, owner, digest, timeout_s):
+            if silent["times"]:
+                silent["times"] -= 1
+                return None
+            return await original(self, owner, digest, timeout_s)
+
+        FakeDecodeClient.find = slow_once
+        try:
+            rest = Seen()
+            await _drive(b, _continued(j, seen, send_tokens=False), rest)
+            assert seen.tokens + rest.tokens == expected(max_tokens=LONG) and _ways(rest) == ["attach"]
+            silent["times"] = 10 ** 6
+            with pytest.raises(Unavailable):
+                await _drive(b, dataclasses.replace(job("other", max_tokens=LONG), resume=Resume(3)), Seen())
+        finally:
+            FakeDecodeClient.find = original
+        assert set((await settle(h.fleet)).values()) == {0}
