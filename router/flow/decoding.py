@@ -79,7 +79,8 @@ class Decoder:
         worker: raises LeftFor once every token it generated there is out."""
         state, call = attempt.state, attempt.call
         leaving = Leaving()
-        if _first_out(state):
+        gathering = _first_out(state)
+        if gathering:
             call.gather(self.config.gather_tokens)
         while True:
             try:
@@ -92,10 +93,10 @@ class Decoder:
                     yield self._tokens(state, gathered)
                 raise
             if isinstance(event, Tokens):
-                state.protocol.advance(Signal.TOKENS)
-                state.generated.extend(event.token_ids)
-                yield NewTokens(event.token_ids, event.logprobs, event.prompt_logprobs)
-                call.gather(self.config.gather_tokens)
+                yield self._out(state, event)
+                if not gathering:
+                    gathering = True
+                    call.gather(self.config.gather_tokens)
             elif isinstance(event, Gathered):
                 yield self._tokens(state, event)
             elif isinstance(event, Preempted):
@@ -118,10 +119,13 @@ class Decoder:
     @staticmethod
     def _tokens(state: FlowState, gathered: Gathered) -> NewTokens:
         """A gathered run of token events (one step of the protocol) as the client's."""
-        tokens = gathered.tokens
+        return Decoder._out(state, gathered.tokens, gathered.arrived)
+
+    @staticmethod
+    def _out(state: FlowState, tokens: Tokens, arrived: tuple[tuple[float, int], ...] = ()) -> NewTokens:
         state.protocol.advance(Signal.TOKENS)
         state.generated.extend(tokens.token_ids)
-        return NewTokens(tokens.token_ids, tokens.logprobs, (), gathered.arrived)
+        return NewTokens(tokens.token_ids, tokens.logprobs, tokens.prompt_logprobs, arrived)
 
 
 def _first_out(state: FlowState) -> bool:

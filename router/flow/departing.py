@@ -90,10 +90,8 @@ class Departer:
         except WorkerFault as fault:
             log.info("request %s: Depart on %s failed: %s", job.request_id, decode.address, fault)
             return
-        if answer.departed:
+        if answer.departed:  # (a departure for pressure claimed its interval already: `wants`)
             leaving.target, leaving.kept_kv = target.address, answer.kv_kept
-            if not self.pool.leaving(decode.address):
-                self.rebalancer.departed(decode)
         else:
             log.debug("request %s stays on %s for now: %s", job.request_id, decode.address, answer.reason)
 

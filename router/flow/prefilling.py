@@ -143,31 +143,13 @@ class Prefiller:
             call = Pumped(self.clients.prefill(prefill.address).open(on_worker, None), prefill.address)
             started = Started(prefill, call, on_worker.request_id)
             try:
-                first = await first_event(call.next, state, self.config, time.monotonic(),
-                                          lambda waited: self._sooner(job, state, prefill, decode, waited))
+                first = await self._started(job, state, decode, started)
             except MovedPrefill as moved:  # queued there while another gives the first token much sooner
-                self.close(started)
                 state.protocol.advance(Signal.MOVE, f"{prefill.address} -> {moved.target.address}")
                 yield Milestone("moved", {"pdserve.from": prefill.address, "pdserve.to": moved.target.address,
                                           "pdserve.waited_s": moved.waited_s, "pdserve.role": "prefill"})
                 prefill = moved.target
                 continue
-            except StopAsyncIteration:
-                self.close(started)
-                raise WorkerFault(FaultKind.FAILED, prefill.address, "the prefill worker ended the stream before "
-                                                                     "it started") from None
-            except WorkerFault as fault:
-                self.close(started)
-                if fault.address == prefill.address:
-                    self.blame(state, fault, "prefill", prefill.address)
-                raise
-            except BaseException:
-                self.close(started)
-                raise
-            if not isinstance(first, Chunk):
-                self.close(started)
-                raise WorkerFault(FaultKind.FAILED, prefill.address, f"{prefill.address} sent "
-                                  f"{type(first).__name__} before its reservation")
             state.protocol.advance(Signal.CHUNK)
             try:
                 yield _chunk_milestone(first)
@@ -176,6 +158,26 @@ class Prefiller:
                 raise
             yield started
             return
+
+    async def _started(self, job: Job, state: FlowState, decode: Worker, started: Started) -> Chunk:
+        """The started prefill's first chunk; whatever else comes, its call closed (and a fault of
+        the prefill worker charged to it)."""
+        prefill = started.prefill
+        try:
+            first = await first_event(started.call.next, state, self.config, time.monotonic(),
+                                      lambda waited: self._sooner(job, state, prefill, decode, waited))
+            if not isinstance(first, Chunk):
+                raise WorkerFault(FaultKind.FAILED, prefill.address, f"{prefill.address} sent "
+                                  f"{type(first).__name__} before its reservation")
+            return first
+        except BaseException as exc:
+            self.close(started)
+            if isinstance(exc, StopAsyncIteration):
+                raise WorkerFault(FaultKind.FAILED, prefill.address, "the prefill worker ended the stream before "
+                                                                     "it started") from None
+            if isinstance(exc, WorkerFault) and exc.address == prefill.address:
+                self.blame(state, exc, "prefill", prefill.address)
+            raise
 
     def close(self, started: Started) -> None:
         self.pool.left(started.prefill)

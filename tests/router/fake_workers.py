@@ -283,7 +283,7 @@ class FakeWorker:
                               self.queued_prefill_tokens, self.prefill_tokens_per_s, self.step_s, self.role,
                               self.next_role, self.elastic, self.identity, target_follows=True,
                               awaiting_target=sum(1 for s in self.sessions.values()
-                                                  if getattr(s, "target", None) is not None and not s.target.done()))
+                                                  if s.target is not None and not s.target.done()))
 
 
 class Link(Protocol):

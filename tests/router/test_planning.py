@@ -14,6 +14,7 @@ from pdserve.elastic import PlannerPolicy
 from pdserve.telemetry import Metrics
 from router.fleet.planning import Planner
 from router.fleet.workers import PoolConfig, WorkerPool
+from tests.router.fake_workers import FakeSession
 from tests.router.flow_harness import collect, expected, harness, job, settle
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,7 +78,7 @@ async def test_a_router_restarted_mid_change_finds_the_worker_in_its_new_role():
     async with harness(prefill=("p0",), decode=("d0", "d1")) as h:
         d1 = h.fleet.workers["d1"]
         d1.elastic = True
-        d1.sessions["busy"] = object()  # it holds work: the change waits for it
+        d1.sessions["busy"] = FakeSession("busy", 0)  # it holds work: the change waits for it
         assert await h.fleet.set_role("d1", "prefill", 1.0) == ("decode", "prefill")
         # the router that asked is gone; a new one starts over the same workers
         fresh = WorkerPool(h.fleet, ["p0"], ["d0", "d1"], PoolConfig(poll_s=0.02, poll_timeout_s=0.05))
@@ -98,7 +99,7 @@ async def test_a_request_given_back_by_a_worker_changing_role_goes_elsewhere_and
     async with harness(prefill=("p0",), decode=("d0", "d1")) as h:
         d0 = h.fleet.workers["d0"]
         d0.elastic = True
-        d0.sessions["busy"] = object()  # it holds work: the change waits
+        d0.sessions["busy"] = FakeSession("busy", 0)  # it holds work: the change waits
         await h.fleet.set_role("d0", "prefill", 1.0)
         await h.pool.stop()  # no polls: the router still takes d0 for a decode worker
         events = [e async for e in h.flow.run(job())]
