@@ -122,7 +122,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         try:
             yield wpb.EventBatch(feed_id=feed.id)
             async for batch in feed.batches():
-                for message in fed_batches_to_pb(batch, self._event_to_pb):
+                for message in fed_batches_to_pb(batch, self._event_to_pb, token_run if request.token_runs else None):
                     yield message
         finally:
             self.feeds.close(feed, FeedClosed("the router's event feed closed"))
@@ -212,3 +212,10 @@ def _trace_event(span, event) -> None:
     elif isinstance(event, Finished):
         span.set_attributes({"pdserve.finish_reason": event.reason.value, "pdserve.preemptions": event.preemptions,
                              "pdserve.cached_tokens": event.cached_tokens})
+
+
+def token_run(event) -> tuple[int, ...] | None:
+    """A token event with ids alone goes as a token run (pdserve/rpc/feed.py)."""
+    if type(event) is Tokens and not event.logprobs and not event.prompt_logprobs:
+        return event.token_ids
+    return None

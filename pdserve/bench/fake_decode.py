@@ -6,8 +6,9 @@ stepping as an engine does.
     the clock   a step every `step_s` while streams run: each stream's tokens due by then as one
                 event (a real worker's step gives each request its token together)
     Events      a router's feed: a step's events of every stream that named it, as one EventBatch
-                (a stream's events waiting while the router reads are joined); such a stream's
-                Decode call sends `fed` (how many went by the feed) and ends with it
+                (a stream's events waiting while the router reads are joined; its tokens as runs
+                where the router asked: pdserve/rpc/feed.py); such a stream's Decode call sends
+                `fed` (how many went by the feed) and ends with it
     Stats       ready, the embedded model's identity, its streams as running requests
 
 Each stream's send times (CLOCK_MONOTONIC ns, as its tokens are handed to gRPC) go to the send
@@ -141,8 +142,8 @@ class FakeDecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
                 streams, feed.streams = feed.streams, {}
                 batch = wpb.EventBatch()
                 for stream in streams:
-                    self._feed_events(batch, stream)
-                if batch.events:
+                    self._feed_events(batch, stream, request.token_runs)
+                if batch.events or batch.run_request_ids:
                     yield batch
                 for stream in streams:
                     stream.wake.set()  # a stream that ended ends its Decode call now: after its events
@@ -181,14 +182,23 @@ class FakeDecodeServicer(worker_pb2_grpc.DecodeWorkerServicer):
             stream.feed.wake.set()
 
     def _tokens_event(self, stream: _Stream) -> wpb.DecodeEvent:
+        return wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=self._due_tokens(stream)))
+
+    def _due_tokens(self, stream: _Stream) -> list[int]:
         due, stream.due = stream.due, []
         stream.sent += [time.monotonic_ns()] * len(due)
-        return wpb.DecodeEvent(tokens=wpb.DecodeTokens(token_ids=[self._tokens[k % len(self._tokens)] for k in due]))
+        return [self._tokens[k % len(self._tokens)] for k in due]
 
-    def _feed_events(self, batch: wpb.EventBatch, stream: _Stream) -> None:
+    def _feed_events(self, batch: wpb.EventBatch, stream: _Stream, runs: bool) -> None:
         if stream not in self._streams:  # cancelled meanwhile
             return
-        if stream.due:
+        if stream.due and runs:  # packed (pdserve/rpc/feed.py)
+            token_ids = self._due_tokens(stream)
+            batch.run_request_ids.append(stream.worker_id)
+            batch.run_lengths.append(len(token_ids))
+            batch.run_token_ids.extend(token_ids)
+            stream.fed += 1
+        elif stream.due:
             batch.events.add(request_id=stream.worker_id, event=self._tokens_event(stream))
             stream.fed += 1
         if stream.ended and not stream.finish_sent:

@@ -7,7 +7,8 @@ side: pdserve/worker/feed.py).
     FedCall.start              the feed's id (its first message) ─▶ registered under the attempt's
                                worker id ─▶ Decode(feed_id) (or Attach(feed_id)): the request's
                                lifecycle (closing it aborts the request; its end is the request's end)
-        events by the feed, in order                   ─▶ the sink
+        events by the feed, in order                   ─▶ the sink (a message's token runs first:
+                                                          pdserve/rpc/feed.py)
         Decode's `fed` (n events went by the feed), then its end or its status
                                                        ─▶ the sink's end or fault, once n events came
     the feed breaks (the worker died, stalled, or closed it) ─▶ GONE to every request on it, after
@@ -28,7 +29,7 @@ import grpc
 
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import Attached, Departed, Finished
+from pdserve.worker.events import Attached, Departed, Finished, Tokens
 from router.fleet.clients import FaultKind, PushCall, Sink, WorkerFault
 from router.fleet.grpc_wire import decode_event, fault_of
 
@@ -57,7 +58,7 @@ class EventFeed:
         self._calls: dict[str, FedCall] = {}  # worker request id -> its call
         self._id: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._id.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, whoever waits
-        self._call = stub.Events(wpb.EventsRequest())
+        self._call = stub.Events(wpb.EventsRequest(token_runs=True))
         self._task = asyncio.ensure_future(self._read())
 
     async def ready(self) -> str:
@@ -83,6 +84,8 @@ class EventFeed:
             async for batch in self._call:
                 if batch.feed_id and not self._id.done():
                     self._id.set_result(batch.feed_id)
+                if batch.run_request_ids:
+                    self._runs(batch)
                 for item in batch.events:
                     call = self._calls.get(item.request_id)
                     if call is not None:
@@ -91,8 +94,26 @@ class EventFeed:
             unsupported = exc.code() == grpc.StatusCode.UNIMPLEMENTED and not self._id.done()
             fault = FeedUnsupported(exc.details() or "") if unsupported else fault_of(exc, self.address)
             self.unsupported = unsupported
+        except WorkerFault as bad:  # a message this router cannot read: the feed is of no use
+            fault = bad
+            self._call.cancel()
         finally:
             self._break(fault)
+
+    def _runs(self, batch: wpb.EventBatch) -> None:
+        """A message's token runs (pdserve/rpc/feed.py), each a Tokens event of its request."""
+        tokens = tuple(batch.run_token_ids)
+        lengths = batch.run_lengths
+        if len(lengths) != len(batch.run_request_ids) or sum(lengths) != len(tokens):
+            raise WorkerFault(FaultKind.FAILED, self.address, f"{self.address}: an event feed message's token "
+                              f"runs do not add up ({len(batch.run_request_ids)} requests, {len(lengths)} lengths, "
+                              f"{len(tokens)} tokens)")
+        at = 0
+        for request_id, length in zip(batch.run_request_ids, lengths):
+            call = self._calls.get(request_id)
+            if call is not None:
+                call.fed(Tokens(tokens[at:at + length]))
+            at += length
 
     def _break(self, fault: BaseException) -> None:
         self.broken = fault

@@ -172,3 +172,38 @@ def test_a_call_closed_before_its_feed_is_ready_hands_over_nothing():
             await server.stop(None)
 
     assert asyncio.run(main()) == [Tokens((1,)), Finished(FinishReason.LENGTH, 0, 0)]
+
+
+class Packed(Scripted):
+    """As Scripted, the request's first event a token run (as pdserve/rpc/feed.py packs it) beside a
+    run of no request here; `bad`: the runs' lengths do not add up to their tokens."""
+
+    def __init__(self, events: list[wpb.DecodeEvent], bad: bool = False):
+        super().__init__(events)
+        self.bad = bad
+        self.asked_runs: list[bool] = []
+
+    async def Events(self, request, context):
+        self.asked_runs.append(request.token_runs)
+        self.feeds += 1
+        yield wpb.EventBatch(feed_id=f"feed-{self.feeds}")
+        while True:
+            request_id = await self._ended.get()
+            first, *rest = self.events
+            ids = list(first.tokens.token_ids)
+            yield wpb.EventBatch(run_request_ids=["ghost@1.x", request_id], run_lengths=[1, len(ids) + self.bad],
+                                 run_token_ids=[99, *ids],
+                                 events=[wpb.FedEvent(request_id=request_id, event=e) for e in rest])
+
+
+def test_a_messages_token_runs_come_before_its_events_and_the_router_asks_for_them():
+    servicer = Packed([_tokens(1, 2), _tokens(3), FINISHED])
+    seen = _run(servicer)[0][0]
+    assert seen == [Tokens((1, 2)), Tokens((3,)), Finished(FinishReason.LENGTH, 0, 0)]
+    assert servicer.asked_runs == [True]
+
+
+def test_token_runs_that_do_not_add_up_break_the_feed_failing_its_requests():
+    seen = _run(Packed([_tokens(1, 2), FINISHED], bad=True))[0][0]
+    assert len(seen) == 1 and isinstance(seen[0], WorkerFault) and seen[0].kind is FaultKind.FAILED
+    assert "do not add up" in str(seen[0])
