@@ -21,7 +21,12 @@ part); clients in a process of their own (pdserve/bench/relay_clients.py) keep N
 
     .venv/bin/python benchmarks/relay.py [--quick] [--doors grpc,http] [--streams 64,256]
         [--rates 1000,3000,10000,30000,100000] [--tokens 200] [--warmup 2] [--measure 6]
-        [--stream-interval N|Tms] [--step-us N] [--event-feeds on|off] [--insecure] [--json PATH]
+        [--stream-interval N|Tms] [--step-us N] [--event-feeds on|off] [--insecure] [--pin] [--json PATH]
+
+`--pin` (Linux, 2 CPUs or more): the router alone on the first CPU, this script, the fake worker
+and the clients on the others, as a router has its own core in a deployment: its added latency
+is then its own, not the benchmark's processes' taking its core (other processes on the machine
+still may: see "others").
 """
 
 from __future__ import annotations
@@ -129,13 +134,26 @@ def start_router(sup: Supervisor, fake: fake_workers.FakeProcess, args: argparse
     return router
 
 
+def pin_threads(pid: int, cpu: int) -> None:
+    """Every thread of `pid` on `cpu` (the threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), [cpu])
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     workdir = Path(tempfile.mkdtemp(prefix="pdserve-relay-"))
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = args.pin and len(cpus) > 1
+    if pinned:  # this process and all it starts (the router re-pinned below) off the router's CPU
+        os.sched_setaffinity(0, cpus[1:])
     fake = fake_workers.start_process(workdir, workdir / "sent.jsonl", step_us=args.step_us)
     sup = Supervisor(env={**os.environ, "HF_HUB_OFFLINE": "1"}, workdir=workdir)
     rows: list[Row] = []
     try:
         router = start_router(sup, fake, args)
+        if pinned:
+            pin_threads(router.pid, cpus[0])
+            print(f"--pin: the router on CPU {cpus[0]}, the fake worker and clients on {cpus[1:]}")
         sent = SendLogReader(workdir / "sent.jsonl")
         print(f"router pid {router.pid}, fake decode worker pid {fake.pid}, {os.cpu_count()} CPUs; logs in {workdir}")
         print(HEADER + "\n" + UNITS, flush=True)
@@ -174,6 +192,8 @@ def main() -> None:
     p.add_argument("--event-feeds", default=None, choices=["on", "off"],
                    help="the router's --event-feeds (default: its own default)")
     p.add_argument("--insecure", action="store_true", help="the router without a cluster token")
+    p.add_argument("--pin", action="store_true",
+                   help="the router alone on one CPU, the fake worker and clients on the others")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args()
     args.doors = args.doors.split(",")

@@ -11,6 +11,7 @@ from pdserve.validation import Limits
 from pdserve.requests import Priority
 from pdserve.checkpoint.source import read_model_config
 from pdserve.identity import model_fingerprint
+from pdserve.procs.collector import quiet_collector
 from pdserve.rpc.channels import ChannelPool, split_addresses
 from pdserve.rpc.drain import Drain
 from pdserve.rpc.security import Security, security_from_args
@@ -136,6 +137,7 @@ async def start_router(args: argparse.Namespace) -> RouterService:
     canaries = Canaries(pool, flow, tuple(frontend.tokenizer.encode(CANARY_TEXT)),
                         CanaryConfig(interval_s=args.canary_interval_s or None), obs.metrics.count_canary)
     canaries.start()
+    quiet_collector()
     return RouterService(server, pool, channels, obs, gateway, drainer, discoveries, internal, http, planner,
                          canaries)
 

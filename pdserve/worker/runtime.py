@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.engine import Engine
 from pdserve.engine.faults import injector_from_env
 from pdserve.parallel.watch import RankWatch
+from pdserve.procs.collector import quiet_collector
 from pdserve.start_phases import StartPhases
 
 
@@ -64,7 +64,7 @@ def build_runtime(config: RuntimeConfig, hold_blocks: bool, phases: StartPhases 
     if config.threads:
         torch.set_num_threads(config.threads)
     engine = Engine(config.engine, hold_blocks=hold_blocks, phases=phases)
-    _quiet_gc()
+    quiet_collector()
     async_engine = AsyncEngine(engine, faults=injector_from_env(os.environ))
     async_engine.start(asyncio.get_running_loop())
     if phases is not None:
@@ -77,11 +77,3 @@ def _call_on(loop: asyncio.AbstractEventLoop, listener: Callable[[BaseException]
         loop.call_soon_threadsafe(listener, exc)
     except RuntimeError:  # the loop is closed: the worker is stopping anyway
         pass
-
-
-def _quiet_gc() -> None:
-    """Move what start-up allocated (model, tokenizer tables) out of the collector's sight and
-    collect young objects less often: full collections otherwise pause steps for tens of ms."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)

@@ -4,7 +4,9 @@ the decode worker's tokens relayed until Finished.
 
     Tokens          to the client (each once across attempts); after the first, a step's tokens
                     are gathered in the call until the stream interval's N wait (router/flow/stream.py),
-                    so the request's task wakes per message, not per step
+                    and where the flow has an outlet (its door's pacer) they go straight to it as
+                    they come while nothing waits before them: the request's task wakes for the
+                    other events and its periodic check, not for tokens
     Preempted       counted, and a milestone for the trace
     Finished        the request's end
     leaving         its worker drains, changes role, or is under memory pressure while another has
@@ -27,7 +29,7 @@ from router.fleet.clients import FaultKind, WorkerFault
 from router.fleet.workers import WorkerPool
 from router.flow.departing import Departer, Leaving, LeftFor
 from router.flow.flow_types import Attempt, Blame, FlowConfig, FlowEvent, FlowState, Milestone, NewTokens
-from router.flow.protocol import Signal
+from router.flow.protocol import ProtocolError, Signal
 from router.flow.reserving import Moved
 from router.flow.stream import Gathered
 
@@ -76,12 +78,14 @@ class Decoder:
     async def _relay(self, attempt: Attempt) -> AsyncIterator[FlowEvent]:
         """The decode worker's tokens to the end. While that worker is leaving (draining or
         changing role), or under memory pressure, the request departs for another decode
-        worker: raises LeftFor once every token it generated there is out."""
+        worker: raises LeftFor once every token it generated there is out. (Asked after each
+        event this task reads and at each periodic check: tokens taken straight to the outlet
+        do not wake it.)"""
         state, call = attempt.state, attempt.call
         leaving = Leaving()
         gathering = _first_out(state)
         if gathering:
-            call.gather(self.config.gather_tokens)
+            self._gather(attempt)
         while True:
             try:
                 event = await call.next_within(self.config.move_check_s)
@@ -96,7 +100,7 @@ class Decoder:
                 yield self._out(state, event)
                 if not gathering:
                     gathering = True
-                    call.gather(self.config.gather_tokens)
+                    self._gather(attempt)
             elif isinstance(event, Gathered):
                 yield self._tokens(state, event)
             elif isinstance(event, Preempted):
@@ -115,6 +119,30 @@ class Decoder:
                 raise LeftFor(leaving.target, event.kv_kept)
             if self.departer.wants(attempt, leaving):
                 await self.departer.ask(attempt, leaving)
+
+    def _gather(self, attempt: Attempt) -> None:
+        """Once the request's first tokens are out: its token events gathered to the stream interval's
+        N, and taken straight to the flow's outlet where it has one (the call's reader waiting: every
+        event before them is out)."""
+        attempt.call.gather(self.config.gather_tokens)
+        outlet, state = attempt.state.outlet, attempt.state
+        if outlet is None:
+            return
+
+        def take(event: object) -> bool:
+            try:
+                if type(event) is Gathered:
+                    new = self._tokens(state, event)
+                elif type(event) is Tokens and not event.prompt_logprobs:
+                    new = self._out(state, event)
+                else:
+                    return False
+            except ProtocolError:  # (nothing changed yet) raised again by the request's own task
+                return False
+            outlet(new)
+            return True
+
+        attempt.call.take_directly(take)
 
     @staticmethod
     def _tokens(state: FlowState, gathered: Gathered) -> NewTokens:

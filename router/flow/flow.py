@@ -36,7 +36,7 @@ from router.fleet.workers import Worker, WorkerPool
 from router.flow.decoding import Decoder
 from router.flow.departing import Departer
 from router.flow.flow_types import (ATTACHED, MOVED_KV, Attempt, FlowConfig, FlowEvent, FlowState, Job, Milestone,
-                                    NewTokens, ReserveAt, worker_job)
+                                    NewTokens, Outlet, ReserveAt, worker_job)
 from router.flow.prefilling import Prefiller, Started
 from router.flow.protocol import RequestProtocol, Signal
 from router.flow.reattaching import Reattacher
@@ -66,8 +66,10 @@ class RequestFlow:
         self.aborts = FleetAborts(pool, clients)  # Aborts of requests another router runs
         self.reattacher = Reattacher(pool, clients, config.recovery)  # streams continued from another router
 
-    async def run(self, job: Job) -> AsyncIterator[FlowEvent]:
-        state = FlowState(RequestProtocol(job.request_id))
+    async def run(self, job: Job, outlet: Outlet | None = None) -> AsyncIterator[FlowEvent]:
+        """The request's events to its end. `outlet`: what the caller does with each yielded event,
+        done directly for relayed tokens as they come (router/flow/decoding.py): those are not yielded."""
+        state = FlowState(RequestProtocol(job.request_id), outlet=outlet)
         try:
             if job.resume is not None:  # a stream continued here: where its request is, what its client has
                 async for event in self.reattacher.begin(job, state):

@@ -111,6 +111,7 @@ class Milestone:
 
 
 FlowEvent = NewTokens | Done | Milestone | Resumed
+Outlet = Callable[[FlowEvent], None]  # a flow's consumer, taking an event as the flow would yield it
 
 
 @dataclass
@@ -130,6 +131,7 @@ class FlowState:
     departed: tuple[str, str] | None = None  # (decode worker, the attempt's id there) holding its KV for a move
     attach: HeldAttempt | None = None  # a continued stream's attempt a decode worker holds: the next attempt attaches it
     attachment: int = 0  # this router's anchor of the attempt decoding now (its Attached's; 0: its Decode call)
+    outlet: Outlet | None = None  # where its relayed tokens may go as they come (router/flow/decoding.py)
 
     def avoided(self, role: str, workers: Sequence[Worker]) -> set[str]:
         """The workers of `role` to avoid: those this request failed on, unless they restarted since."""

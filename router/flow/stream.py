@@ -4,6 +4,11 @@
 A decode call's token events may be gathered (`gather(n)`, the stream interval's N once the
 request's first token is out): they wake the reader only once n tokens wait, as one `Gathered`
 with each step's arrival (the trace's timeline stays per step); anything else lets them go first.
+
+Token events (and gathered runs) may also be taken directly (`take_directly`): while the reader
+waits with nothing queued before them, the taker handles them as they come (the feed's reader
+calls it), so the request's task does not wake for them; anything queued goes first, so the
+reader still sees every other event in order after the tokens that preceded it.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
 from pdserve.coalescing import joined_run
@@ -19,6 +24,7 @@ from pdserve.worker.events import Tokens
 from router.fleet.clients import Call, PushCall, WorkerFault
 
 T = TypeVar("T")
+Taker = Callable[[object], bool]  # takes a token event or a Gathered as it comes (True), or leaves it queued
 _END = object()
 _CHECK = object()  # next_within's period passed
 
@@ -47,6 +53,7 @@ class Pumped:
         self._run: list[Tokens] = []  # token events gathered, not let go yet
         self._arrived: list[tuple[float, int]] = []
         self._run_tokens = 0
+        self._taker: Taker | None = None
         if isinstance(call, PushCall):
             call.start(self)
         else:
@@ -74,7 +81,10 @@ class Pumped:
             return
         if self._run:
             self._let_go()
-        self._put(event)
+        if type(event) is Tokens:
+            self._offer(event)
+        else:
+            self._put(event)
 
     def end(self) -> None:
         if self._run:
@@ -105,7 +115,20 @@ class Pumped:
 
     def _let_go(self) -> None:
         if (gathered := self.gathered()) is not None:
-            self._put(gathered)
+            self._offer(gathered)
+
+    # ---- taken directly ----
+
+    def take_directly(self, taker: Taker | None) -> None:
+        """Token events (and gathered runs) go to `taker` as they come while the reader waits with
+        nothing queued (None: all are queued again). NOTE: the taker runs in the deliverer's
+        context (the feed's reader): quick, and what it leaves, it leaves untouched."""
+        self._taker = taker
+
+    def _offer(self, tokens: object) -> None:
+        waiting = self._waiter is not None and not self._waiter.done()
+        if self._taker is None or self._items or not waiting or not self._taker(tokens):
+            self._put(tokens)
 
     async def next(self) -> object:
         while (item := await self._get()) is _CHECK:

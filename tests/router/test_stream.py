@@ -1,6 +1,8 @@
 """router/flow/stream.py's Pumped gathering a decode call's token events: its reader wakes once N
 tokens wait, with each event's arrival; anything else lets them go first, in order; a periodic
-check leaves them gathered; a cancelled reader takes them."""
+check leaves them gathered; a cancelled reader takes them. Token events taken directly go to the
+taker only while the reader waits with nothing queued before them: every other event still comes
+to the reader after the tokens that preceded it."""
 
 from __future__ import annotations
 
@@ -104,5 +106,57 @@ def test_a_first_token_with_prompt_logprobs_is_never_gathered():
         first = Tokens((1,), (), ("prompt",))
         sink.deliver(first)
         assert await pumped.next() is first
+
+    asyncio.run(main())
+
+
+async def _reader_waiting(pumped: Pumped) -> asyncio.Task:
+    """A reader waiting on `pumped`, its wait begun."""
+    task = asyncio.ensure_future(pumped.next())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return task
+
+
+@pytest.mark.parametrize("gather", [0, 2])
+def test_tokens_go_to_the_taker_while_the_reader_waits_and_the_rest_to_the_reader_in_order(gather):
+    async def main():
+        pumped, sink = _pumped(gather)
+        taken: list = []
+        pumped.take_directly(lambda e: taken.append(e) or True)
+        reader = await _reader_waiting(pumped)
+        sink.deliver(Tokens((2,)))
+        sink.deliver(Tokens((3,)))
+        assert [e.token_ids if isinstance(e, Tokens) else e.tokens.token_ids for e in taken] == \
+            ([(2,), (3,)] if not gather else [(2, 3)])
+        assert not reader.done()
+        sink.deliver(Preempted("recompute", "memory", "preempted"))  # the reader's: it wakes
+        sink.deliver(Tokens((4,)))  # queued behind it (gathered: held for the next)
+        assert await reader == Preempted("recompute", "memory", "preempted")
+        assert len(taken) == (2 if not gather else 1)
+        if not gather:
+            assert await pumped.next() == Tokens((4,))
+
+    asyncio.run(main())
+
+
+def test_tokens_are_queued_while_nobody_waits():
+    async def main():
+        pumped, sink = _pumped(0)
+        taken: list = []
+        pumped.take_directly(lambda e: taken.append(e) or True)
+        sink.deliver(Tokens((1,)))
+        assert not taken and await pumped.next() == Tokens((1,))
+
+    asyncio.run(main())
+
+
+def test_a_taker_that_leaves_a_token_event_leaves_it_to_the_reader():
+    async def main():
+        pumped, sink = _pumped(0)
+        pumped.take_directly(lambda e: False)
+        reader = await _reader_waiting(pumped)
+        sink.deliver(Tokens((7,)))
+        assert await reader == Tokens((7,))
 
     asyncio.run(main())
