@@ -76,8 +76,10 @@ def _prompt(request: pb.GenerateRequest) -> Prompt:
 def response_to_pb(request_id: str, output: Output) -> pb.GenerateResponse:
     response = pb.GenerateResponse(request_id=request_id, token_ids=list(output.token_ids), text=output.text,
                                    index=output.index)
-    response.logprobs.extend(logprobs_to_pb(entry) for entry in output.logprobs)
-    response.prompt_logprobs.extend(logprobs_to_pb(entry) for entry in output.prompt_logprobs)
+    if output.logprobs:
+        response.logprobs.extend(logprobs_to_pb(entry) for entry in output.logprobs)
+    if output.prompt_logprobs:
+        response.prompt_logprobs.extend(logprobs_to_pb(entry) for entry in output.prompt_logprobs)
     if output.finish is not None:
         u = output.finish.usage
         response.finish_reason = finish_to_pb(output.finish.reason)
