@@ -29,6 +29,7 @@ from pdserve.telemetry import EXPOSITION_CONTENT_TYPE
 from router.doors.asks import Output, TextPrompt
 from router.doors.gateway import Gateway
 from router.doors.http.errors import BodyTooLarge, ModelNotFound, error_of, error_response
+from router.doors.http.events import EventStream
 from router.doors.http.openai_requests import OpenAIRequest, ParsedAsk, chat_request, completion_request
 from router.doors.http.openai_responses import Reply
 from router.doors.http.prompt_list import admit_rest, merged
@@ -146,7 +147,8 @@ class HttpApi:
                 first_output = None
             except Exception as exc:
                 return error_response(exc)
-            async with sse_response(request, allow_all_methods=True, headers=headers) as events:  # POST, as OpenAI streams
+            async with sse_response(request, allow_all_methods=True, headers=headers,  # POST, as OpenAI streams
+                                    response_cls=EventStream) as events:
                 try:
                     if first_output is not None:
                         await events.send(json.dumps(reply.chunk(first_output)), id=ids.after(first_output))
