@@ -9,6 +9,10 @@
 A prefill opened without its reservation (`target` None: the router reserves decode blocks once
 this worker has started the prompt) keeps what its steps computed, held, until `set_target`
 brings the reservation; then what was held goes out as one piece and the steps go on as above.
+While a queued request of a higher class lacks the blocks such prompts hold, some of them give
+their KV back (prefill_service/giving_back.py; whom: pdserve/scheduler/held.py): the prompt
+leaves the engine and is added again at `set_target`, computed anew (from the prefix cache as
+far as it still holds it) and sent as it is.
 
 The engine holds every block of a request that a piece still has to read (BlockHold) until
 the send finished, so preemption or eviction can never recycle blocks under a transfer. Each
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdserve.aborts import Owner
@@ -40,6 +46,7 @@ from pdserve.parallel.kv_ranks import RanksSender
 from pdserve.requests import Priority, Request, SamplingParams, TokenLogprobs
 from pdserve.rpc.bounds import check_id, check_timeout
 from pdserve.rpc.errors import NotFound
+from pdserve.scheduler.held import Held, HeldVictims, LowerClassLatest
 from pdserve.scheduler.output import ScheduledChunk
 from pdserve.transfer import KVSender
 from pdserve.validation import validate_resumed
@@ -49,6 +56,7 @@ from pdserve.worker.kv_sums import KVSums
 from pdserve.worker.leases import Lease, LeaseKind, Leases, Reclaim
 from pdserve.worker.live import LiveRequests
 from pdserve.worker.session import Session
+from prefill_service.giving_back import GivingBack
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +85,16 @@ class PrefillJob:
     tasks: list[asyncio.Task] = field(default_factory=list)
     started: bool = False  # a step computed some of it
     waiting: Waiting | None = None  # the KV computed while its target had not come, held
+    priority: Priority = Priority.NORMAL
+    add: Callable[[Engine], Request] | None = None  # how it enters the engine (again, after a give-back)
+    given_back: bool = False  # its held KV went back before its target came: added again at set_target
+
+    def held(self) -> Held | None:
+        """What it holds while its KV waits for its target (None: nothing so)."""
+        waiting = self.waiting
+        if self.target is not None or waiting is None or waiting.hold is None:
+            return None
+        return Held(self.request_id, self.priority, len(waiting.hold.blocks), waiting.held_at)
 
 
 @dataclass(frozen=True)
@@ -99,13 +117,17 @@ class Waiting:
     hold: BlockHold | None
     lease: Lease | None = None
     handed_on: bool = False
+    held_at: float = field(default_factory=time.monotonic)
 
 
 class PrefillWorker:
     def __init__(self, engine: AsyncEngine, sender: KVSender | RanksSender, peer: DecodePeer, block_size: int,
-                 block_nbytes: int, leases: Leases, sums: KVSums | None = None):
+                 block_nbytes: int, leases: Leases, sums: KVSums | None = None,
+                 held_victims: HeldVictims | None = None):
         """`sender`: every rank's (a plain KVSender: this worker has one rank). `sums`: how it sums
-        the pieces it sends (None: it sends no checksums)."""
+        the pieces it sends (None: it sends no checksums). `held_victims`: which prompts waiting
+        for their target give their KV back to a queued request of a higher class (default
+        LowerClassLatest)."""
         self.engine = engine
         self.sender = sender if isinstance(sender, RanksSender) else RanksSender.alone(
             sender, engine.engine.kv.shape.num_kv_heads)
@@ -116,6 +138,7 @@ class PrefillWorker:
         self.live: LiveRequests[PrefillJob] = LiveRequests(engine, self._end)
         self.leases = leases
         self.sums = sums
+        self.giving_back = GivingBack(engine, held_victims or LowerClassLatest(), self.live.records, self._give_back)
         engine.add_listener(self.on_step)
 
     async def open(self, request_id: str, prompt: tuple[int, ...], sampling: SamplingParams, priority: Priority,
@@ -133,12 +156,17 @@ class PrefillWorker:
         if target is not None:
             check_target(target, self.sender, self.block_size, self.block_nbytes, kv_tokens, self.groups)
         job = PrefillJob(request_id, kv_tokens, target, Session(request_id, owner), kv_timeout_s,
-                         sent_blocks=target.cached_blocks * self.groups if target else 0, resumed=len(resumed))
+                         sent_blocks=target.cached_blocks * self.groups if target else 0, resumed=len(resumed),
+                         priority=priority)
         # the first token only; min_tokens capped with it (what bans an end for that one token stays)
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": (),
                                        "min_tokens": min(sampling.min_tokens, len(resumed) + 1)})
-        return await self.live.open(job, lambda e: e.add_request(request_id, prompt, first_only, priority, resumed, age_s,
-                                                                   sends_kv=True))
+        arrived = time.monotonic() - age_s
+        job.add = lambda e: e.add_request(request_id, prompt, first_only, priority, resumed,
+                                          max(0.0, time.monotonic() - arrived), sends_kv=True)
+        session = await self.live.open(job, job.add)
+        self.giving_back.soon()
+        return session
 
     def _end(self, job: PrefillJob, abort: bool) -> None:
         """The request ended here (LiveRequests' end hook): stop its sends and, if asked, abort
@@ -165,6 +193,7 @@ class PrefillWorker:
                 self._on_chunk(job, chunk, unclaimed.pop(chunk.request.request_id, None), result.seconds)
         for hold in unclaimed.values():  # requests that ended without a piece to send
             self.engine.release_nowait(hold)
+        self.giving_back.soon()
 
     def _on_chunk(self, job: PrefillJob, chunk: ScheduledChunk, hold: BlockHold | None, step_s: float) -> None:
         request = chunk.request
@@ -199,7 +228,8 @@ class PrefillWorker:
     def _wait(self, job: PrefillJob, computed: Computed, hold: BlockHold | None) -> None:
         """Keep this step's hold until the target comes; the previous one's blocks are in it."""
         previous = job.waiting
-        waiting = job.waiting = Waiting(computed, hold)
+        waiting = job.waiting = Waiting(computed, hold) if previous is None else \
+            Waiting(computed, hold, held_at=previous.held_at)
         if hold is not None:
             def reclaim(_: Reclaim) -> None:
                 if not waiting.handed_on:
@@ -225,6 +255,9 @@ class PrefillWorker:
             self._fail(job, exc)
             raise
         job.target, job.sent_blocks = target, target.cached_blocks * self.groups
+        if job.given_back:
+            self._add_again(job)
+            return 0
         waiting, job.waiting = job.waiting, None
         if waiting is None:
             return 0
@@ -233,6 +266,31 @@ class PrefillWorker:
         if waiting.lease is not None:
             waiting.lease.end()
         return job.sent_blocks - target.cached_blocks * self.groups
+
+    # ---- held KV given back to a higher class ----
+
+    def _give_back(self, job: PrefillJob) -> None:
+        """Its held KV goes back now (and the rest of it out of the engine, if it was still
+        prefilling); it is added again at set_target. Its steps in flight never reach it."""
+        waiting, job.waiting = job.waiting, None
+        job.given_back, job.request = True, None
+        self.engine.call_nowait(lambda e: _abort(e, job.request_id))
+        if waiting is not None and waiting.lease is not None:
+            waiting.lease.end()  # releases the hold
+
+    def _add_again(self, job: PrefillJob) -> None:
+        """A given-back prompt into the engine again, now that its target came (queued there as
+        old as the request); a refusal fails it."""
+        job.given_back = False
+        loop = asyncio.get_running_loop()
+
+        def bind(engine: Engine) -> None:
+            try:
+                job.request = job.add(engine)
+            except Exception as exc:  # (full queue, the engine's checks): the stream says why
+                loop.call_soon_threadsafe(self._fail, job, exc)
+
+        self.engine.call_nowait(bind)
 
     def _chain(self, job: PrefillJob, piece: Piece | None, hold: BlockHold | None, first_token: int | None) -> None:
         """Pieces of one request go out in order; other requests' pieces proceed in parallel.

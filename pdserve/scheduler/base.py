@@ -11,6 +11,7 @@ comes from one thread, between steps. Time comes only from the injected clock.
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Callable, Mapping
 
 from pdserve.config import SchedulerConfig
@@ -18,7 +19,9 @@ from pdserve.kv.manager import BlockHold, KVManager
 from pdserve.requests import FinishReason, Request, RequestState
 from pdserve.scheduler.errors import DuplicateRequestError, NotReceivingError, PromptTooLongError, QueueFullError
 from pdserve.scheduler.finished_kv import FinishedKV, HoldAll, HoldFinished
+from pdserve.scheduler.held import Blocked
 from pdserve.scheduler.output import SchedulerOutput
+from pdserve.scheduler.queue import Group
 from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.results import Reservation, SchedulerStats
 from pdserve.scheduler.state import Queues
@@ -241,6 +244,25 @@ class Scheduler(abc.ABC):
         reserved = sum(len(self.kv.block_table(rid)) for rid in q.receiving)
         return SchedulerStats(len(q.running), len(q.waiting), len(q.swapped), self.kv.stats(), len(q.receiving),
                               reserved)
+
+    def blocked_head(self) -> Blocked | None:
+        """The best prefill, running or queued, when the blocks it needs to compute the rest of its
+        prompt (past its cached prefix; a queued one keeping the watermark) exceed those available
+        now; None when there is none or it fits. Read-only: a prefill worker asks it between
+        decisions (AsyncEngine.query)."""
+        now = self._clock()
+        running = [self._q.running_prefill(r, now) for r in self._q.prefilling.values()]
+        head = min((*running, *itertools.islice(self._q.waiting.candidates(now), 1)), default=None)
+        if head is None:
+            return None
+        request = head.request
+        if head.group == Group.RUNNING:
+            need = self.kv.num_new_blocks(request, request.num_tokens - request.num_computed_tokens)
+        else:
+            match = self.kv.match(request)
+            need = self.kv.admission_cost(match, request.num_tokens - match.num_tokens) + self.kv.watermark_blocks
+        short = need - self.kv.num_available
+        return Blocked(request.priority, short) if short > 0 else None
 
     def queued_prefill_tokens(self) -> int:
         """Tokens this worker still computes before the requests it holds are decoding: what is

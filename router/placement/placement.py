@@ -1,7 +1,9 @@
 """Which workers serve a request. Policies only: they read worker snapshots and never call out.
 
-`avoid` holds the workers this request already failed on: they are chosen only when no other
-worker of the role is usable (with a single worker, a retry goes back to it).
+`avoid` holds the workers this request already left: they are chosen only when no other worker
+of the role is usable (with a single worker, a retry goes back to it). Of those, the ones it
+failed on (`failed`, a subset) come last: one it merely departed from (rebalancing) goes first,
+so a request whose second worker dies is not placed on the dead one again.
 """
 
 from __future__ import annotations
@@ -15,23 +17,24 @@ class NoWorker(RuntimeError):
     pass
 
 
-def _candidates(workers: list[Worker], avoid: Collection[str], role: str) -> list[Worker]:
+def _candidates(workers: list[Worker], avoid: Collection[str], role: str,
+                failed: Collection[str] = ()) -> list[Worker]:
     if not workers:
         raise NoWorker(f"no {role} worker is ready")
     preferred = [w for w in workers if w.address not in avoid]
-    return preferred or workers
+    return preferred or [w for w in workers if w.address not in failed] or workers
 
 
 DECODE_SLACK = 4  # requests in flight a decode worker may have beyond the least loaded one, for its cache
 
 
 def choose_decode(workers: list[Worker], cached: Mapping[str, int] | None = None, avoid: Collection[str] = (),
-                  slack: int = DECODE_SLACK) -> Worker:
+                  slack: int = DECODE_SLACK, failed: Collection[str] = ()) -> Worker:
     """The longest cached prefix of the prompt (an earlier turn of the conversation decoded
     there) among the workers within `slack` requests in flight of the least loaded; then fewest
     in flight, most free KV blocks, fewest running. So a conversation stays where its KV is,
     and no worker is flooded for its cache."""
-    candidates = _candidates(workers, avoid, "decode")
+    candidates = _candidates(workers, avoid, "decode", failed)
     least = min(w.assigned for w in candidates)
     near = [w for w in candidates if w.assigned <= least + slack]
     cached = cached or {}

@@ -43,10 +43,11 @@ class Placer:
             cached = await self.cached_prefixes("decode", prompt, [moved_to], always=local_rule)
             return moved_to, cached.get(moved_to.address, 0)
         avoid = state.avoided("decode", workers)
+        failed = avoid & {fault.address for fault in state.faults}  # not merely departed from
         probed = [w for w in workers if w.address not in avoid] or workers
         cached = await self.cached_prefixes("decode", prompt, probed, always=local_rule)
         try:
-            decode = choose_decode(workers, cached, avoid)
+            decode = choose_decode(workers, cached, avoid, failed=failed)
         except NoWorker as exc:
             raise self.none_usable(exc) from None
         return decode, cached.get(decode.address, 0)

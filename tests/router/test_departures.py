@@ -173,6 +173,31 @@ async def test_a_request_leaves_a_worker_where_requests_wait_for_blocks_once():
 
 
 @_run
+async def test_a_resume_goes_back_to_the_worker_it_left_for_pressure_not_to_the_one_that_died():
+    """The request left d0 for d1 (rebalancing: not a fault), then d1 dies under it while the pool
+    still counts d1 usable (its polls stopped: none saw the death) and roomier than d0. Both are
+    workers it left; the one it failed on comes last, so the resume goes to d0 at once, not to the
+    dead d1 again."""
+    async with harness() as h:
+        events: list[Milestone] = []
+        d0, d1 = h.fleet.workers["d0"], h.fleet.workers["d1"]
+        d0.slow, d1.slow, d1.draining = 8.0, 8.0, True
+        await h.pool.refresh()
+        running = asyncio.ensure_future(_drive(h, job(max_tokens=LONG), events))
+        await async_wait_until(lambda: any(s.received is not None and s.received.done()
+                                           for s in d0.sessions.values()), 20, "decoding on d0")
+        d1.draining, d0.waiting = False, 2
+        await async_wait_until(lambda: "kv_move" in _names(events), 20, "moved to d1")
+        await h.pool.stop()
+        h.pool.workers["d0"].free_blocks = 0  # by its last poll, d0 is full and d1 is not: load alone picks d1
+        d1.kill()
+        tokens, milestones = await asyncio.wait_for(running, 20)
+        assert tokens == expected(max_tokens=LONG)
+        assert _placements(milestones) == ["d0", "d1", "d0"] and _names(milestones).count("resume") == 1
+        assert set((await settle(h.fleet)).values()) == {0}
+
+
+@_run
 async def test_no_rebalancing_when_switched_off_or_nowhere_roomier():
     async with harness(rebalance_interval_s=None) as h:
         tokens, milestones = await asyncio.wait_for(await _decoding_on_d0_under_pressure(h), 20)

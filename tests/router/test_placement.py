@@ -38,6 +38,13 @@ def test_avoided_workers_are_chosen_only_when_nothing_else_is_usable():
     assert choose_prefill([a], {}, avoid={"a"}).address == "a"
 
 
+def test_of_workers_all_left_one_merely_departed_from_goes_before_one_failed_on():
+    a, b = _w("a", "decode", free_blocks=0), _w("b", "decode", free_blocks=50)
+    assert choose_decode([a, b], avoid={"a", "b"}).address == "b"  # by load alone
+    assert choose_decode([a, b], avoid={"a", "b"}, failed={"b"}).address == "a"
+    assert choose_decode([b], avoid={"b"}, failed={"b"}).address == "b"  # nothing else: back to it
+
+
 def test_no_worker_is_an_error():
     with pytest.raises(NoWorker):
         choose_decode([], ())

@@ -18,7 +18,7 @@ from pdserve.requests import Priority, SamplingParams
 from pdserve.transfer import InProcessFabric, KVReceiver, KVSender, make_transport
 from pdserve.errors import ChecksumMismatch, CorruptKV, PeerFault
 from pdserve.worker.events import Finished, FirstToken, Reserved, Tokens
-from pdserve.worker.leases import Leases
+from pdserve.worker.leases import LeaseKind, Leases
 from pdserve.worker.kv_out import DecodePeer, Piece, Target
 from prefill_service.worker import PrefillWorker
 
@@ -141,6 +141,11 @@ class Pair:
             return await decoded(done[0].token_id, events)
         finally:
             self.decode.live.close(d_session)
+
+    async def holds_nothing(self) -> bool:
+        """Both engines back to no active block, and the prefill worker holding no lease."""
+        return (await settle(self.prefill_engine) == 0 and await settle(self.decode_engine) == 0
+                and self.prefill.leases.live(LeaseKind.WAITING) == 0 and self.prefill.leases.live(LeaseKind.HOLD) == 0)
 
     async def stop(self) -> None:
         await self.sender.close()

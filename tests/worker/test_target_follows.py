@@ -54,9 +54,7 @@ def test_a_late_reservation_gives_the_same_tokens_and_frees_every_block(tiny_lla
             got = await _late(pair, "late", PROMPT, chunks_before)
             assert (got.first_token, got.tokens) == (expected.first_token, expected.tokens)
             assert got.finished is not None
-            assert await settle(pair.prefill_engine) == 0 and await settle(pair.decode_engine) == 0
-            assert pair.prefill.leases.live(LeaseKind.WAITING) == 0
-            assert pair.prefill.leases.live(LeaseKind.HOLD) == 0
+            assert await pair.holds_nothing()
         finally:
             await pair.stop()
 
