@@ -158,6 +158,9 @@ class Sink(Protocol):
 
     def deliver(self, event: object) -> None: ...
 
+    def deliver_tokens(self, token_ids: tuple[int, ...]) -> None:
+        """A token event of ids alone, as deliver(Tokens(token_ids)) (its object made where needed)."""
+
     def end(self) -> None: ...
 
     def fail(self, fault: WorkerFault) -> None: ...

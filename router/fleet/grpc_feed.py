@@ -29,7 +29,7 @@ import grpc
 
 from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
-from pdserve.worker.events import Attached, Departed, Finished, Tokens
+from pdserve.worker.events import Attached, Departed, Finished
 from router.fleet.clients import FaultKind, PushCall, Sink, WorkerFault
 from router.fleet.grpc_wire import decode_event, fault_of
 
@@ -112,7 +112,7 @@ class EventFeed:
         for request_id, length in zip(batch.run_request_ids, lengths):
             call = self._calls.get(request_id)
             if call is not None:
-                call.fed(Tokens(tokens[at:at + length]))
+                call.fed_tokens(tokens[at:at + length])
             at += length
 
     def _break(self, fault: BaseException) -> None:
@@ -207,6 +207,15 @@ class FedCall(PushCall):
         self._received += 1
         self._anchor.saw(event)
         self._sink.deliver(event)
+        if self._ending is not None and self._received >= (self._expected or 0):
+            self._finish(self._ending.fault)
+
+    def fed_tokens(self, token_ids: tuple[int, ...]) -> None:
+        """A token event of ids alone (a run) of this request by the feed."""
+        if self._done:
+            return
+        self._received += 1
+        self._sink.deliver_tokens(token_ids)
         if self._ending is not None and self._received >= (self._expected or 0):
             self._finish(self._ending.fault)
 

@@ -50,7 +50,8 @@ class Pumped:
         self._task: asyncio.Future | None = None
         self._check: asyncio.TimerHandle | None = None  # next_within's period, while one runs
         self._gather = 0  # tokens that wake the reader (0: every event does)
-        self._run: list[Tokens] = []  # token events gathered, not let go yet
+        self._run: list[Tokens | tuple[int, ...]] = []  # token events gathered (or their ids alone), not let go yet
+        self._run_plain = True  # every one of them ids alone
         self._arrived: list[tuple[float, int]] = []
         self._run_tokens = 0
         self._taker: Taker | None = None
@@ -73,11 +74,8 @@ class Pumped:
 
     def deliver(self, event: object) -> None:
         if self._gather and type(event) is Tokens and not event.prompt_logprobs:
-            self._run.append(event)
-            self._arrived.append((time.perf_counter(), len(event.token_ids)))
-            self._run_tokens += len(event.token_ids)
-            if self._run_tokens >= self._gather:
-                self._let_go()
+            self._run_plain = False
+            self._gathering(event, len(event.token_ids))
             return
         if self._run:
             self._let_go()
@@ -85,6 +83,14 @@ class Pumped:
             self._offer(event)
         else:
             self._put(event)
+
+    def deliver_tokens(self, token_ids: tuple[int, ...]) -> None:
+        if self._gather:  # gathered as they are: one Tokens for the run when it goes
+            self._gathering(token_ids, len(token_ids))
+            return
+        if self._run:
+            self._let_go()
+        self._offer(Tokens(token_ids))
 
     def end(self) -> None:
         if self._run:
@@ -109,9 +115,21 @@ class Pumped:
         """The token events gathered and not let go yet, taken (the reader's last look, when cancelled)."""
         if not self._run:
             return None
-        gathered = Gathered(joined_run(self._run), tuple(self._arrived))
-        self._run, self._arrived, self._run_tokens = [], [], 0
+        run = self._run
+        if self._run_plain:  # ids alone (deliver_tokens): one object for the whole run
+            tokens = Tokens(run[0] if len(run) == 1 else tuple(t for ids in run for t in ids))
+        else:
+            tokens = joined_run([Tokens(e) if type(e) is tuple else e for e in run])
+        gathered = Gathered(tokens, tuple(self._arrived))
+        self._run, self._arrived, self._run_tokens, self._run_plain = [], [], 0, True
         return gathered
+
+    def _gathering(self, event: Tokens | tuple[int, ...], count: int) -> None:
+        self._run.append(event)
+        self._arrived.append((time.perf_counter(), count))
+        self._run_tokens += count
+        if self._run_tokens >= self._gather:
+            self._let_go()
 
     def _let_go(self) -> None:
         if (gathered := self.gathered()) is not None:

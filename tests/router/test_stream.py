@@ -160,3 +160,30 @@ def test_a_taker_that_leaves_a_token_event_leaves_it_to_the_reader():
         assert await reader == Tokens((7,))
 
     asyncio.run(main())
+
+
+def test_ids_alone_gather_as_token_events_do_and_join_with_them_in_order():
+    async def main():
+        pumped, sink = _pumped(4)
+        sink.deliver_tokens((1,))
+        sink.deliver_tokens((2, 3))
+        assert not _woken(pumped)
+        sink.deliver_tokens((4,))
+        got = await pumped.next()
+        assert got.tokens == Tokens((1, 2, 3, 4)) and [n for _, n in got.arrived] == [1, 2, 1]
+        sink.deliver_tokens((5,))  # ids alone, then an event of the same kind: one run, in order
+        sink.deliver(Tokens((6,)))
+        sink.deliver_tokens((7, 8))
+        got = await pumped.next()
+        assert got.tokens == Tokens((5, 6, 7, 8))
+
+    asyncio.run(main())
+
+
+def test_ids_alone_not_gathered_come_as_a_token_event():
+    async def main():
+        pumped, sink = _pumped(0)
+        sink.deliver_tokens((9, 10))
+        assert await pumped.next() == Tokens((9, 10))
+
+    asyncio.run(main())
