@@ -56,6 +56,10 @@ class SchedulerConfig:
     chunking: str = "tokens"  # tokens: chunks fill the token budget; time: within step_time_target_s too
     step_time_target_s: float = 0.1  # chunking "time": a step's predicted seconds at most this
     min_chunk_tokens: int = 32  # chunking "time": a step's first prefill chunk at least this (progress)
+    # a started stream waiting this long may take the place of one of its class that ran this long
+    # (and time_slice_min_tokens tokens) since its admission; None: never (scheduler/slicing.py)
+    time_slice_s: float | None = 1.0
+    time_slice_min_tokens: int = 4
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class FleetSpec:
     ready_timeout_s: float = 300.0
     deterministic: bool = False  # workers' --deterministic: outputs judged by exact equality (no tie judge)
     reserve_at: str = "prefill"  # the router's --reserve-at
+    time_slice_s: float | None = None  # workers' --time-slice-s (0: off); None: the workers' default
 
     def names(self) -> tuple[str, ...]:
         return (*(f"prefill-{i}" for i in range(self.prefill)), *(f"decode-{i}" for i in range(self.decode)))
@@ -41,7 +42,8 @@ class FleetSpec:
         """Engine flags shared by every worker (and by `pdserve up`)."""
         return ["--kv-blocks", str(self.kv_blocks), "--host-kv-blocks", str(self.host_kv_blocks),
                 "--token-budget", str(self.token_budget), "--max-chunk-tokens", str(self.max_chunk_tokens),
-                *(["--deterministic"] if self.deterministic else [])]
+                *(["--deterministic"] if self.deterministic else []),
+                *(["--time-slice-s", str(self.time_slice_s)] if self.time_slice_s is not None else [])]
 
 
 @dataclass(frozen=True)

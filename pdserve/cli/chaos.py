@@ -56,7 +56,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     f.add_argument("--prefill-workers", dest="prefill", type=int, default=None)
     f.add_argument("--decode-workers", dest="decode", type=int, default=None)
     for flag, kind in (("--threads", int), ("--kv-blocks", int), ("--host-kv-blocks", int), ("--token-budget", int),
-                       ("--max-chunk-tokens", int), ("--drain-timeout-s", float), ("--restart-delay-s", float)):
+                       ("--max-chunk-tokens", int), ("--drain-timeout-s", float), ("--restart-delay-s", float),
+                       ("--time-slice-s", float)):
         f.add_argument(flag, type=kind, default=None)
     f.add_argument("--kv-timeout", dest="kv_timeout_s", type=float, default=None, help="router: seconds for KV")
     f.add_argument("--deterministic", action="store_const", const=True, default=None,

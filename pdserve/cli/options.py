@@ -76,6 +76,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-chunk-tokens", type=int, default=sched.min_chunk_tokens,
                    help="with --chunking time: the step's first prefill chunk at least this, over the target "
                         "if need be (progress)")
+    g.add_argument("--time-slice-s", type=float, default=sched.time_slice_s,
+                   help="a stream already started (resumed after a fault or preempted here) that has waited this "
+                        "long may take the place of a running request of its own class that has run this long "
+                        f"and streamed {sched.time_slice_min_tokens} tokens since its admission, the longest "
+                        "running first (swapped out when the host pool holds it); 0: never, a started stream "
+                        "waits for room")
     g.add_argument("--max-num-seqs", type=int, default=sched.max_running,
                    help="requests a worker runs at once (holding device blocks); more wait in its queue")
     g.add_argument("--policy", default=sched.policy, choices=["chunked", "fcfs", "decode-first"])
@@ -83,7 +89,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=e.max_model_len)
     g.add_argument("--threads", type=int, default=None, help="torch threads of each rank (default: all cores)")
     g.add_argument("--recompute-below-tokens", type=int, default=pre.recompute_below_tokens,
-                   help="a preempted request shorter than this is always recomputed")
+                   help="a preempted request shorter than this is always recomputed (a time slice's victim, "
+                        "back soon, is swapped whenever that is quicker)")
     g.add_argument("--swap-above-tokens", type=int, default=pre.swap_above_tokens,
                    help="a preempted request longer than this is swapped to host memory when there is room")
 
@@ -98,6 +105,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise SystemExit(f"--max-num-seqs must be at least 1, got {args.max_num_seqs}")
     if args.step_time_target_ms <= 0 or args.min_chunk_tokens < 1:
         raise SystemExit("--step-time-target-ms must be > 0 and --min-chunk-tokens at least 1")
+    if args.time_slice_s < 0:
+        raise SystemExit(f"--time-slice-s must be >= 0 (0: off), got {args.time_slice_s}")
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
         weight_layout=args.weight_layout, layer_kernels=args.layer_kernels,
@@ -109,6 +118,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                                   max_running=args.max_num_seqs, chunking=args.chunking,
                                   step_time_target_s=args.step_time_target_ms / 1e3,
                                   min_chunk_tokens=args.min_chunk_tokens,
+                                  time_slice_s=args.time_slice_s or None,
                                   preemption=PreemptionConfig(recompute_below_tokens=args.recompute_below_tokens,
                                                               swap_above_tokens=args.swap_above_tokens)),
     )

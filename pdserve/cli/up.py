@@ -39,7 +39,7 @@ ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_bud
                 "max_num_seqs",
                 "policy", "max_model_len", "device", "dtype", "attention_backend", "weight_layout",
                 "layer_kernels", "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size",
-                "chunking", "step_time_target_ms", "min_chunk_tokens")
+                "chunking", "step_time_target_ms", "min_chunk_tokens", "time_slice_s")
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:

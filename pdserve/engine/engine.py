@@ -159,16 +159,21 @@ class Engine:
         never during the forward pass, so a read-only query holding the lock (a prefix probe)
         waits for a scheduling decision, not for the model. Blocks reserved for remote
         requests are reported once: to `on_reserved` as soon as they are allocated, before the
-        forward pass, when it is given; else in StepResult.reserved."""
+        forward pass, when it is given; else in StepResult.reserved.
+        NOTE: a step that swaps out reports them after its copies: a block its swap-out frees may
+        be reserved in the same step, and a remote write must not land before the copy reads it."""
         started = time.perf_counter()
         with self.lock:
             output = self.scheduler.schedule()
             reserved = tuple(self.scheduler.take_reserved())
         self._stamp_first_scheduled(output)
-        if on_reserved is not None and reserved:
+        if on_reserved is not None and reserved and not output.swap_out:
             on_reserved(reserved)
             reserved = ()
         sampled = self.runner.execute(output)
+        if on_reserved is not None and reserved:
+            on_reserved(reserved)
+            reserved = ()
         if sampled.prompt_logprobs:  # (rare: only requests that ask, while they prefill)
             for chunk in output.chunks:
                 chunk.request.prompt_logprobs.extend(sampled.prompt_logprobs.get(chunk.request.request_id, ()))

@@ -16,6 +16,7 @@ from pdserve.scheduler.ordering import ArrivalOrder, PriorityOrder, QueueOrder
 from pdserve.scheduler.policies import ChunkedScheduler, DecodeFirstScheduler, FcfsScheduler
 from pdserve.scheduler.preemption_mode import AlwaysRecompute, CostBasedMode, PreemptionModePolicy
 from pdserve.scheduler.preemptor import Preemptor
+from pdserve.scheduler.slicing import NoSlices, SlicePolicy, StartedStreamSlices
 from pdserve.scheduler.state import Queues
 from pdserve.scheduler.step_cost import StepCoefficients, StepCostModel
 from pdserve.scheduler.steps import Steps
@@ -46,6 +47,13 @@ def _chunking(cfg: SchedulerConfig, step_cost: StepCoefficients | None) -> Chunk
     return TimedChunks(StepCostModel(base), cfg.step_time_target_s, cfg.min_chunk_tokens, cfg.max_chunk_tokens)
 
 
+def _slices(cfg: SchedulerConfig) -> SlicePolicy:
+    """fcfs has no classes; elsewhere time slices unless turned off (time_slice_s None)."""
+    if cfg.policy == "fcfs" or cfg.time_slice_s is None:
+        return NoSlices()
+    return StartedStreamSlices(cfg.time_slice_s, cfg.time_slice_min_tokens)
+
+
 def _modes(cfg: SchedulerConfig, cache: CacheConfig, kv_bytes_per_token: int) -> PreemptionModePolicy:
     if cache.num_host_blocks == 0:
         return AlwaysRecompute()
@@ -69,6 +77,7 @@ def make_scheduler(sched_cfg: SchedulerConfig, cache_cfg: CacheConfig, kv_bytes_
     max_model_len = min(max_model_len, cache_cfg.num_blocks * cache_cfg.block_size)
     queues = Queues(_order(sched_cfg), sched_cfg.max_running)
     preemptor = Preemptor(kv, queues, LowestClassLatest(), _modes(sched_cfg, cache_cfg, kv_bytes_per_token))
-    steps = Steps(kv, queues, preemptor, _chunking(sched_cfg, step_cost), VipReserve(kv, queues, max_model_len))
+    steps = Steps(kv, queues, preemptor, _chunking(sched_cfg, step_cost), VipReserve(kv, queues, max_model_len),
+                  _slices(sched_cfg))
     finished_kv = HoldFinished() if hold_finished else FreeFinished()
     return POLICIES[sched_cfg.policy](sched_cfg, kv, queues, steps, finished_kv, max_model_len, clock)

@@ -1,7 +1,8 @@
-"""Admission guard for VIP requests, which are never preempted.
+"""Admission guard for VIP requests, which are never preempted for room (a VIP may only take
+another VIP's time slice, slicing.py: never for want of blocks).
 
 NOTE: if VIP requests alone could outgrow the pool, they would deadlock: each needs a block,
-none may be preempted. So a VIP is admitted only while the worst case of every running VIP
+none may be preempted for one. So a VIP is admitted only while the worst case of every running VIP
 (prompt + max_tokens, capped by max_model_len) fits in the device pool; everything else can
 always be preempted to make room for them.
 """

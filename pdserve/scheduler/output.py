@@ -63,7 +63,7 @@ def make_chunk(request: Request, start: int, num_tokens: int, block_table: tuple
 class Preemption:
     request: Request
     mode: PreemptionMode
-    reason: str  # "out_of_blocks" | "higher_priority_waiting"
+    reason: str  # "out_of_blocks" | "higher_priority_waiting" | "time_slice"
 
 
 @dataclass(frozen=True)

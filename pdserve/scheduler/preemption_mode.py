@@ -4,6 +4,8 @@
     context > swap_above_tokens        -> swap      (recomputing a long context costs far more)
     in between: swap when 2 * kv_bytes / host_link_bytes_per_s < context / prefill_tokens_per_s
 A swap also needs room in the host pool; without it the victim is recomputed.
+A time slice's victim (slicing.py) comes back within about a quantum, again and again while the
+overload lasts: it is swapped whenever that is quicker than recomputing it, however short.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ class PreemptionModePolicy(abc.ABC):
     def choose(self, context_tokens: int, host_free_blocks: int) -> PreemptionMode:
         """Mode for a victim holding KV for `context_tokens` tokens."""
 
+    def choose_for_slice(self, context_tokens: int, host_free_blocks: int) -> PreemptionMode:
+        """Mode for a time slice's victim (it resumes soon): by default as `choose`."""
+        return self.choose(context_tokens, host_free_blocks)
+
 
 class CostBasedMode(PreemptionModePolicy):
     def __init__(self, cfg: PreemptionConfig, kv_bytes_per_token: int, block_size: int):
@@ -28,6 +34,12 @@ class CostBasedMode(PreemptionModePolicy):
 
     def choose(self, context_tokens: int, host_free_blocks: int) -> PreemptionMode:
         if -(-context_tokens // self._block_size) > host_free_blocks or not self._worth_swapping(context_tokens):
+            return PreemptionMode.RECOMPUTE
+        return PreemptionMode.SWAP
+
+    def choose_for_slice(self, context_tokens: int, host_free_blocks: int) -> PreemptionMode:
+        if -(-context_tokens // self._block_size) > host_free_blocks \
+                or self.recompute_seconds(context_tokens) <= self.swap_seconds(context_tokens):
             return PreemptionMode.RECOMPUTE
         return PreemptionMode.SWAP
 

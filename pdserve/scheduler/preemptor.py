@@ -15,6 +15,7 @@ from pdserve.scheduler.victims import Claim, VictimPolicy
 
 OUT_OF_BLOCKS = "out_of_blocks"
 HIGHER_PRIORITY_WAITING = "higher_priority_waiting"
+TIME_SLICE = "time_slice"
 
 
 class _Unclaimed(NamedTuple):
@@ -69,12 +70,19 @@ class Preemptor:
         return known is not None and known.epoch == self._q.running_epoch and known.claim.covers(claim)
 
     def preempt(self, plan: StepPlan, victim: Request, reason: str) -> None:
-        mode = self._modes.choose(victim.num_computed_tokens, self._kv.host.num_free)
+        self._take_off(plan, victim, self._modes.choose(victim.num_computed_tokens, self._kv.host.num_free), reason)
+
+    def slice_out(self, plan: StepPlan, victim: Request) -> None:
+        """Preempt a time slice's victim (slicing.py): it queues behind its class's waiting streams."""
+        mode = self._modes.choose_for_slice(victim.num_computed_tokens, self._kv.host.num_free)
+        self._take_off(plan, victim, mode, TIME_SLICE)
+
+    def _take_off(self, plan: StepPlan, victim: Request, mode: PreemptionMode, reason: str) -> None:
         if mode == PreemptionMode.SWAP:
             mode = self._swap_out(plan, victim)
         if mode == PreemptionMode.RECOMPUTE:
             self._kv.free(victim)
-        self._q.preempt(victim, mode, plan.now)
+        self._q.preempt(victim, mode, plan.now, sliced=reason == TIME_SLICE)
         plan.touched.add(victim.request_id)
         plan.preempted.append(Preemption(victim, mode, reason))
 

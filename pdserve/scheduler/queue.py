@@ -21,7 +21,8 @@ from pdserve.scheduler.ordering import QueueOrder
 class Group(enum.IntEnum):
     """Within one rank: running prefills continue first, then swapped requests resume, then
     streams without KV here resume (recompute victims, hand-overs of streams begun elsewhere),
-    then new requests are admitted. A stream in progress goes before one not yet begun."""
+    then new requests are admitted. A stream in progress goes before one not yet begun. A time
+    slice's victim (slicing.py) queues as RESUMING, swapped or not: after those already waiting."""
 
     RUNNING = 0
     SWAPPED = 1

@@ -22,9 +22,11 @@ from pdserve.scheduler.ordering import QueueOrder
 from pdserve.scheduler.queue import Candidate, Group, RequestQueue
 
 
-class _Admission(NamedTuple):
+class Admission(NamedTuple):
     rank: int  # its rank when admitted: victim choice reads it while it runs
     waited_s: float  # how long it had waited by then (aging goes on from here if it is preempted)
+    at: float  # when: it has run uninterrupted since
+    outputs: int  # its output tokens then
 
 
 class Queues:
@@ -42,7 +44,7 @@ class Queues:
         self.vip_epoch = 0  # counts changes to `vips`, so a tally over them can be kept until it moves
         self.running_epoch = 0  # counts requests joining `running` (leaving it never bumps it)
         self._entered: dict[str, float] = {}  # queued: now - entered is how long it has waited, as aging counts
-        self._admitted: dict[str, _Admission] = {}  # running and receiving requests
+        self._admitted: dict[str, Admission] = {}  # running and receiving requests
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
 
@@ -50,6 +52,10 @@ class Queues:
         """A running (or receiving) request's rank for victim choice: the one it was admitted at.
         Aging counts waiting only, so a request's claim against preemption does not grow while it runs."""
         return self._admitted[request.request_id].rank
+
+    def admission(self, request: Request) -> Admission:
+        """A running (or receiving) request's last admission."""
+        return self._admitted[request.request_id]
 
     def running_prefill(self, request: Request, now: float) -> Candidate:
         """A running prefill's place in the stream of prefill work: ranked as if it still waited,
@@ -110,21 +116,26 @@ class Queues:
         request.state = RequestState.RUNNING
         request.admit_seq = next(self._admissions)
         waited = now - self._entered[request.request_id]
-        self._admitted[request.request_id] = _Admission(self.order.rank(request, waited), waited)
+        self._admitted[request.request_id] = Admission(self.order.rank(request, waited), waited, now,
+                                                       len(request.output_token_ids))
         if request.priority == Priority.VIP:
             self.vips[request.request_id] = request
             self.vip_epoch += 1
 
-    def preempt(self, request: Request, mode: PreemptionMode, now: float) -> None:
+    def preempt(self, request: Request, mode: PreemptionMode, now: float, sliced: bool = False) -> None:
         """RUNNING -> WAITING (recompute: KV dropped; it resumes before new requests of its rank)
-        or SWAPPED. It waits on from the wait it had when admitted: its rank then, aging from there."""
+        or SWAPPED. It waits on from the wait it had when admitted: its rank then, aging from there.
+        `sliced` (a time slice's victim, slicing.py): it enters now, as a resuming stream swapped
+        or not, behind the streams of its rank already waiting; its wait begins again."""
         self.running.remove(request)
         self._leave(request)
         request.num_preemptions += 1
-        entered = self._entered[request.request_id] = now - self._admitted.pop(request.request_id).waited_s
+        waited = 0.0 if sliced else self._admitted[request.request_id].waited_s
+        del self._admitted[request.request_id]
+        entered = self._entered[request.request_id] = now - waited
         if mode == PreemptionMode.SWAP:
             request.state = RequestState.SWAPPED
-            self.swapped.push(request, entered)
+            self.swapped.push(request, entered, Group.RESUMING if sliced else None)
         else:
             request.state = RequestState.WAITING
             request.num_computed_tokens = 0

@@ -24,6 +24,7 @@ from pdserve.scheduler.plan import StepPlan
 from pdserve.scheduler.preemptor import HIGHER_PRIORITY_WAITING, Preemptor
 from pdserve.scheduler.queue import Candidate, Group
 from pdserve.scheduler.results import Reservation
+from pdserve.scheduler.slicing import SlicePolicy
 from pdserve.scheduler.state import Queues
 from pdserve.scheduler.victims import Claim
 
@@ -33,8 +34,9 @@ _RUNNING = RequestState.RUNNING
 
 class Steps:
     def __init__(self, kv: KVManager, queues: Queues, preemptor: Preemptor, chunking: ChunkPolicy,
-                 guard: VipReserve):
+                 guard: VipReserve, slices: SlicePolicy):
         self._kv = kv
+        self._slices = slices
         self._guard = guard
         self._q = queues
         self._preemptor = preemptor
@@ -108,8 +110,9 @@ class Steps:
                 return
 
     def priority_preemption(self, plan: StepPlan) -> None:
-        """Before decodes take their blocks: preempt lower classes (lowest, latest first) until
-        the best prefill, running or queued, can have its next chunk."""
+        """Before decodes take their blocks: make room for the best prefill, running or queued, by
+        preempting lower classes (lowest, latest first) and, where it claims a time slice
+        (slicing.py), running requests of its own class that have had theirs."""
         if not self._q.running:
             return
         queued = self._queued(plan, (Group.SWAPPED, Group.WAITING))
@@ -117,17 +120,31 @@ class Steps:
         if head is None:
             return
         claim = Claim(head.rank, head.request.priority)
-        if not claim.over(self._q.order.lane(self._q.running[-1]), self._q.running[-1].priority) \
-                or self._preemptor.known_unclaimed(claim):
+        lower = claim.over(self._q.order.lane(self._q.running[-1]), self._q.running[-1].priority) \
+            and not self._preemptor.known_unclaimed(claim)
+        slicing = self._slices.claims(head, plan.now)
+        if not (lower or slicing):
             return
         need = self._blocks_to_start(head, plan)
-        if self._fits(plan, head, need) or not self._guard.allows(head.request):
+        if not slicing and (self._fits(plan, head, need) or not self._guard.allows(head.request)):
             return
-        while not self._fits(plan, head, need):
-            victim = self._preemptor.pick(plan, claim)
-            if victim is None:
+        while not (self._fits(plan, head, need) and self._guard.allows(head.request)):
+            if not self._take_one(plan, head, claim if lower else None, slicing):
                 return
-            self._preemptor.preempt(plan, victim, HIGHER_PRIORITY_WAITING)
+
+    def _take_one(self, plan: StepPlan, head: Candidate, claim: Claim | None, slicing: bool) -> bool:
+        """Preempt one request for `head`: of a lower class while that can help (the VIP guard
+        counts VIPs alone), else, with a slice, of its own class. False: nobody."""
+        if claim is not None and self._guard.allows(head.request):
+            victim = self._preemptor.pick(plan, claim)
+            if victim is not None:
+                self._preemptor.preempt(plan, victim, HIGHER_PRIORITY_WAITING)
+                return True
+        victim = self._slices.pick(head, self._q.running, plan.touched, self._q.admission, plan.now) \
+            if slicing else None
+        if victim is not None:
+            self._preemptor.slice_out(plan, victim)
+        return victim is not None
 
     def _fits(self, plan: StepPlan, head: Candidate, blocks: int) -> bool:
         if head.group == Group.RUNNING:
@@ -138,7 +155,7 @@ class Steps:
         request = head.request
         if head.group == Group.RUNNING:
             return self._kv.num_new_blocks(request, self._chunk_size(plan, request, request.num_computed_tokens))
-        if head.group == Group.SWAPPED:
+        if request.state == RequestState.SWAPPED:
             return self._kv.swap_in_cost(request.request_id)
         if request.request_id in self._q.remote:
             match = self._kv.match_prompt(request)
@@ -172,7 +189,7 @@ class Steps:
             return self._continue(plan, request)
         if not self._guard.allows(request):
             return True
-        if cand.group == Group.SWAPPED:
+        if request.state == RequestState.SWAPPED:  # a time slice's victim queues as resuming
             return self._swap_in(plan, request)
         if request.request_id in self._q.remote:
             return self._reserve(plan, request)

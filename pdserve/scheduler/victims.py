@@ -4,9 +4,10 @@ A waiting request's claim on running ones (`Claim`): it may preempt one of a low
 rank, fixed at its admission, is worse than the claimant's rank now. Aging never lifts anyone to
 VIP rank (ordering.py), so a VIP may preempt anyone but a VIP (the VIP guard admits VIPs only
 while that is enough to serve them, see guard.py); a request never preempts one of its own class
-(a retried or resumed request, old by the time it is placed again, does not stall the streams of
-its class already running); and a BATCH request admitted once aging lifted it is not preempted
-by the NORMAL ones it was lifted level with.
+here (a retried request, old by the time it is placed again, does not stall the streams of its
+class already running; a started stream may take a time slice of its class: slicing.py); and a
+BATCH request admitted once aging lifted it is not preempted by the NORMAL ones it was lifted
+level with.
 """
 
 from __future__ import annotations

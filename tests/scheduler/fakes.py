@@ -66,11 +66,11 @@ class FakeExecutor:
 def configs(policy: str = "chunked", *, block_size: int = 4, num_blocks: int = 64, num_host_blocks: int = 32,
             watermark: float = 0.0, prefix_cache: bool = True, token_budget: int = 64,
             max_chunk_tokens: int = 32, max_running: int = 16, max_waiting: int = 1000,
-            aging_seconds: float | None = 30.0, preemption: PreemptionConfig | None = None
-            ) -> tuple[SchedulerConfig, CacheConfig]:
+            aging_seconds: float | None = 30.0, preemption: PreemptionConfig | None = None,
+            time_slice_s: float | None = SchedulerConfig.time_slice_s) -> tuple[SchedulerConfig, CacheConfig]:
     cache = CacheConfig(block_size, num_blocks, num_host_blocks, watermark, prefix_cache)
     sched = SchedulerConfig(policy, token_budget, max_chunk_tokens, max_running, max_waiting, aging_seconds,
-                            preemption or PreemptionConfig())
+                            preemption or PreemptionConfig(), time_slice_s=time_slice_s)
     return sched, cache
 
 
