@@ -7,6 +7,8 @@ pdserve/scheduler/held.py).
         KV computed again once its reservation comes (prefill_service/worker.py, set_target)
 
 Runs on the event loop; the query waits at most for a scheduling decision, never a forward pass.
+A query does not wait for the engine's queued commands, so after a give-back the next look waits
+until the engine has freed those blocks (else it would see them held still and give back more).
 """
 
 from __future__ import annotations
@@ -73,3 +75,5 @@ class GivingBack:
             log.info("prefill %s (%s) gives back its %d held blocks for a %s request lacking %d",
                      request_id, h.priority.name, h.blocks, blocked.priority.name, blocked.short)
             self.give_back(job)
+        if chosen:  # the next look (a query: it does not wait for queued commands) after the engine freed them
+            await self.engine.call(lambda e: None)

@@ -101,9 +101,9 @@ class PrefillWorker:
         # the first token only; min_tokens capped with it (what bans an end for that one token stays)
         first_only = SamplingParams(**{**sampling.__dict__, "max_tokens": len(resumed) + 1, "stop": (),
                                        "min_tokens": min(sampling.min_tokens, len(resumed) + 1)})
-        arrived = time.monotonic() - age_s
+        opened = time.monotonic()  # (added again after a give-back: as old as it is then; the engine checks age_s)
         job.add = lambda e: e.add_request(request_id, prompt, first_only, priority, resumed,
-                                          max(0.0, time.monotonic() - arrived), sends_kv=True)
+                                          age_s + (time.monotonic() - opened), sends_kv=True)
         session = await self.live.open(job, job.add)
         self.giving_back.soon()
         return session
