@@ -52,7 +52,9 @@ def engine_lines(engine) -> list[str]:
     lines = [f"model: {engine.loaded.source_path.name}, {torch.get_num_threads()} threads",
              f"projections: {layout}"]
     if layout.rates is not None:
-        lines += _rates_lines(layout.rates, model)
+        lines += _rates_lines(layout.rates, _macs(getattr(model, "layers", model)))
+    if layout.head_rates is not None:
+        lines += _rates_lines(layout.head_rates, _macs(model.lm_head), "head GFLOP/s")
     lines.append(f"decode steps fused: up to {fused.max_rows} rows" if fused and fused.max_rows
                  else "decode steps fused: no")
     kernel = engine.measured.decode_kernel
@@ -72,12 +74,15 @@ def engine_lines(engine) -> list[str]:
     return lines
 
 
-def _rates_lines(rates, model) -> list[str]:
+def _macs(module) -> int:
+    """Multiply-adds of one row through every projection of `module`."""
     from pdserve.model.layers import Linear
 
-    layers = getattr(model, "layers", model)
-    macs = sum(m.weight.numel() for m in layers.modules() if isinstance(m, Linear))
-    lines = ["  GFLOP/s by rows " + "".join(f"{r:>8}" for r in rates.rows)]
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, Linear))
+
+
+def _rates_lines(rates, macs: int, label: str = "GFLOP/s by rows") -> list[str]:
+    lines = [f"  {label:<15} " + "".join(f"{r:>8}" for r in rates.rows)]
     for name in rates.seconds:
         lines.append(f"  {name:<15} " + "".join(f"{g:8.1f}" for g in rates.gflops(name, macs)))
     return lines

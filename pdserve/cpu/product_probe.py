@@ -6,7 +6,8 @@ timed probe, not a threshold measured on another CPU.
 
 The probe multiplies random weights of the decoder layers' projection shapes (each distinct
 [in, out] once, counted as often as the layers have it; the head, which multiplies one row a
-sequence, follows the layers' choice)
+sampled sequence by a weight several times a layer's, is probed on its own shape at HEAD_ROWS,
+each layout through a Linear into a reused buffer as the engine runs it: `as_head`)
 at each of PROBE_ROWS rows, every layout in turn within each repeat so drift in the machine's
 speed falls on all alike, and keeps the best of REPEATS. It runs on the threads torch has now
 (the worker's --threads). pdserve/cpu/weight_layout.py turns the rates into a layout and caches
@@ -22,8 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+
+from pdserve.model.layers import Linear
+from pdserve.model.row_route import PACKED, PANEL_MAX_ROWS, PANELS, RowRoute
 
 PROBE_ROWS = (1, 4, 16, 64, 128, 256, 512)  # decode batches, then prefill chunks
+HEAD_ROWS = tuple(r for r in PROBE_ROWS if r <= PANEL_MAX_ROWS)  # the head's rows: one a sampled sequence
 REPEATS = 2
 MIN_SECONDS = 1e-3  # a timing is the mean of as many products as take at least this long
 
@@ -58,6 +64,33 @@ class ProductRates:
 def dense(weight: torch.Tensor) -> Callable[..., torch.Tensor]:
     """The reference product Linear runs without a packed weight."""
     return lambda x, bias: torch.matmul(x, weight)
+
+
+def as_head(kind: str, pack: Pack | None = None) -> Pack:
+    """weight -> the product as the head computes it: a Linear holding `pack`'s copy of the weight
+    (`kind` PACKED or PANELS; DENSE: none) on that copy's route at every row count, writing into a
+    [rows, out] buffer reused call after call as the engine reuses its logits (a packed product's
+    result is copied there, as Linear does)."""
+
+    def packed(weight: torch.Tensor) -> Callable[..., torch.Tensor]:
+        linear = Linear(*weight.shape)
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+        if kind == PACKED:
+            linear.packed = pack(weight)
+        elif kind == PANELS:
+            linear.streamed = pack(weight)
+        linear.route = RowRoute((), (kind,))
+        buffers: dict[int, torch.Tensor] = {}
+
+        def product(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            out = buffers.get(x.shape[0])
+            if out is None:
+                out = buffers[x.shape[0]] = torch.empty(x.shape[0], weight.shape[1])
+            return linear(x, out=out)
+
+        return product
+
+    return packed
 
 
 def shape_counts(weights: Iterable[torch.Tensor]) -> dict[tuple[int, int], int]:

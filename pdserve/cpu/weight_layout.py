@@ -9,11 +9,13 @@ for and what stops each packing here (`problems`), then the packing itself.
     auto:   what this machine measured fastest for the model's projections (product_probe.py,
             cached per machine): at each range of row counts the fastest of dense, the panels and
             the one packing of PACKINGS kept (the fastest that nothing stops here); the panels
-            held for the fused decode step wherever they build
+            held for the fused decode step wherever they build. The head (lm_head: one row a
+            sampled sequence, a weight several times a layer's, read from memory every step)
+            has a route of its own, measured on its own shape at decode row counts (HEAD_ROWS)
 
 The choice is a `WeightLayout`: the packing the projections hold a copy in, whether they hold
 one in panels too, and the route by row count between those and the dense weight
-(pdserve/model/row_route.py).
+(pdserve/model/row_route.py), the head's where it has its own.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from pdserve.cpu.mkl_weights import MklPanels
 from pdserve.cpu.onednn_weights import OneDnnWeight
 from pdserve.cpu.packed_weights import PackedWeight, PackSummary
 from pdserve.cpu.panel_weights import load_row_panels
-from pdserve.cpu.product_probe import ProductRates, dense, probe_products, shape_counts
+from pdserve.cpu.product_probe import (HEAD_ROWS, PROBE_ROWS, Pack, ProductRates, as_head, dense, probe_products,
+                                      shape_counts)
 from pdserve.measurements import measured
 from pdserve.model.layers import Linear
 from pdserve.model.row_route import DEFAULT_ROUTE, DENSE, MIN_PACKED_ROWS, PACKED, RowRoute
@@ -57,25 +60,38 @@ class WeightLayout:
     few_rows: str | None = None  # PANELS: the projections hold a copy in panels too (None: not)
     route: RowRoute = DEFAULT_ROUTE  # which copy a product of so many rows reads (row_route.py)
     rates: ProductRates | None = field(default=None, compare=False)  # what auto chose it by (measured here)
+    head_route: RowRoute | None = None  # the lm_head's own route (auto, measured on its shape); None: `route`
+    head_rates: ProductRates | None = field(default=None, compare=False)  # what the head's route was chosen by
 
     def __str__(self) -> str:
-        """e.g. "panels up to 4 rows, mkl up to 16, dense up to 64, mkl beyond"; "onednn"; "dense"."""
+        """e.g. "panels up to 4 rows, mkl up to 16, dense up to 64, mkl beyond"; "onednn"; "dense";
+        "...; the head: panels up to 256 rows, mkl beyond" where the head has a route of its own."""
+        names = self._names(self.route)
+        text = _joined(names)
+        if self.few_rows is not None and all(name != self.few_rows for _, name in names):
+            text += f", {self.few_rows} for fused decode steps only"
+        return text if self.head_route is None else f"{text}; the head: {_joined(self._names(self.head_route))}"
+
+    def _names(self, route: RowRoute) -> list[tuple[int | None, str]]:
+        """(up to rows, the copy's name) of each range of `route`, adjacent equal names merged."""
         names: list[tuple[int | None, str]] = []
-        for bound, kind in self.route.segments():
+        for bound, kind in route.segments():
             name = self._name(kind)
             if names and names[-1][1] == name:
                 names.pop()
             names.append((bound, name))
-        parts = [f"{name} up to {bound}" + (" rows" if i == 0 else "") for i, (bound, name) in enumerate(names[:-1])]
-        parts.append(f"{names[-1][1]} beyond" if parts else names[-1][1])
-        if self.few_rows is not None and all(name != self.few_rows for _, name in names):
-            parts.append(f"{self.few_rows} for fused decode steps only")
-        return ", ".join(parts)
+        return names
 
     def _name(self, kind: str) -> str:
         if kind == PANEL_ROUTE and self.few_rows is not None:
             return self.few_rows
         return self.many_rows if kind != DENSE else "dense"
+
+
+def _joined(names: list[tuple[int | None, str]]) -> str:
+    parts = [f"{name} up to {bound}" + (" rows" if i == 0 else "") for i, (bound, name) in enumerate(names[:-1])]
+    parts.append(f"{names[-1][1]} beyond" if parts else names[-1][1])
+    return ", ".join(parts)
 
 
 def choose_weight_layout(name: str, problems: dict[str, str | None], rates: ProductRates | None = None) -> WeightLayout:
@@ -100,6 +116,14 @@ def fastest_layout(rates: ProductRates) -> WeightLayout:
     packing fastest over every probe of two rows or more, where it beat dense at one); the
     panels held wherever measured, for the fused decode step (pdserve/engine/decode_probe.py)."""
     packing = _kept_packing(rates)
+    route = fastest_route(rates, packing)
+    many = packing if packing is not None and PACKED in route.kinds else "dense"
+    return WeightLayout(many, PANELS if PANELS in rates.seconds else None, route)
+
+
+def fastest_route(rates: ProductRates, packing: str | None) -> RowRoute:
+    """At each probed row count the fastest of dense, the panels (where measured) and `packing` (from
+    MIN_PACKED_ROWS rows; None: no packing)."""
     kinds = []
     for i, rows in enumerate(rates.rows):
         candidates = {DENSE: rates.seconds["dense"][i]}
@@ -108,9 +132,14 @@ def fastest_layout(rates: ProductRates) -> WeightLayout:
         if packing is not None and rows >= MIN_PACKED_ROWS:
             candidates[PACKED] = rates.seconds[packing][i]
         kinds.append(min(candidates, key=candidates.get))
-    route = RowRoute.by_probes(rates.rows, kinds)
-    many = packing if packing is not None and PACKED in kinds else "dense"
-    return WeightLayout(many, PANELS if PANELS in rates.seconds else None, route)
+    return RowRoute.by_probes(rates.rows, kinds)
+
+
+def with_head_route(layout: WeightLayout, head_rates: ProductRates) -> WeightLayout:
+    """`layout` with the head's own route: at each row count the head's rates were probed at, the
+    fastest of the copies it holds (dense, the layout's packing, the panels)."""
+    packing = layout.many_rows if layout.many_rows in head_rates.seconds else None
+    return replace(layout, head_route=fastest_route(head_rates, packing), head_rates=head_rates)
 
 
 def _kept_packing(rates: ProductRates) -> str | None:
@@ -130,14 +159,35 @@ def measure_products(model: nn.Module, problems: dict[str, str | None], panels: 
         layouts[PANELS] = panels.pack
     layers = getattr(model, "layers", None) or model
     shapes = shape_counts(m.weight for m in layers.modules() if isinstance(m, Linear))
+    return _measured("products", shapes, layouts, panels, PROBE_ROWS)
+
+
+def measure_head(head: Linear, layout: WeightLayout, panels: RowPanels | None) -> ProductRates | None:
+    """The rates of the copies the head will hold under `layout` (dense, its packing, the panels)
+    for the head's shape at HEAD_ROWS, each as the head computes it (as_head), kept as
+    measure_products keeps its rates (a few seconds, once); None where it holds dense alone."""
+    layouts = {"dense": as_head(DENSE)}
+    if layout.many_rows in PACKINGS:
+        layouts[layout.many_rows] = as_head(PACKED, PACKINGS[layout.many_rows].pack)
+    if layout.few_rows == PANELS and panels is not None:
+        layouts[PANELS] = as_head(PANEL_ROUTE, panels.pack)
+    if len(layouts) == 1:
+        return None
+    return _measured("head-products", {tuple(head.weight.shape): 1}, layouts, panels, HEAD_ROWS)
+
+
+def _measured(kind: str, shapes: dict[tuple[int, int], int], layouts: dict[str, Pack], panels: RowPanels | None,
+              rows: tuple[int, ...]) -> ProductRates:
     depends_on = {"shapes": sorted(shapes.items()), "layouts": sorted(layouts), "threads": torch.get_num_threads(),
                   "panels": panels.library_name if panels is not None else None}
+    if rows != PROBE_ROWS:
+        depends_on["rows"] = list(rows)
 
     def probe() -> dict:
-        log.info("measuring the projections' layouts on this machine (once; kept beside the kernels)")
-        return probe_products(shapes, layouts).to_json()
+        log.info("measuring the layouts' rates (%s) on this machine (once; kept beside the kernels)", kind)
+        return probe_products(shapes, layouts, rows).to_json()
 
-    return ProductRates.from_json(measured("products", depends_on, probe))
+    return ProductRates.from_json(measured(kind, depends_on, probe))
 
 
 def packing_problems(device: str | torch.device, dtype: torch.dtype) -> dict[str, str | None]:
@@ -153,6 +203,9 @@ def apply_weight_layout(model: nn.Module, name: str, device: str | torch.device,
     panels, problems[PANELS] = load_row_panels(device, dtype) if name in ("auto", PANELS) else (None, None)
     rates = measure_products(model, problems, panels) if name == "auto" and _measurable(model, problems) else None
     layout = choose_weight_layout(name, problems, rates)
+    head = _head(model)
+    if rates is not None and head is not None and (head_rates := measure_head(head, layout, panels)) is not None:
+        layout = with_head_route(layout, head_rates)
     if layout.many_rows != "dense":
         summary = pack_linears(model, PACKINGS[layout.many_rows], layout.route)
         log.info("packed %d projections (%.0f MB) as %s weights", summary.linears, summary.nbytes / 1e6,
@@ -160,6 +213,8 @@ def apply_weight_layout(model: nn.Module, name: str, device: str | torch.device,
     if layout.few_rows == PANELS:
         summary = stream_linears(model, panels, layout.route)
         log.info("packed %d projections (%.0f MB) in panels", summary.linears, summary.nbytes / 1e6)
+    if head is not None and layout.head_route is not None:
+        head.route = layout.head_route
     log.info("projections: %s%s", layout, " (measured on this machine)" if rates is not None else "")
     return layout
 
@@ -187,6 +242,12 @@ def _packed(pack: Callable[[torch.Tensor], PackedWeight], linears: list[Linear])
     the GIL; a worker packs before it serves, when nothing else runs)."""
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         return list(pool.map(lambda linear: pack(linear.weight), linears))
+
+
+def _head(model: nn.Module) -> Linear | None:
+    """The model's lm_head where it is a Linear of its own (not a tensor-parallel head)."""
+    head = getattr(model, "lm_head", None)
+    return head if isinstance(head, Linear) else None
 
 
 def _measurable(model: nn.Module, problems: dict[str, str | None]) -> bool:

@@ -10,6 +10,12 @@
  * bound by the FMA units instead. Each y[t, c] is one sum in input order (i = 0, 1, ..., in - 1),
  * whatever the rows beside t.
  *
+ * A weight is read from memory once a product (a decode step's weights are far larger than the
+ * caches), so each tile also prefetches its share of the next panel into L2 (block_tiles): the
+ * first row tile of a panel then finds it there instead of waiting for memory while the FMA units
+ * idle (one thread, SmolLM2's projections at 64 rows: 146 GFLOP/s without, 212 with; at 4 rows,
+ * one tile a panel, 24 and 31; docs/BENCHMARKS.md). It changes no sum.
+ *
  * The tile fits the register file of the instruction set this file is compiled for (-march):
  *
  *   AVX-512 (32 registers of 16 floats): PANEL 64 = 4 vectors, 6 rows: 24 sums + 4 weights
@@ -55,12 +61,28 @@ static inline vec load(const float *p) {
     return v;
 }
 
+/* Where a tile prefetches the next panel's rows into L2 while it multiplies (see block_tiles). */
+typedef struct {
+    const float *next; /* the first of `count` rows (PANEL floats each) to prefetch; NULL: none */
+    int64_t count, every; /* one row every `every` iterations of the tile's input loop */
+} Prefetch;
+
+static inline void prefetch_row(const float *row) {
+    for (int line = 0; line < PANEL * (int)sizeof(float) / 64; line++)
+        __builtin_prefetch((const char *)row + 64 * line, 0, 2); /* prefetcht1: into L2 */
+}
+
 /* The first `cols` columns of one panel's product for ROWS rows, into y (row stride `out`). */
 #define PANEL_ROWS(ROWS)                                                                          \
     static void panel_##ROWS(const float *x, int64_t x_stride, const float *panel, int64_t in,   \
-                             float *y, int64_t out, int64_t cols) {                              \
+                             float *y, int64_t out, int64_t cols, Prefetch pf) {                 \
         vec acc[ROWS][VECS] = {{{0}}};                                                            \
+        int64_t wait = pf.every;                                                                  \
         for (int64_t i = 0; i < in; i++, panel += PANEL) {                                        \
+            if (pf.count > 0 && --wait == 0) {                                                    \
+                prefetch_row(pf.next);                                                            \
+                pf.next += PANEL, pf.count--, wait = pf.every;                                    \
+            }                                                                                     \
             vec w[VECS];                                                                          \
             for (int v = 0; v < VECS; v++) w[v] = load(panel + v * VEC);                          \
             for (int r = 0; r < ROWS; r++) {                                                      \
@@ -86,7 +108,7 @@ PANEL_ROWS(4)
 PANEL_ROWS(5)
 PANEL_ROWS(6)
 
-typedef void (*PanelRows)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t);
+typedef void (*PanelRows)(const float *, int64_t, const float *, int64_t, float *, int64_t, int64_t, Prefetch);
 static const PanelRows BY_ROWS[ROW_TILE + 1] = {0, panel_1, panel_2, panel_3, panel_4, panel_5, panel_6};
 
 /* The columns of a panel as this build lays them out (the packer asks). */
@@ -113,14 +135,21 @@ typedef struct {
     int64_t x_stride, rows, in, out, block, first, last; /* tiles [first, last) of the grid */
 } Work;
 
-/* The tiles [first, last) of the block of rows from r0 (`tiles` row tiles a panel, panel-major). */
+/* The tiles [first, last) of the block of rows from r0 (`tiles` row tiles a panel, panel-major).
+ * Row tile k of panel p prefetches the k-th of `tiles` slices of the next panel's rows, spread over
+ * its input loop, so that the next panel is in L2 when its first row tile reads it. */
 static void block_tiles(const Work *w, int64_t r0, int64_t tiles, int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; t++) {
-        int64_t p = t / tiles, r = r0 + t % tiles * ROW_TILE;
+    int64_t panels = (w->out + PANEL - 1) / PANEL, span = (w->in + tiles - 1) / tiles, every = w->in / span;
+    for (int64_t t = first, p = first / tiles, k = first % tiles; t < last; t++) {
+        int64_t r = r0 + k * ROW_TILE, c0 = p * PANEL, start = k * span;
         const float *panel = w->panels + p * w->in * PANEL;
-        int64_t c0 = p * PANEL, cols = w->out - c0 < PANEL ? w->out - c0 : PANEL;
+        int64_t cols = w->out - c0 < PANEL ? w->out - c0 : PANEL;
         int64_t n = w->rows - r < ROW_TILE ? w->rows - r : ROW_TILE;
-        BY_ROWS[n](w->x + r * w->x_stride, w->x_stride, panel, w->in, w->y + r * w->out + c0, w->out, cols);
+        Prefetch ahead = {NULL, 0, 1};
+        if (p + 1 < panels && start < w->in)
+            ahead = (Prefetch){panel + (w->in + start) * PANEL, w->in - start < span ? w->in - start : span, every};
+        BY_ROWS[n](w->x + r * w->x_stride, w->x_stride, panel, w->in, w->y + r * w->out + c0, w->out, cols, ahead);
+        if (++k == tiles) k = 0, p++;
     }
 }
 

@@ -11,7 +11,7 @@ from pdserve.model.row_route import DENSE as D
 from pdserve.model.row_route import PACKED as K
 from pdserve.model.row_route import PANELS as P
 from pdserve.model.row_route import RowRoute
-from pdserve.cpu.weight_layout import PANELS, WeightLayout, fastest_layout
+from pdserve.cpu.weight_layout import PANELS, WeightLayout, fastest_layout, with_head_route
 
 ROWS = (1, 4, 16, 64, 256, 512)
 
@@ -45,6 +45,21 @@ def test_a_packing_that_never_beats_dense_is_not_kept_and_one_packing_is_kept_at
     assert fastest_layout(rates(dense=(1, 2, 3, 4, 10, 20), onednn=(2, 3, 4, 5, 11, 21))).many_rows == "dense"
     both = fastest_layout(rates(dense=(9,) * 6, onednn=(1, 1, 1, 1, 9, 9), mkl=(2, 2, 2, 2, 2, 2)))
     assert both.many_rows == "mkl" and both.route.kinds == (D, K, K, K, K, K)  # one row: a packing computes >= 2
+
+
+def test_the_head_takes_its_own_route_among_the_copies_it_holds():
+    layers = fastest_layout(rates(dense=(1, 2, 3, 4, 10, 20), panels=(0.5, 1, 2, 5, 12, 30), mkl=(2, 3, 4, 3, 8, 15)))
+    head = ProductRates(ROWS[:5], {"dense": (1, 4, 9, 30, 90), "panels": (1, 3, 6, 20, 70), "mkl": (2, 3, 7, 25, 60)})
+    layout = with_head_route(layers, head)
+    assert layout.route == layers.route and layout.head_rates is head
+    assert [layout.head_route.kind(r) for r in (1, 2, 4, 16, 64, 65, 256, 1000)] == [D, P, P, P, P, K, K, K]
+    assert str(layout) == "panels up to 16 rows, mkl beyond; the head: dense up to 1 rows, panels up to 64, mkl beyond"
+
+
+def test_the_head_reads_no_packing_the_layers_do_not_hold():
+    layers = fastest_layout(rates(dense=(1, 2, 3, 4, 10, 20), panels=(0.5, 1, 2, 5, 12, 30)))
+    head = ProductRates(ROWS[:2], {"dense": (1, 4), "panels": (2, 3), "mkl": (0.1, 0.1)})
+    assert with_head_route(layers, head).head_route == RowRoute((1,), (D, P))
 
 
 def test_the_explicit_layouts_read_as_before():

@@ -10,8 +10,10 @@ import torch
 
 from pdserve.cpu.mkl_weights import MklPanels
 from pdserve.cpu.onednn_weights import OneDnnWeight
+from pdserve.cpu.product_probe import HEAD_ROWS
 from pdserve.cpu.weight_layout import (PACKINGS, PANELS, WeightLayout, WeightLayoutUnavailable,
                                        apply_weight_layout, choose_weight_layout, pack_linears, packing_problems)
+from pdserve.model.layers import Linear
 
 needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(),
                                reason="this torch build has no MKL (a CPU without it packs for oneDNN or not at all)")
@@ -69,6 +71,31 @@ def test_the_packing_runs_on_a_torch_with_its_library(packing):
 def test_auto_lays_a_cpu_float32_model_out_for_onednn():
     assert packing_problems("cpu", torch.float32)["onednn"] is None
     assert apply_weight_layout(torch.nn.Sequential(), "auto", "cpu", torch.float32) == WeightLayout("onednn", PANELS)
+
+
+class HeadedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Linear(32, 48), Linear(48, 32)])
+        self.lm_head = Linear(32, 500)
+
+
+def test_auto_measures_the_head_on_its_own_shape_and_routes_it_so(monkeypatch):
+    monkeypatch.setenv("PDSERVE_KEEP_MEASUREMENTS", "0")
+    model = HeadedModel()
+    for m in model.modules():
+        if isinstance(m, Linear):
+            torch.nn.init.normal_(m.weight)
+    layout = apply_weight_layout(model, "auto", "cpu", torch.float32)
+    if layout.rates is None:
+        pytest.skip("nothing but dense to measure on this torch")
+    assert layout.head_rates.rows == HEAD_ROWS and layout.head_route is not None
+    assert "dense" in layout.head_rates.seconds  # and only the copies the head holds:
+    assert set(layout.head_rates.seconds) <= {"dense", PANELS, layout.many_rows}
+    assert model.lm_head.route == layout.head_route
+    assert all(m.route == layout.route for m in model.layers)
+    x = torch.randn(5, 32)
+    torch.testing.assert_close(model.lm_head(x), x @ model.lm_head.weight, rtol=1e-5, atol=1e-5)
 
 
 @packings
