@@ -334,7 +334,7 @@ async def _pump(flow: RequestFlow, job: Job, pacer: Pacer) -> None:
     the pacer; a task cancelled before it ran does not run this at all: the done-callback in
     stream() covers that (an Abort racing the stream)."""
     try:
-        async for event in flow.run(job, lambda e: pacer.put((0, e))):
+        async for event in flow.run(job):
             pacer.put((0, event))
     except BaseException as exc:  # handed to the output loop, which maps it
         pacer.put(exc)
