@@ -76,7 +76,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-chunk-tokens", type=int, default=sched.min_chunk_tokens,
                    help="with --chunking time: the step's first prefill chunk at least this, over the target "
                         "if need be (progress)")
-    g.add_argument("--time-slice-s", type=float, default=sched.time_slice_s,
+    g.add_argument("--time-slice-s", type=float, default=sched.time_slice_s or 0.0,
                    help="a stream already started (resumed after a fault or preempted here) that has waited this "
                         "long may take the place of a running request of its own class that has run this long "
                         f"and streamed {sched.time_slice_min_tokens} tokens since its admission, the longest "
