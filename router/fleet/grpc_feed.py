@@ -204,18 +204,20 @@ class FedCall(PushCall):
         """An event of this request by the feed."""
         if self._done:
             return
-        self._received += 1
         self._anchor.saw(event)
         self._sink.deliver(event)
-        if self._ending is not None and self._received >= (self._expected or 0):
-            self._finish(self._ending.fault)
+        self._counted()
 
     def fed_tokens(self, token_ids: tuple[int, ...]) -> None:
         """A token event of ids alone (a run) of this request by the feed."""
         if self._done:
             return
-        self._received += 1
         self._sink.deliver_tokens(token_ids)
+        self._counted()
+
+    def _counted(self) -> None:
+        """One more event came by the feed: the held end goes on once all it counted came."""
+        self._received += 1
         if self._ending is not None and self._received >= (self._expected or 0):
             self._finish(self._ending.fault)
 
