@@ -58,7 +58,7 @@ class SchedulerConfig:
     min_chunk_tokens: int = 32  # chunking "time": a step's first prefill chunk at least this (progress)
     # a started stream waiting this long may take the place of one of its class that ran this long
     # (and time_slice_min_tokens tokens) since its admission; None: never (scheduler/slicing.py)
-    time_slice_s: float | None = None  # off by default (--time-slice-s 1: the chaos figures)
+    time_slice_s: float | None = 1.0
     time_slice_min_tokens: int = 4
 
 

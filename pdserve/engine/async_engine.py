@@ -132,8 +132,11 @@ class AsyncEngine:
 
     @property
     def stats(self):
-        """The scheduler's statistics as of the end of the last step or command (never waits for
-        a step: placement and health must not stall behind a long prefill)."""
+        """The scheduler's statistics as of the last scheduling decision or the end of the last
+        step (while nothing is left to step: of the last command). Never waits for a step:
+        placement and health must not stall behind a long prefill. Never taken between a
+        command and the next decision: a request just added counts as waiting only once a
+        decision left it queued (routers rebalance where requests wait: router/placement/rebalancing.py)."""
         return self._stats
 
     @property
@@ -166,8 +169,8 @@ class AsyncEngine:
 
     def _tick(self) -> None:
         self._drain_commands()
-        self._stats = self.engine.scheduler.stats()
         if not self.engine.has_unfinished():
+            self._stats = self.engine.scheduler.stats()  # nothing queued: what the commands changed
             self._wake.wait(self._idle_wait_s)
             self._wake.clear()
             return
@@ -181,7 +184,7 @@ class AsyncEngine:
         """One engine step; a RequestFault aborts its request and yields what the abort freed."""
         try:
             self._faults.check()
-            return self.engine.step(self._publish_reserved)
+            return self.engine.step(self._publish_reserved, self._decided)
         except RequestFault as fault:
             log.warning("%s; the request is aborted", fault)
             aborted = self.engine.abort(fault.request_id)
@@ -215,6 +218,10 @@ class AsyncEngine:
                 return
             if future.set_running_or_notify_cancel():
                 future.set_exception(EngineFailed(self._ended))
+
+    def _decided(self) -> None:
+        """The stats as the step's scheduling decision left them, for the step's forward pass."""
+        self._stats = self.engine.scheduler.stats()
 
     def _publish_reserved(self, reserved: tuple[Reservation, ...]) -> None:
         """Reservations go out before the step's forward pass: the prefill worker can start."""

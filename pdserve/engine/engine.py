@@ -38,6 +38,7 @@ from pdserve.scheduler.results import Reservation
 from pdserve.start_phases import StartPhases
 
 ReservedListener = Callable[[tuple[Reservation, ...]], None]
+DecidedListener = Callable[[], None]  # runs once the step's scheduling decision is made, under the lock
 
 
 class Engine:
@@ -154,18 +155,22 @@ class Engine:
         cache = self.config.cache
         return Limits(self.model_config.vocab_size, self.max_model_len, cache.num_blocks * cache.block_size)
 
-    def step(self, on_reserved: ReservedListener | None = None) -> StepResult:
+    def step(self, on_reserved: ReservedListener | None = None,
+             on_decided: DecidedListener | None = None) -> StepResult:
         """One step. The scheduler's state changes only under `self.lock` (schedule, update),
         never during the forward pass, so a read-only query holding the lock (a prefix probe)
         waits for a scheduling decision, not for the model. Blocks reserved for remote
         requests are reported once: to `on_reserved` as soon as they are allocated, before the
-        forward pass, when it is given; else in StepResult.reserved.
+        forward pass, when it is given; else in StepResult.reserved. `on_decided` runs right
+        after the scheduling decision, still under the lock (AsyncEngine's stats as decided).
         NOTE: a step that swaps out reports them after its copies: a block its swap-out frees may
         be reserved in the same step, and a remote write must not land before the copy reads it."""
         started = time.perf_counter()
         with self.lock:
             output = self.scheduler.schedule()
             reserved = tuple(self.scheduler.take_reserved())
+            if on_decided is not None:
+                on_decided()
         self._stamp_first_scheduled(output)
         if on_reserved is not None and reserved and not output.swap_out:
             on_reserved(reserved)

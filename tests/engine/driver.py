@@ -26,13 +26,15 @@ def tiny_prompt(length: int, vocab_size: int, seed: int) -> list[int]:
 def make_engine(loaded: LoadedModel, *, block_size: int = 4, num_blocks: int = 256, num_host_blocks: int = 0,
                 prefix_cache: bool = True, policy: str = "chunked", token_budget: int = 256,
                 max_chunk_tokens: int = 1024, preemption: PreemptionConfig = PreemptionConfig(),
-                seed: int = 0, time_slice_s: float | None = None) -> Engine:
+                seed: int = 0, time_slice_s: float | None = None,
+                max_running: int = SchedulerConfig.max_running) -> Engine:
     """An engine over an already loaded model (no aging: priorities stay fixed; no time slices unless
     asked for: the engine's clock is real, so they would follow the machine's speed)."""
     cache = CacheConfig(block_size=block_size, num_blocks=num_blocks, num_host_blocks=num_host_blocks,
                         prefix_cache=prefix_cache)
     scheduler = SchedulerConfig(policy=policy, token_budget=token_budget, max_chunk_tokens=max_chunk_tokens,
-                                aging_seconds=None, preemption=preemption, time_slice_s=time_slice_s)
+                                aging_seconds=None, preemption=preemption, time_slice_s=time_slice_s,
+                                max_running=max_running)
     config = EngineConfig(attention_backend="torch", seed=seed, cache=cache, scheduler=scheduler)
     return Engine(config, loaded=loaded)
 

@@ -1,6 +1,8 @@
 """What must not wait for a forward pass: a read-only query (the router's prefix probe) is
 answered while the model runs, and blocks reserved for a remote request are announced before
-the step's forward pass, so the prefill worker can start while the decode worker computes."""
+the step's forward pass, so the prefill worker can start while the decode worker computes. The
+stats a Stats poll reads meanwhile are the step's scheduling decision's: a request just added
+counts as waiting only once a decision left it queued (the router rebalances on that count)."""
 
 from __future__ import annotations
 
@@ -98,6 +100,53 @@ def test_a_remote_requests_reservation_is_announced_before_the_forward_pass(tiny
             await async_wait_until(lambda: any(r.reserved for r in results), 30, "the reservation announced")
             assert [x.request.request_id for r in results for x in r.reserved] == ["remote"]
             assert sum(bool(r.outputs) for r in results) == 1  # only the first step's: the second is still running
+        finally:
+            gate.let(100)
+            async_engine.stop()
+
+    asyncio.run(main())
+
+
+def test_a_request_the_step_admitted_counts_as_running_during_its_forward_pass(tiny_loaded):
+    """Not as waiting: the stats taken between the command that added it and the step's decision
+    said `waiting` for the whole step, and a router polling then saw an under-full decode worker
+    as under memory pressure and moved a stream off it (the colocated Gemma 3 e2e test, under load)."""
+    async def main() -> None:
+        engine = make_engine(tiny_loaded["llama_gqa_llama3"], block_size=BLOCK)
+        gate = Gate(engine)
+        async_engine = AsyncEngine(engine)
+        async_engine.start(asyncio.get_running_loop())
+        try:
+            await async_engine.call(lambda e: e.add_request("new", list(range(40, 60)), SamplingParams(max_tokens=4)))
+            await gate.inside(1)  # its first step: admitted, held in the forward pass
+            stats = async_engine.stats
+            assert (stats.running, stats.waiting) == (1, 0)
+        finally:
+            gate.let(100)
+            async_engine.stop()
+
+    asyncio.run(main())
+
+
+def test_a_request_the_step_left_queued_counts_as_waiting_during_its_forward_pass(tiny_loaded):
+    """No free place (--max-num-seqs 1): the decision leaves the second request queued, and the
+    stats say so while the step runs."""
+    async def main() -> None:
+        engine = make_engine(tiny_loaded["llama_gqa_llama3"], block_size=BLOCK, max_running=1)
+        gate = Gate(engine)
+        async_engine = AsyncEngine(engine)
+        async_engine.start(asyncio.get_running_loop())
+        try:
+            await async_engine.call(lambda e: e.add_request("first", list(range(40, 60)), SamplingParams(max_tokens=8)))
+            await gate.inside(1)
+            second = asyncio.ensure_future(async_engine.call(
+                lambda e: e.add_request("second", list(range(5, 25)), SamplingParams(max_tokens=4))))
+            await asyncio.sleep(0)  # the command is queued before the first step may end
+            gate.let()  # the first step ends; the second request is added; the next step leaves it queued
+            await asyncio.wait_for(second, 30)
+            await gate.inside(2)
+            stats = async_engine.stats
+            assert (stats.running, stats.waiting) == (1, 1)
         finally:
             gate.let(100)
             async_engine.stop()

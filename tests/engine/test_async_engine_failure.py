@@ -36,7 +36,7 @@ class BrokenEngine:
     def has_unfinished(self) -> bool:
         return self.armed.is_set()
 
-    def step(self, on_reserved=None) -> StepResult:
+    def step(self, on_reserved=None, on_decided=None) -> StepResult:
         self.stepping.set()
         self.go.wait(10)
         raise self.error

@@ -32,7 +32,7 @@ def _resumed(rid: str, priority: Priority = Priority.NORMAL, age_s: float = 0.0)
 
 def _two_running(**kw):
     """n1 admitted at 0.0 s, n2 at 0.5 s; both stream long; now is 1.5 s."""
-    kw.setdefault("time_slice_s", QUANTUM_S)  # (slices are off by default)
+    kw.setdefault("time_slice_s", QUANTUM_S)  # (the default too; the tests do not depend on it)
     s, ex, clock = build(max_running=2, num_blocks=256, token_budget=64, max_chunk_tokens=64, **kw)
     s.add(request("n1", 8, max_tokens=400))
     _slices_until(s, ex, clock, 0.5)
