@@ -7,7 +7,9 @@ counts as waiting only once a decision left it queued (the router rebalances on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -112,18 +114,11 @@ def test_a_request_the_step_admitted_counts_as_running_during_its_forward_pass(t
     said `waiting` for the whole step, and a router polling then saw an under-full decode worker
     as under memory pressure and moved a stream off it (the colocated Gemma 3 e2e test, under load)."""
     async def main() -> None:
-        engine = make_engine(tiny_loaded["llama_gqa_llama3"], block_size=BLOCK)
-        gate = Gate(engine)
-        async_engine = AsyncEngine(engine)
-        async_engine.start(asyncio.get_running_loop())
-        try:
+        async with _gated(make_engine(tiny_loaded["llama_gqa_llama3"], block_size=BLOCK)) as (async_engine, gate):
             await async_engine.call(lambda e: e.add_request("new", list(range(40, 60)), SamplingParams(max_tokens=4)))
             await gate.inside(1)  # its first step: admitted, held in the forward pass
             stats = async_engine.stats
             assert (stats.running, stats.waiting) == (1, 0)
-        finally:
-            gate.let(100)
-            async_engine.stop()
 
     asyncio.run(main())
 
@@ -133,10 +128,7 @@ def test_a_request_the_step_left_queued_counts_as_waiting_during_its_forward_pas
     stats say so while the step runs."""
     async def main() -> None:
         engine = make_engine(tiny_loaded["llama_gqa_llama3"], block_size=BLOCK, max_running=1)
-        gate = Gate(engine)
-        async_engine = AsyncEngine(engine)
-        async_engine.start(asyncio.get_running_loop())
-        try:
+        async with _gated(engine) as (async_engine, gate):
             await async_engine.call(lambda e: e.add_request("first", list(range(40, 60)), SamplingParams(max_tokens=8)))
             await gate.inside(1)
             second = asyncio.ensure_future(async_engine.call(
@@ -147,8 +139,18 @@ def test_a_request_the_step_left_queued_counts_as_waiting_during_its_forward_pas
             await gate.inside(2)
             stats = async_engine.stats
             assert (stats.running, stats.waiting) == (1, 1)
-        finally:
-            gate.let(100)
-            async_engine.stop()
 
     asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def _gated(engine) -> AsyncIterator[tuple[AsyncEngine, Gate]]:
+    """`engine` run by an AsyncEngine, its forward passes held by a Gate (all let go at the end)."""
+    gate = Gate(engine)
+    async_engine = AsyncEngine(engine)
+    async_engine.start(asyncio.get_running_loop())
+    try:
+        yield async_engine, gate
+    finally:
+        gate.let(100)
+        async_engine.stop()
