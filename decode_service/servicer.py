@@ -38,6 +38,7 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         """`kv_ranks`: every tensor-parallel rank's receiver (rank 0's at `kv_address`); block_nbytes is one rank's."""
         super().__init__(worker, tracer, draining, transport)
         self.feeds = Feeds()  # routers' event feeds: closed before the server stops (their streams never end alone)
+        draining.on_drain(self.feeds.leave)  # its routers move their requests at once
         draining.on_stop(worker.orphans.stop)  # stopping: no router could attach an orphan any more
         draining.on_stop(lambda: self.feeds.close_all(Unavailable("this worker is stopping")))
         self.kv_ranks = kv_ranks_to_pb(kv_ranks)
@@ -122,6 +123,8 @@ class DecodeServicer(CommonWorkerRpcs, worker_pb2_grpc.DecodeWorkerServicer):
         try:
             yield wpb.EventBatch(feed_id=feed.id)
             async for batch in feed.batches():
+                if feed.take_leaving():
+                    yield wpb.EventBatch(leaving=True)
                 for message in fed_batches_to_pb(batch, self._event_to_pb, token_run if request.token_runs else None):
                     yield message
         finally:

@@ -12,7 +12,12 @@ from pdserve.rpc.errors import Unavailable
 class Drain:
     def __init__(self) -> None:
         self.draining = False
+        self._on_drain: list[Callable[[], None]] = []
         self._on_stop: list[Callable[[], None]] = []
+
+    def on_drain(self, begin: Callable[[], None]) -> None:
+        """`begin()` runs once, as the drain begins (a decode worker tells its routers' feeds)."""
+        self._on_drain.append(begin)
 
     def on_stop(self, end: Callable[[], None]) -> None:
         """`end()` runs as the server stops, before it waits for its calls: for streams that carry
@@ -30,7 +35,10 @@ class Drain:
     async def wait_idle(self, in_flight: Callable[[], int], timeout_s: float, poll_s: float = 0.1) -> int:
         """Set draining, then wait until nothing is in flight or the timeout passes; returns
         what is still in flight."""
-        self.draining = True
+        if not self.draining:
+            self.draining = True
+            for begin in self._on_drain:
+                begin()
         deadline = time.monotonic() + timeout_s
         while in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(poll_s)

@@ -8,6 +8,9 @@ message per engine step instead of one per request (the requests' sessions: pdse
 
 What waits is bounded as a request's own stream bounds it: one event per kind change per request,
 its tokens joined. Closing a feed (its router's stream ended) fails the sessions still on it.
+
+A worker that starts to drain says so on every feed once (`Feeds.leave`, a feed opened after
+included): its routers move their requests at once instead of at their next Stats poll.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ class FedSession(Protocol):
 
 
 class Feed:
-    def __init__(self, feed_id: str):
+    def __init__(self, feed_id: str, leaving: bool = False):
         self.id = feed_id
         self.closed = False
+        self._leaving = leaving  # to be said on the next message
         self._pending: Batch = {}
         self._wake = asyncio.Event()
+        if leaving:
+            self._wake.set()
         self._sessions: dict[str, FedSession] = {}
 
     def attach(self, session: FedSession, closed_error: BaseException) -> None:
@@ -68,6 +74,16 @@ class Feed:
         events.append(event)
         return True
 
+    def leave(self) -> None:
+        """Its worker leaves: the feed says so before its next batch (`take_leaving`)."""
+        self._leaving = True
+        self._wake.set()
+
+    def take_leaving(self) -> bool:
+        """Whether to say now that the worker leaves (True once)."""
+        leaving, self._leaving = self._leaving, False
+        return leaving
+
     async def batches(self) -> AsyncIterator[Batch]:
         """Everything pending, each time there is some, until the feed closes."""
         while True:
@@ -94,9 +110,10 @@ class Feeds:
 
     def __init__(self) -> None:
         self._feeds: dict[str, Feed] = {}
+        self.leaving = False
 
     def open(self) -> Feed:
-        feed = Feed(secrets.token_hex(8))
+        feed = Feed(secrets.token_hex(8), self.leaving)
         self._feeds[feed.id] = feed
         return feed
 
@@ -106,6 +123,12 @@ class Feeds:
     def close(self, feed: Feed, error: BaseException) -> None:
         self._feeds.pop(feed.id, None)
         feed.close(error)
+
+    def leave(self) -> None:
+        """The worker leaves (it drains): every feed says so once, one opened later at once."""
+        self.leaving = True
+        for feed in self._feeds.values():
+            feed.leave()
 
     def close_all(self, error: BaseException) -> None:
         for feed in list(self._feeds.values()):

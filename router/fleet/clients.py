@@ -165,6 +165,10 @@ class Sink(Protocol):
 
     def fail(self, fault: WorkerFault) -> None: ...
 
+    def worker_leaving(self) -> None:
+        """Its worker said it leaves (it drains): not an event of the request; whether it departs
+        is asked now rather than at the next poll."""
+
 
 class PushCall(abc.ABC):
     """One open call whose events are handed to a sink as they arrive (a request on its decode

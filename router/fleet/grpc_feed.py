@@ -84,6 +84,9 @@ class EventFeed:
             async for batch in self._call:
                 if batch.feed_id and not self._id.done():
                     self._id.set_result(batch.feed_id)
+                if batch.leaving:
+                    for call in list(self._calls.values()):
+                        call.worker_leaving()
                 if batch.run_request_ids:
                     self._runs(batch)
                 for item in batch.events:
@@ -214,6 +217,11 @@ class FedCall(PushCall):
             return
         self._sink.deliver_tokens(token_ids)
         self._counted()
+
+    def worker_leaving(self) -> None:
+        """Its worker said by the feed that it leaves (not an event of the request: not counted)."""
+        if not self._done:
+            self._sink.worker_leaving()
 
     def _counted(self) -> None:
         """One more event came by the feed: the held end goes on once all it counted came."""

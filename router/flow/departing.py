@@ -58,11 +58,12 @@ class Departer:
 
     def wants(self, attempt: Attempt, leaving: Leaving) -> bool:
         """Whether to ask now: not yet let go, not pinned to its pair (a canary), its worker leaves
-        or is under memory pressure while another has room, and not asked within the last second."""
+        (said on its feed, or by its last poll) or is under memory pressure while another has
+        room, and not asked within the last second."""
         if leaving.target is not None or attempt.job.pinned:
             return False
         decode = attempt.decode
-        if self.pool.leaving(decode.address):
+        if attempt.call.leaving or self.pool.leaving(decode.address):
             return leaving.may_ask()
         if self.config.on_leave is OnLeave.MOVE_KV and self.rebalancer.due(decode, attempt.state.protocol.departures) \
                 and leaving.may_ask():

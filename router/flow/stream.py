@@ -45,6 +45,7 @@ class Pumped:
         self.address = address
         self.failed = asyncio.Event()
         self.fault: WorkerFault | None = None  # set when the call failed
+        self.leaving = False  # its worker said it leaves (a feed's notice: before any poll says so)
         self._items: deque = deque()
         self._waiter: asyncio.Future | None = None  # its reader's, while it waits
         self._task: asyncio.Future | None = None
@@ -103,6 +104,11 @@ class Pumped:
         self.fault = fault
         self._put(fault)
         self.failed.set()
+
+    def worker_leaving(self) -> None:
+        """Its worker said it leaves: the reader's periodic check comes now (`next_within`)."""
+        self.leaving = True
+        self._put(_CHECK)
 
     # ---- gathering ----
 

@@ -207,3 +207,35 @@ def test_token_runs_that_do_not_add_up_break_the_feed_failing_its_requests():
     seen = _run(Packed([_tokens(1, 2), FINISHED], bad=True))[0][0]
     assert len(seen) == 1 and isinstance(seen[0], WorkerFault) and seen[0].kind is FaultKind.FAILED
     assert "do not add up" in str(seen[0])
+
+
+class Leaving(Scripted):
+    """As Scripted, the worker saying on the feed that it leaves before the request's events."""
+
+    async def Events(self, request, context):
+        self.feeds += 1
+        yield wpb.EventBatch(feed_id=f"feed-{self.feeds}")
+        request_id = await self._ended.get()
+        yield wpb.EventBatch(leaving=True)
+        yield wpb.EventBatch(events=[wpb.FedEvent(request_id=request_id, event=e) for e in self.events])
+        await asyncio.Event().wait()
+
+
+def test_a_worker_saying_it_leaves_wakes_its_requests_check_at_once_and_is_no_event_of_theirs():
+    async def main():
+        server, address = await _serve(Leaving([_tokens(1), FINISHED]))
+        clients = GrpcWorkerClients(ChannelPool())
+        try:
+            call = Pumped(clients.decode(address).open(_job("r@1.ab"), True), address)
+            try:
+                check = await asyncio.wait_for(call.next_within(3600.0), WAIT_S)  # no period passes
+                return check, call.leaving, await _read(call)
+            finally:
+                call.close()
+        finally:
+            await clients.channels.close()
+            await server.stop(None)
+
+    check, leaving, events = asyncio.run(main())
+    assert check is None and leaving
+    assert events == [Tokens((1,)), Finished(FinishReason.LENGTH, 0, 0)]  # the end waited for both, not the notice

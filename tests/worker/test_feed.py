@@ -1,7 +1,8 @@
 """A router's event feed on a worker (pdserve/worker/feed.py) and the sessions on it
 (pdserve/worker/session.py): a step's events of every request in one batch, each request's in
 order, its tokens waiting while the router reads joined (what waits is bounded), the end after
-what the feed carried, and a closed feed failing every session still on it."""
+what the feed carried, a closed feed failing every session still on it, and a draining worker
+saying so on each feed once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import pytest
 
 from pdserve.requests import FinishReason
+from pdserve.rpc.drain import Drain
 from pdserve.rpc.errors import Unavailable
 from pdserve.worker.events import Finished, Preempted, Tokens
 from pdserve.worker.feed import Feed, Feeds
@@ -99,3 +101,22 @@ def test_a_session_without_a_feed_streams_as_ever():
 
     events, tokens = asyncio.run(main())
     assert events == [Tokens((1,)), FINISHED] and tokens == 1
+
+
+def test_a_draining_worker_says_so_once_on_every_feed_and_at_once_on_one_opened_after():
+    async def main():
+        feeds, drain = Feeds(), Drain()
+        drain.on_drain(feeds.leave)
+        before = feeds.open()
+        Session("r", feed=before).push(Tokens((1,)))
+        await drain.wait_idle(lambda: 0, 1.0)
+        await drain.wait_idle(lambda: 0, 1.0)  # (a second wait begins nothing)
+        batch = await _batch(before)
+        said = before.take_leaving(), before.take_leaving()
+        after = feeds.open()
+        woken = await _batch(after)  # though nothing of a request waits there
+        return batch, said, woken, after.take_leaving()
+
+    batch, said, woken, said_after = asyncio.run(main())
+    assert batch == {"r": [Tokens((1,))]} and said == (True, False)
+    assert woken == {} and said_after
