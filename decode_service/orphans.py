@@ -11,7 +11,9 @@
     it finishes                  its tokens and end kept for the grace (`FinishedAttempts`: 4 bytes a
                                  token, no block; a lease too), as an orphan's are: a router that only
                                  stalled never got the end its call carried, and this worker cannot
-                                 tell that it did
+                                 tell that it did; for the same reason neither an Attach that replays
+                                 it nor its router's Abort ends it before the grace (the router it was
+                                 replayed to may never deliver it: its client comes back once more)
 
 An orphan decodes on: its memory is the KV blocks it holds anyway (plus a block per 16 tokens),
 a row more in a decode step costs little beside the step's fixed cost, and a client that comes
@@ -114,6 +116,15 @@ class FinishedAttempts:
         while len(self._done) > self.config.max_finished:
             self.take(next(iter(self._done)))
 
+    def replay(self, request_id: str, owner: Owner) -> _Done | None:
+        """The owner's finished attempt, for an Attach that replays it: kept (whether that call
+        delivers it is not known here), its anchor the Attach's from now on."""
+        done = self._done.get(request_id)
+        if done is None or done.owner != owner:
+            return None
+        done.attachment += 1
+        return done
+
     def of(self, owner: Owner, digest: bytes) -> list[HeldAttempt]:
         return [HeldAttempt(i, tuple(d.tokens), True, True, d.attachment)
                 for i, d in self._done.items() if d.owner == owner and d.digest == digest]
@@ -126,6 +137,10 @@ class FinishedAttempts:
         del self._done[request_id]
         done.lease.end()
         return done
+
+    def holds(self, request_id: str, attachment: int) -> bool:
+        done = self._done.get(request_id)
+        return done is not None and done.attachment == attachment
 
     def __len__(self) -> int:
         return len(self._done)
@@ -168,7 +183,7 @@ class Orphans(Generic[R]):
         """A new call drives the request from now on: Attached (its tokens so far) is its first
         event, then Finished if it ended meanwhile. NotFound unless it is the owner's and attachable."""
         record = self.live.get(request_id)
-        if record is None and (done := self.done.take(request_id, owner)) is not None:
+        if record is None and (done := self.done.replay(request_id, owner)) is not None:
             return _replayed(Session(request_id, owner, feed, observe), done)
         if record is None or record.session.owner != owner or not (record.reattachable and record.driven_here):
             raise NotFound(f"no attachable request {request_id!r} of {owner.request_id!r} is held here")
@@ -191,8 +206,8 @@ class Orphans(Generic[R]):
     def abort(self, request_id: str, attachment: int) -> bool:
         """Abort by its router (the attempt's anchor `attachment`): whether it was held and still that router's."""
         record = self.live.get(request_id)
-        if record is None:
-            return self.done.take(request_id, attachment=attachment) is not None
+        if record is None:  # finished: kept for the grace all the same (the class's docstring)
+            return self.done.holds(request_id, attachment)
         if record.progress.attachment != attachment:
             return False
         return self.live.abort(request_id)
@@ -235,7 +250,7 @@ class Orphans(Generic[R]):
 
 def _replayed(session: Session, done: _Done) -> Session:
     """A finished request's whole stream at once: its tokens, then its end."""
-    session.push(Attached(tuple(done.tokens), done.attachment + 1))
+    session.push(Attached(tuple(done.tokens), done.attachment))
     session.push(done.finished)
     session.detach()
     return session

@@ -141,8 +141,9 @@ def test_an_orphan_that_finished_during_the_grace_gives_its_tokens_and_its_end_t
             left = await _ended(worker)
             return attached, rest, len(worker.worker.orphans.done), left
 
-    attached, rest, live, left = asyncio.run(main())
-    assert list(attached.token_ids) == _alone(tiny_llama, 24) and rest == [] and live == 0 and left == 0
+    attached, rest, kept, left = asyncio.run(main())
+    assert list(attached.token_ids) == _alone(tiny_llama, 24) and rest == [] and left == 0
+    assert kept == 1  # replayed, and kept for the grace all the same (whether it was delivered is not known)
 
 
 def test_the_grace_passing_aborts_the_orphan_and_frees_its_blocks(tiny_llama):
@@ -289,10 +290,7 @@ def test_a_request_that_finished_while_its_router_stalled_is_attached_finished(t
         async with served(tiny_llama, reattach_grace_s=LONG_GRACE_S) as worker:
             a, b = await _router(), await _router()
             try:
-                call = Pumped(a.decode(worker.address).open(_job(24), True), worker.address)
-                await async_wait_until(lambda: len(worker.worker.orphans.done) == 1, 60, "the request finished")
-                (held,) = await b.decode(worker.address).find(OWNER, prompt_digest(PROMPT), 5)
-                again = Pumped(b.decode(worker.address).attach(_attach_job(held.request_id, 24)), worker.address)
+                call, held, again = await _finished_then_attached(worker, a, b)
                 attached, rest = await _rest(again)
                 again.close()
                 call.close()
@@ -302,4 +300,42 @@ def test_a_request_that_finished_while_its_router_stalled_is_attached_finished(t
             return held, attached, rest, len(worker.worker.orphans.done)
 
     held, attached, rest, kept = asyncio.run(main())
-    assert held.attachable and list(attached.token_ids) == _alone(tiny_llama, 24) and rest == [] and kept == 0
+    assert held.attachable and list(attached.token_ids) == _alone(tiny_llama, 24) and rest == [] and kept == 1
+
+
+def test_a_finished_request_replayed_to_a_router_that_let_it_go_undelivered_replays_whole_again(tiny_llama):
+    """The router it was replayed to let it go before its end (its client left: a backed-up feed
+    delays a replay past an OpenAI client's read timeout) and sent its Abort: the result stays for
+    the grace, and the client's next try, through a third router, gets it whole."""
+    async def main():
+        async with served(tiny_llama, reattach_grace_s=LONG_GRACE_S) as worker:
+            a, b, c = await _router(), await _router(), await _router()
+            try:
+                call, held, first = await _finished_then_attached(worker, a, b)
+                replayed = await asyncio.wait_for(first.next(), 30)
+                first.close()
+                aborted = worker.worker.orphans.abort(held.request_id, replayed.attachment)  # its router's Abort
+                (again,) = await c.decode(worker.address).find(OWNER, prompt_digest(PROMPT), 5)
+                second = Pumped(c.decode(worker.address).attach(_attach_job(held.request_id, 24)), worker.address)
+                attached, rest = await _rest(second)
+                second.close()
+                call.close()
+            finally:
+                for router in (a, b, c):
+                    await router.channels.close()
+            return replayed, aborted, again, attached, rest
+
+    replayed, aborted, again, attached, rest = asyncio.run(main())
+    assert isinstance(replayed, Attached) and aborted and again.attachable
+    assert attached.attachment == replayed.attachment + 1
+    assert list(attached.token_ids) == _alone(tiny_llama, 24) and rest == []
+
+
+async def _finished_then_attached(worker: Served, a: GrpcWorkerClients,
+                                  b: GrpcWorkerClients) -> tuple[Pumped, HeldAttempt, Pumped]:
+    """Router a's request of 24 tokens run to its end while a reads nothing (as a stalled router),
+    found by router b and attached there: a's call, what b found, b's attach call."""
+    call = Pumped(a.decode(worker.address).open(_job(24), True), worker.address)
+    await async_wait_until(lambda: len(worker.worker.orphans.done) == 1, 60, "the request finished")
+    (held,) = await b.decode(worker.address).find(OWNER, prompt_digest(PROMPT), 5)
+    return call, held, Pumped(b.decode(worker.address).attach(_attach_job(held.request_id, 24)), worker.address)
