@@ -109,12 +109,12 @@ class FinishedAttempts:
     def keep(self, request_id: str, record: Orphanable) -> None:
         progress = record.progress
         done = _Done(record.session.owner, record.digest, progress.tokens, progress.finished, progress.attachment)
-        self.take(request_id)
+        self._drop(request_id)
         self._done[request_id] = done
         done.lease = self.leases.grant(LeaseKind.RESULT, f"result of {request_id}", 0, self.config.grace_s,
                                        lambda _: self._forget(request_id, done))
         while len(self._done) > self.config.max_finished:
-            self.take(next(iter(self._done)))
+            self._drop(next(iter(self._done)))
 
     def replay(self, request_id: str, owner: Owner) -> _Done | None:
         """The owner's finished attempt, for an Attach that replays it: kept (whether that call
@@ -129,14 +129,11 @@ class FinishedAttempts:
         return [HeldAttempt(i, tuple(d.tokens), True, True, d.attachment)
                 for i, d in self._done.items() if d.owner == owner and d.digest == digest]
 
-    def take(self, request_id: str, owner: Owner | None = None, attachment: int | None = None) -> _Done | None:
-        """The attempt, forgotten now, if it is the owner's (and of that anchor)."""
-        done = self._done.get(request_id)
-        if done is None or owner not in (None, done.owner) or attachment not in (None, done.attachment):
-            return None
-        del self._done[request_id]
-        done.lease.end()
-        return done
+    def _drop(self, request_id: str) -> None:
+        """The attempt forgotten now, its lease ended (kept again, or the oldest of too many)."""
+        done = self._done.pop(request_id, None)
+        if done is not None:
+            done.lease.end()
 
     def holds(self, request_id: str, attachment: int) -> bool:
         done = self._done.get(request_id)

@@ -27,6 +27,7 @@ T = TypeVar("T")
 Taker = Callable[[object], bool]  # takes a token event or a Gathered as it comes (True), or leaves it queued
 _END = object()
 _CHECK = object()  # next_within's period passed
+_NOTICE = object()  # its worker said it leaves: a check now, the period's timer left as it is
 
 
 class Gathered(NamedTuple):
@@ -108,7 +109,7 @@ class Pumped:
     def worker_leaving(self) -> None:
         """Its worker said it leaves: the reader's periodic check comes now (`next_within`)."""
         self.leaving = True
-        self._put(_CHECK)
+        self._put(_NOTICE)
 
     # ---- gathering ----
 
@@ -155,8 +156,9 @@ class Pumped:
             self._put(tokens)
 
     async def next(self) -> object:
-        while (item := await self._get()) is _CHECK:
-            self._check = None
+        while (item := await self._get()) is _CHECK or item is _NOTICE:
+            if item is _CHECK:
+                self._check = None
         return self._taken(item)
 
     async def next_within(self, period_s: float) -> object | None:
@@ -167,6 +169,8 @@ class Pumped:
         item = await self._get()
         if item is _CHECK:
             self._check = None
+            return None
+        if item is _NOTICE:
             return None
         return self._taken(item)
 
