@@ -1,4 +1,5 @@
-"""One grpc.aio channel per peer address, reused by every call to it."""
+"""One grpc.aio channel per peer address, reused by every call to it, and one more for an event
+feed (a stream that lasts the connection's life and that a reader must be able to fall behind)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 4000),
 )
 
+# An event feed's connection keeps a small receive window (pdserve/rpc/feed.py): gRPC otherwise
+# grows it by its bandwidth probe until a reader that falls behind has thousands of a worker's
+# step messages queued in the connection (seconds of them, and what comes after behind them),
+# where a full window would make the worker's writes wait and its feed join each request's tokens.
+FEED_OPTIONS = (
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 16 * 1024),
+)
+
 
 class ChannelPool:
     def __init__(self, security: Security = Security()):
@@ -32,26 +42,34 @@ class ChannelPool:
         self.interceptors = metadata_injectors(metadata) if metadata else ()
         self.options = (*CHANNEL_OPTIONS, *security.channel_options())
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._feeds: dict[str, grpc.aio.Channel] = {}
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._open(address)
-            self._channels[address] = channel
+            channel = self._channels[address] = self._open(address, self.options)
         return channel
 
-    def _open(self, address: str) -> grpc.aio.Channel:
+    def feed(self, address: str) -> grpc.aio.Channel:
+        """The peer's channel for event feeds: a connection of its own, its window kept small."""
+        channel = self._feeds.get(address)
+        if channel is None:
+            channel = self._feeds[address] = self._open(address, (*self.options, *FEED_OPTIONS))
+        return channel
+
+    def _open(self, address: str, options) -> grpc.aio.Channel:
         if self.credentials is not None:
-            return grpc.aio.secure_channel(address, self.credentials, self.options, interceptors=self.interceptors)
-        return grpc.aio.insecure_channel(address, self.options, interceptors=self.interceptors)
+            return grpc.aio.secure_channel(address, self.credentials, options, interceptors=self.interceptors)
+        return grpc.aio.insecure_channel(address, options, interceptors=self.interceptors)
 
     async def drop(self, address: str) -> None:
-        channel = self._channels.pop(address, None)
-        if channel is not None:
-            await channel.close()
+        for channels in (self._channels, self._feeds):
+            channel = channels.pop(address, None)
+            if channel is not None:
+                await channel.close()
 
     async def close(self) -> None:
-        for address in list(self._channels):
+        for address in {*self._channels, *self._feeds}:
             await self.drop(address)
 
 

@@ -11,10 +11,17 @@ The window is emitted only when its text does not end in U+FFFD, i.e. when the b
 on a complete character; a character split across tokens is held back until its last byte comes
 (a push of several tokens emits up to the last one that ends a character: an unfinished one
 spans at most three tokens, its first three UTF-8 bytes, so valid text costs at most that many
-decodes more; bytes that never form a character are looked past back to the push's first token). `read_offset`
-therefore always sits on a character boundary, so decoding from there is exact, and what was
-emitted after the k-th token is the same however the tokens were grouped into pushes: a stream
-continued elsewhere after k tokens (pdserve/reattach.py) goes on exactly where its text was.
+decodes more). `read_offset` therefore sits on a character boundary, so decoding from there is
+exact, and what was emitted after the k-th token is the same however the tokens were grouped into
+pushes: a stream continued elsewhere after k tokens (pdserve/reattach.py) goes on exactly where
+its text was.
+
+Bytes that never form a character (a random or broken model's) would hold the window forever and
+make every push decode it whole, and step back over it token by token: a push looks back at most
+`_LONGEST_HOLD` tokens, and a tail that long none of whose tokens ends a character is sent up to
+its last three tokens (the bytes of any character still to finish), U+FFFD where it stands. The
+point sent to depends on the tokens alone (the last character end is kept across pushes), so the
+grouping invariance holds for them too; the cost of a push is bounded by its size plus that hold.
 
 NOTE: for byte-level tokenizers the concatenation of every `push` and the final `flush` equals
 `decode(output_ids)`. The window starts with a few prompt tokens as context; for decoders that
@@ -31,6 +38,8 @@ from pdserve.tokenizer.base import Tokenizer
 
 _CONTEXT_TOKENS = 4
 _REPLACEMENT = "\ufffd"
+_LONGEST_HOLD = 8  # tokens none of which ends a character before the older ones are sent as they stand
+_UNFINISHED = 3  # tokens an unfinished character can still be spread over (its first three bytes)
 
 
 class DetokenizerMark(NamedTuple):
@@ -39,6 +48,7 @@ class DetokenizerMark(NamedTuple):
     ids: int
     prefix_offset: int
     read_offset: int
+    char_end: int
 
 
 class IncrementalDetokenizer:
@@ -52,6 +62,7 @@ class IncrementalDetokenizer:
         self._ids = self._context(list(prompt_ids[-_CONTEXT_TOKENS:]))
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
+        self._char_end = self._read_offset  # the last token that ended a character
         self._output_ids: list[int] = []
 
     def _context(self, tail: list[int]) -> list[int]:
@@ -80,13 +91,14 @@ class IncrementalDetokenizer:
         return self._advance(final=False, shortest=pushed_from + 1)
 
     def mark(self) -> DetokenizerMark:
-        return DetokenizerMark(len(self._ids), self._prefix_offset, self._read_offset)
+        return DetokenizerMark(len(self._ids), self._prefix_offset, self._read_offset, self._char_end)
 
     def rewind(self, mark: DetokenizerMark) -> None:
         """Back to where `mark` was taken: the tokens pushed since are forgotten."""
         del self._output_ids[len(self._output_ids) - (len(self._ids) - mark.ids):]
         del self._ids[mark.ids:]
         self._prefix_offset, self._read_offset = mark.prefix_offset, mark.read_offset
+        self._char_end = mark.char_end
 
     def flush(self) -> str:
         """Text still held back at the end of the stream (an unfinished character as U+FFFD)."""
@@ -94,15 +106,31 @@ class IncrementalDetokenizer:
 
     def _advance(self, final: bool, shortest: int) -> str:
         """Emits the window up to the last token that ends a character (at `shortest` or after:
-        ends before it were tried by earlier pushes)."""
+        ends before it were tried by earlier pushes), or past a tail that never forms one."""
         before = self._decode(self._ids[self._prefix_offset : self._read_offset])
         end = len(self._ids)
         text = self._decode(self._ids[self._prefix_offset : end])
-        while not final and text.endswith(_REPLACEMENT) and end > shortest:  # the tokens before a split character
-            end -= 1
-            text = self._decode(self._ids[self._prefix_offset : end])
-        if len(text) <= len(before) or (text.endswith(_REPLACEMENT) and not final):
+        if not final and text.endswith(_REPLACEMENT):
+            end, text = self._sendable(end, text, shortest)
+        else:
+            self._char_end = end
+        if len(text) <= len(before):
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = end
         return text[len(before) :]
+
+    def _sendable(self, end: int, text: str, shortest: int) -> tuple[int, str]:
+        """Where to send to when the window's text ends inside a character: the last token that
+        ends one, stepped back to at most `_LONGEST_HOLD` tokens; when the tail since the last
+        character end is that long, its older tokens as they stand."""
+        last = end
+        while text.endswith(_REPLACEMENT) and last > shortest and end - last < _LONGEST_HOLD:
+            last -= 1
+            text = self._decode(self._ids[self._prefix_offset : last])
+        if not text.endswith(_REPLACEMENT):
+            self._char_end = last
+        if end - self._char_end < _LONGEST_HOLD:
+            return (last, text) if last == self._char_end else (self._read_offset, "")
+        held_from = max(end - _UNFINISHED, self._read_offset)
+        return held_from, self._decode(self._ids[self._prefix_offset : held_from])

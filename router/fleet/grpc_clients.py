@@ -72,11 +72,13 @@ class AnchoredCall(GrpcCall):
 
 class GrpcDecodeClient(DecodeClient):
     def __init__(self, channel: grpc.aio.Channel, address: str, feeds: RouterFeeds | None = None,
-                 abandons: set[asyncio.Task] | None = None):
-        """`feeds`: this router's event feeds (None: every call carries its own events);
-        `abandons`: where the Aborts of attempts it lets go run (their tasks, until answered)."""
+                 abandons: set[asyncio.Task] | None = None, feed_channel: grpc.aio.Channel | None = None):
+        """`feeds`: this router's event feeds (None: every call carries its own events), opened on
+        `feed_channel` (default: `channel`); `abandons`: where the Aborts of attempts it lets go
+        run (their tasks, until answered)."""
         self.address = address
         self._stub = worker_pb2_grpc.DecodeWorkerStub(channel)
+        self._feed_stub = worker_pb2_grpc.DecodeWorkerStub(feed_channel) if feed_channel is not None else self._stub
         self._feeds = feeds
         self._abandons = abandons if abandons is not None else set()
 
@@ -99,7 +101,7 @@ class GrpcDecodeClient(DecodeClient):
     def _anchored(self, job: WorkerJob, open_call) -> Call | PushCall:
         abandon = (lambda attachment: self._abandon(job.request_id, attachment)) if job.reattachable else None
         if self._feeds is not None:
-            return FedCall(self._feeds.of(self.address, self._stub), job.request_id, open_call, abandon)
+            return FedCall(self._feeds.of(self.address, self._feed_stub), job.request_id, open_call, abandon)
         return AnchoredCall(open_call(""), self.address, Anchor(abandon))
 
     def _abandon(self, worker_id: str, attachment: int) -> None:
@@ -182,7 +184,8 @@ class GrpcWorkerClients(WorkerClients):
         self.abandons: set[asyncio.Task] = set()  # Aborts of attempts let go, until answered
 
     def decode(self, address: str) -> DecodeClient:
-        return GrpcDecodeClient(self.channels.get(address), address, self.feeds, self.abandons)
+        feed_channel = self.channels.feed(address) if self.feeds is not None else None
+        return GrpcDecodeClient(self.channels.get(address), address, self.feeds, self.abandons, feed_channel)
 
     def prefill(self, address: str) -> PrefillClient:
         return GrpcPrefillClient(self.channels.get(address), address)

@@ -33,9 +33,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(900)]
 MAX_POSITIONS = 4096
 # A stream still running when the test acts on it (once every stream of the test has its first
 # token). NOTE: the tiny model streams 2,000-3,000 tokens a second here; through a router that relays
-# tokens straight to the door (the direct take) 1,500 had ended before the act in some runs, and
-# longer streams made a router's event feed back up behind a grown window (the takeover's Attached
-# waited seconds behind other streams' steps): both open, see the issue notes.
+# tokens straight to the door (the direct take, off for now) 1,500 had ended before the act in some runs.
 MAX_TOKENS = 1500
 KV_BLOCKS = 2048  # each worker's: every stream of a test at once (16 + 1500 tokens in blocks of 16, 16 streams)
 GRACE_S = 20.0  # the decode workers' --reattach-grace-s

@@ -4,10 +4,58 @@ SIGSTOPped decode worker held its streams that long; benchmarks/stall_detection.
 
 from __future__ import annotations
 
-from pdserve.rpc.channels import CHANNEL_OPTIONS
+import asyncio
+
+import grpc
+import pytest
+
+from pdserve.rpc.channels import CHANNEL_OPTIONS, ChannelPool
+from pdserve.v1 import worker_pb2 as wpb
+from pdserve.v1 import worker_pb2_grpc
 
 
 def test_every_ping_of_an_internal_channel_times_out_with_the_keepalive():
     options = dict(CHANNEL_OPTIONS)
     assert options["grpc.keepalive_time_ms"] <= 2000 and options["grpc.keepalive_timeout_ms"] <= 2000
     assert options["grpc.http2.ping_timeout_ms"] <= options["grpc.keepalive_timeout_ms"]
+
+
+class _Steps(worker_pb2_grpc.DecodeWorkerServicer):
+    """A worker whose event feed writes step messages as fast as the connection takes them."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    async def Events(self, request, context):
+        batch = wpb.EventBatch(run_request_ids=["r"] * 20, run_lengths=[1] * 20, run_token_ids=list(range(20)))
+        while True:
+            await context.write(batch)
+            self.written += 1
+
+
+async def _written_while_the_reader_stops() -> int:
+    """Bytes of step messages a worker wrote in the second its feed's reader read nothing."""
+    worker, server, pool = _Steps(), grpc.aio.server(), ChannelPool()
+    worker_pb2_grpc.add_DecodeWorkerServicer_to_server(worker, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        call = worker_pb2_grpc.DecodeWorkerStub(pool.feed(f"127.0.0.1:{port}")).Events(wpb.EventsRequest())
+        for _ in range(50):
+            size = (await call.read()).ByteSize()
+        before = worker.written
+        await asyncio.sleep(1.0)  # the reader stops; the worker writes until its writes wait
+        call.cancel()
+        return (worker.written - before) * size
+    finally:
+        await pool.close()
+        await server.stop(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_feed_reader_that_falls_behind_holds_a_small_window_of_it_not_seconds():
+    """A router that stops reading its feed makes the worker's writes wait after a few KiB (there its
+    feed joins each request's tokens: pdserve/worker/feed.py), instead of gRPC's bandwidth probe
+    growing the window until megabytes of step messages queue ahead of what comes next (a call's
+    channel: 4.4 MB in that second)."""
+    assert asyncio.run(_written_while_the_reader_stops()) <= 256 * 1024

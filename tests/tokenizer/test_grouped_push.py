@@ -92,3 +92,33 @@ def test_the_text_out_after_each_token_is_the_same_however_the_tokens_were_group
         at_once = IncrementalDetokenizer(smol, prompt)
         assert at_once.push_many(ids[:cut]) == by_groups == by_one
         assert by_one + one.push_many(ids[cut:]) + one.flush() == smol.decode(ids)
+
+
+class _Counting:
+    """A tokenizer whose decodes count the ids they were given."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer, self.decoded = tokenizer, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.decoded += len(ids)
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("group", [1, 7, 64])
+def test_bytes_that_never_form_a_character_cost_a_bounded_window(smol, group):
+    """A random model's stream of lone continuation bytes: text goes out as it comes (never all held
+    to the end), and the ids decoded grow with the stream's length, not its square."""
+    rng = random.Random(group)
+    byte_tokens = [t for t in range(smol.vocab_size) if smol.decode([t]) == "\ufffd"]
+    pairs = {t: smol.decode([t, byte_tokens[0]]) for t in byte_tokens}
+    lead = next(t for t, text in pairs.items() if len(text) == 1 and text != "\ufffd")  # one char of two bytes
+    byte_tokens = [t for t in byte_tokens if "\ufffd" not in smol.decode([lead, t])]  # continuation bytes
+    ids = [rng.choice(byte_tokens) for _ in range(3000)]
+    counting = _Counting(smol)
+    detok = IncrementalDetokenizer(counting, [])
+    pieces = [detok.push_many(ids[at:at + group]) for at in range(0, len(ids), group)]
+    tail = detok.flush()
+    assert "".join(pieces) + tail == smol.decode(ids)
+    assert len(tail) < 8  # at most the tokens since the last character end, or the last three
+    assert counting.decoded < 40 * len(ids)
