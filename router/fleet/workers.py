@@ -38,6 +38,7 @@ class Worker:
     running: int = 0
     waiting: int = 0
     assigned: int = 0  # requests this router has in flight on it (fresher than polled stats)
+    claimed: int = 0  # requests that chose it as their decode worker and have not opened their call yet
     queued_prefill_tokens: int = 0  # prompt tokens it still computes, by its last poll
     sent_tokens: int = 0  # prompt tokens this router sent it to compute since its last poll
     prefill_tokens_per_s: float = 0.0  # its measured prefill speed (0: unknown)

@@ -86,6 +86,8 @@ class RequestFlow:
                         await self.aborts.send(job.owner, AbortScope.FORGET)
                     if decision.action in (Action.COMPLETE, Action.ABORT):
                         yield state.done(decision.reason)
+                finally:
+                    self.placer.release(state)  # a choice its attempt never opened a call on
         except Exception as exc:
             if not state.protocol.done:
                 state.protocol.advance(Signal.FAIL, str(exc))
@@ -163,6 +165,7 @@ class RequestFlow:
                 self.prefiller.close(started)
 
     def _open_decode(self, job: Job, state: FlowState, decode: Worker, local: bool, moving_kv: bool) -> Attempt:
+        self.placer.release(state)
         self.pool.placed(decode)
         opened = time.monotonic()
         on_worker = worker_job(job, state, self.config, moving_kv=moving_kv)

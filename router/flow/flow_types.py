@@ -132,6 +132,7 @@ class FlowState:
     attach: HeldAttempt | None = None  # a continued stream's attempt a decode worker holds: the next attempt attaches it
     attachment: int = 0  # this router's anchor of the attempt decoding now (its Attached's; 0: its Decode call)
     outlet: Outlet | None = None  # where its relayed tokens may go as they come (router/flow/decoding.py)
+    claim: Worker | None = None  # the decode worker it chose, until its call there opens (Placer.claim)
 
     def avoided(self, role: str, workers: Sequence[Worker]) -> set[str]:
         """The workers of `role` to avoid: those this request failed on, unless they restarted since."""

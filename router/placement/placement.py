@@ -35,10 +35,16 @@ def choose_decode(workers: list[Worker], cached: Mapping[str, int] | None = None
     in flight, most free KV blocks, fewest running. So a conversation stays where its KV is,
     and no worker is flooded for its cache."""
     candidates = _candidates(workers, avoid, "decode", failed)
-    least = min(w.assigned for w in candidates)
-    near = [w for w in candidates if w.assigned <= least + slack]
+    least = min(_in_flight(w) for w in candidates)
+    near = [w for w in candidates if _in_flight(w) <= least + slack]
     cached = cached or {}
-    return max(near, key=lambda w: (cached.get(w.address, 0), -w.assigned, w.free_blocks, -w.running))
+    return max(near, key=lambda w: (cached.get(w.address, 0), -_in_flight(w), w.free_blocks, -w.running))
+
+
+def _in_flight(worker: Worker) -> int:
+    """Requests on it, and those that chose it and are still on their way (their prefill, their
+    admission): requests that arrive together see each other's choices."""
+    return worker.assigned + worker.claimed
 
 
 def choose_prefill(workers: list[Worker], cached: Mapping[str, int], avoid: Collection[str] = (),

@@ -41,6 +41,7 @@ class Placer:
         moved_to, state.move_to = next((w for w in workers if w.address == state.move_to), None), None
         if moved_to is not None:  # the worker a move chose, while it is usable
             cached = await self.cached_prefixes("decode", prompt, [moved_to], always=local_rule)
+            self.claim(state, moved_to)
             return moved_to, cached.get(moved_to.address, 0)
         avoid = state.avoided("decode", workers)
         failed = avoid & {fault.address for fault in state.faults}  # not merely departed from
@@ -50,7 +51,23 @@ class Placer:
             decode = choose_decode(workers, cached, avoid, failed=failed)
         except NoWorker as exc:
             raise self.none_usable(exc) from None
+        self.claim(state, decode)
         return decode, cached.get(decode.address, 0)
+
+    @staticmethod
+    def claim(state: FlowState, decode: Worker) -> None:
+        """The request counts on `decode` from its choice on (its prefill and admission take awaits,
+        in which others choose too), in place of any earlier choice of it."""
+        Placer.release(state)
+        decode.claimed += 1
+        state.claim = decode
+
+    @staticmethod
+    def release(state: FlowState) -> None:
+        """Its claim ends: its call opened (counted as assigned from there), or the attempt ended first."""
+        if state.claim is not None:
+            state.claim.claimed -= 1
+            state.claim = None
 
     def pinned(self, pin: tuple[str, str]) -> tuple[Worker, Worker]:
         """The (decode, prefill) workers of a pinned pair, while both are usable and pair; else
