@@ -28,10 +28,14 @@ BLOCK_TOKENS = CacheConfig().block_size  # the workers' default
 PROMPTS = [f"Tell me a long story about the city number {i}: its streets, its markets, its rivers and the people "
            "who live there." for i in range(6)]
 HOST_BLOCKS = len(PROMPTS) * KV_BLOCKS  # decode-0's host pool: room for every stream swapped out at once
-# decode-0 always swaps (its host pool never runs out), decode-1 always recomputes
+# decode-0 always swaps (its host pool never runs out), decode-1 always recomputes; no time slices: a
+# slice's victim is swapped wherever that is quicker, whatever the worker's policy for memory
+# (pdserve/scheduler/preemption_mode.py), and decode-1 swapped its streams' slices once the six were
+# spread three and three
 DECODE = {"decode-0": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", str(HOST_BLOCKS),
-                       "--recompute-below-tokens", "0", "--swap-above-tokens", "0"],
-          "decode-1": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "64", "--recompute-below-tokens", "100000"]}
+                       "--recompute-below-tokens", "0", "--swap-above-tokens", "0", "--time-slice-s", "0"],
+          "decode-1": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "64", "--recompute-below-tokens", "100000",
+                       "--time-slice-s", "0"]}
 MODE = {"decode-0": "swap", "decode-1": "recompute"}
 
 

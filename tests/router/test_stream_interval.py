@@ -48,7 +48,10 @@ class _Source:
         return self._ask
 
 
-def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTrace] | None = None, **flow_kw):
+def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTrace] | None = None,
+                  held: bool = False, **flow_kw):
+    """`body(gateway)`, or with `held` `body(gateway, fleet)` whose decode workers hold every
+    reservation until the body lets them go."""
     made = [] if traces is None else traces
 
     def trace(metadata) -> FakeTrace:
@@ -58,8 +61,13 @@ def _with_gateway(tokenizer, interval: StreamInterval, body, traces: list[FakeTr
     async def main():
         async with harness(**flow_kw) as h:
             frontend = Frontend(tokenizer, Limits(49152, 8192))
+            gateway = Gateway(frontend, h.flow, trace, Drain(), interval=interval)
             try:
-                return await body(Gateway(frontend, h.flow, trace, Drain(), interval=interval))
+                if not held:
+                    return await body(gateway)
+                for worker in h.fleet.workers.values():
+                    worker.reserving.clear()
+                return await body(gateway, h.fleet)
             finally:
                 frontend.close()
 
@@ -179,3 +187,23 @@ def test_the_http_door_streams_the_same_text_in_fewer_chunks(tokenizer):
     assert whole(grouped) == whole(plain)
     assert whole(grouped)[2]["completion_tokens"] == TOKENS
     assert len(grouped) <= TOKENS // EVERY_4.tokens + 3  # first, groups, the rest with the finish, usage
+
+
+def test_a_stream_without_a_first_output_gets_its_headers_and_pings_before_it(tokenizer):
+    """The decode workers hold every reservation: the client has its 200 and an SSE comment while no
+    token exists, then the whole stream once they let go (a long prefill is no silent connection)."""
+    async def body(gateway: Gateway, fleet) -> tuple[int, bytes, list[dict]]:
+        settings = HttpSettings("fake", 8192, 1 << 20, headers_after_s=0.0, ping_s=0.05)
+        api = HttpApi(gateway, settings, str, lambda: True, lambda: b"")
+        async with TestClient(TestServer(api.application())) as client:
+            response = await asyncio.wait_for(client.post("/v1/completions", json={
+                "model": "fake", "prompt": list(PROMPT), "max_tokens": TOKENS, "temperature": 0, "stream": True}), 30)
+            before = await asyncio.wait_for(response.content.readuntil(b"\r\n\r\n"), 30)
+            for worker in fleet.workers.values():
+                worker.reserving.set()
+            lines = [line for line in (await response.text()).splitlines() if line.startswith("data: {")]
+        return response.status, before, [json.loads(line[6:]) for line in lines]
+
+    status, before, chunks = _with_gateway(tokenizer, StreamInterval(), body, held=True)
+    assert status == 200 and before.startswith(b": ping")
+    assert "".join(c["choices"][0]["text"] for c in chunks) == tokenizer.decode(expected(max_tokens=TOKENS))

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp_sse import sse_response
 
 from pdserve.errors import InvalidRequestError
 from pdserve.telemetry import EXPOSITION_CONTENT_TYPE
@@ -50,6 +49,11 @@ class HttpSettings:
     model: str  # the served model name (--served-model-name)
     max_context: int
     max_body_bytes: int
+    # A stream whose first output has not come by then (a long prompt's prefill, a queue, a stream
+    # continued at another router) gets its headers, then an SSE comment every `ping_s`: a silent
+    # connection is what proxies and clients' read timeouts cut. Before it a failure still gets its status.
+    headers_after_s: float = 5.0
+    ping_s: float = 15.0
 
 
 class HttpApi:
@@ -138,18 +142,25 @@ class HttpApi:
 
     async def _stream(self, request: web.Request, outputs: AsyncIterator[Output], reply: Reply,
                       include_usage: bool, headers: dict[str, str], ids: EventIds) -> web.StreamResponse:
-        """The headers go out with the first output: a request refused or failed before it (an
-        admission's 429 with Retry-After) is answered with its status, as a whole response is."""
+        """The headers go out with the first output, or `headers_after_s` without one: a request
+        refused or failed before then (an admission's 429 with Retry-After) is answered with its
+        status, as a whole response is; after, its error is the stream's last event. The outputs
+        are read in this task (the gateway counts the request as running while it lives)."""
+        events = EventStream(headers=headers, allow_all_methods=True,  # POST, as OpenAI streams
+                             ping_interval=self.settings.ping_s)
+        opener = _Opener(request, events, self.settings.headers_after_s)
         try:
             try:
-                first_output = await anext(outputs)
-            except StopAsyncIteration:
-                first_output = None
+                first_output = await opener.first(outputs)
             except Exception as exc:
-                return error_response(exc)
-            async with sse_response(request, allow_all_methods=True, headers=headers,  # POST, as OpenAI streams
-                                    response_cls=EventStream) as events:
+                if not events.prepared:
+                    return error_response(exc)
+                first_output = exc
+            await events.prepare(request)
+            async with events:
                 try:
+                    if isinstance(first_output, Exception):
+                        raise first_output
                     if first_output is not None:
                         await events.send(json.dumps(reply.chunk(first_output)), id=ids.after(first_output))
                     async for output in outputs:
@@ -161,6 +172,8 @@ class HttpApi:
                 await events.send("[DONE]", id=ids.now)
             return events
         finally:
+            if events.prepared:  # (the client left while its headers were out: no pings after it)
+                events.stop_streaming()
             await outputs.aclose()
 
     def _echo(self, openai: OpenAIRequest) -> str:
@@ -211,6 +224,32 @@ class EventIds:
     @property
     def now(self) -> str:
         return f"{self.request_id}/{self.tokens}"
+
+
+class _Opener:
+    """Sends a stream's headers (and from then its pings) once `after_s` passed without its first
+    output, from a task of its own while the handler's task waits for that output."""
+
+    def __init__(self, request: web.Request, events: EventStream, after_s: float):
+        self._request, self._events, self._after_s = request, events, after_s
+        self._opening = False
+
+    async def first(self, outputs: AsyncIterator[Output]) -> Output | None:
+        """The first output (None: the stream ended without one)."""
+        task = asyncio.ensure_future(self._open())
+        try:
+            return await anext(outputs)
+        except StopAsyncIteration:
+            return None
+        finally:
+            if not self._opening:  # still waiting: nothing written
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _open(self) -> None:
+        await asyncio.sleep(self._after_s)
+        self._opening = True
+        await self._events.prepare(self._request)
 
 
 def _metadata(request: web.Request) -> tuple[tuple[str, str], ...]:
