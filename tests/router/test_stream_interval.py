@@ -207,3 +207,23 @@ def test_a_stream_without_a_first_output_gets_its_headers_and_pings_before_it(to
     status, before, chunks = _with_gateway(tokenizer, StreamInterval(), body, held=True)
     assert status == 200 and before.startswith(b": ping")
     assert "".join(c["choices"][0]["text"] for c in chunks) == tokenizer.decode(expected(max_tokens=TOKENS))
+
+
+def test_a_stream_that_fails_after_its_headers_ends_with_the_error_as_its_last_event(tokenizer):
+    """Headers out, no token yet, then every decode worker dies: the failure is the stream's last
+    event (its status is gone with the headers), then [DONE]."""
+    async def body(gateway: Gateway, fleet) -> tuple[int, list[str]]:
+        settings = HttpSettings("fake", 8192, 1 << 20, headers_after_s=0.0, ping_s=0.05)
+        api = HttpApi(gateway, settings, str, lambda: True, lambda: b"")
+        async with TestClient(TestServer(api.application())) as client:
+            response = await asyncio.wait_for(client.post("/v1/completions", json={
+                "model": "fake", "prompt": list(PROMPT), "max_tokens": TOKENS, "temperature": 0, "stream": True}), 30)
+            await asyncio.wait_for(response.content.readuntil(b"\r\n\r\n"), 30)
+            for worker in fleet.workers.values():
+                worker.kill()
+            data = [line[6:] for line in (await response.text()).splitlines() if line.startswith("data: ")]
+        return response.status, data
+
+    status, data = _with_gateway(tokenizer, StreamInterval(), body, held=True, wait_for_worker_s=0.2)
+    assert status == 200 and data[-1] == "[DONE]"
+    assert "error" in json.loads(data[-2]) and not any("choices" in json.loads(d) for d in data[:-2])
