@@ -3,6 +3,8 @@ feed (a stream that lasts the connection's life and that a reader must be able t
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from pdserve.rpc.security import Security, metadata_injectors
@@ -32,6 +34,9 @@ CHANNEL_OPTIONS = (
 FEED_OPTIONS = (
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.lookahead_bytes", 16 * 1024),
+    # Its connection its own (not shared with another channel of the same arguments): a feed channel
+    # left in its reconnect backoff is replaced by a fresh one, which must not inherit that backoff.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 
@@ -43,6 +48,7 @@ class ChannelPool:
         self.options = (*CHANNEL_OPTIONS, *security.channel_options())
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._feeds: dict[str, grpc.aio.Channel] = {}
+        self._closing: set[asyncio.Task] = set()  # replaced feed channels' closes, until done
 
     def get(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -51,8 +57,16 @@ class ChannelPool:
         return channel
 
     def feed(self, address: str) -> grpc.aio.Channel:
-        """The peer's channel for event feeds: a connection of its own, its window kept small."""
+        """The peer's channel for event feeds: a connection of its own, its window kept small. One
+        that failed to connect is replaced: no request's call keeps it trying (the calls' channel has
+        the worker's polls), so after a worker's restart it would sit in its reconnect backoff, and
+        every feed opened on it would fail at once while the worker serves again."""
         channel = self._feeds.get(address)
+        if channel is not None and channel.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            closing = asyncio.ensure_future(channel.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            channel = None
         if channel is None:
             channel = self._feeds[address] = self._open(address, (*self.options, *FEED_OPTIONS))
         return channel

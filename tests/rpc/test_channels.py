@@ -59,3 +59,38 @@ def test_a_feed_reader_that_falls_behind_holds_a_small_window_of_it_not_seconds(
     growing the window until megabytes of step messages queue ahead of what comes next (a call's
     channel: 4.4 MB in that second)."""
     assert asyncio.run(_written_while_the_reader_stops()) <= 256 * 1024
+
+
+class _Idle(worker_pb2_grpc.DecodeWorkerServicer):
+    async def Events(self, request, context):
+        yield wpb.EventBatch()
+
+
+async def _a_feed_after_its_worker_came_back() -> wpb.EventBatch:
+    """A feed opened while its worker is down (it fails), then again at once once the worker serves
+    on the same port."""
+    probe = grpc.aio.server()
+    port = probe.add_insecure_port("127.0.0.1:0")  # a free port, then nothing listens there
+    await probe.start()
+    await probe.stop(0)
+    pool, address = ChannelPool(), f"127.0.0.1:{port}"
+    server = grpc.aio.server()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await worker_pb2_grpc.DecodeWorkerStub(pool.feed(address)).Events(wpb.EventsRequest()).read()
+        worker_pb2_grpc.add_DecodeWorkerServicer_to_server(_Idle(), server)
+        server.add_insecure_port(address)
+        await server.start()
+        call = worker_pb2_grpc.DecodeWorkerStub(pool.feed(address)).Events(wpb.EventsRequest())
+        return await call.read()
+    finally:
+        await pool.close()
+        await server.stop(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_feed_opened_as_its_worker_comes_back_connects_at_once():
+    """The feed channel that failed while the worker was down is not left in its reconnect backoff:
+    the first feed after the restart gets the worker's first message (it failed with UNAVAILABLE:
+    a router's requests failed after the routers said SERVING again)."""
+    assert asyncio.run(_a_feed_after_its_worker_came_back()) == wpb.EventBatch()
