@@ -16,8 +16,16 @@ pytestmark = pytest.mark.timeout(60)
 def test_requests_that_arrive_together_spread_over_the_decode_workers_and_leave_no_claim():
     async def run() -> tuple[dict[str, int], dict[str, int]]:
         async with harness() as h:
+            decode = [h.fleet.workers[a] for a in ("d0", "d1")]
+            for worker in decode:  # no request gets its blocks, so none ends, until all four are placed
+                worker.reserving.clear()
             prompts = [tuple(range(10 * k + 1, 10 * k + 41)) for k in range(4)]
-            results = await asyncio.gather(*(collect(h.flow, job(f"r{k}", prompt=p)) for k, p in enumerate(prompts)))
+            running = asyncio.gather(*(collect(h.flow, job(f"r{k}", prompt=p)) for k, p in enumerate(prompts)))
+            while sum(w.opened for w in decode) < len(prompts):
+                await asyncio.sleep(0.01)
+            for worker in decode:
+                worker.reserving.set()
+            results = await running
             assert [tokens for tokens, _, _ in results] == [expected(p) for p in prompts]
             await settle(h.fleet)
             return ({a: h.fleet.workers[a].opened for a in ("d0", "d1")},

@@ -150,17 +150,18 @@ class HttpApi:
                              ping_interval=self.settings.ping_s)
         opener = _Opener(request, events, self.settings.headers_after_s)
         try:
+            first_output, failure = None, None
             try:
                 first_output = await opener.first(outputs)
             except Exception as exc:
                 if not events.prepared:
                     return error_response(exc)
-                first_output = exc
+                failure = exc
             await events.prepare(request)
             async with events:
                 try:
-                    if isinstance(first_output, Exception):
-                        raise first_output
+                    if failure is not None:
+                        raise failure
                     if first_output is not None:
                         await events.send(json.dumps(reply.chunk(first_output)), id=ids.after(first_output))
                     async for output in outputs:
