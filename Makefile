@@ -46,8 +46,11 @@ run: install
 TEST_PROCESSES ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadgroup --max-worker-restart=0)
 
+# PYTHONDONTWRITEBYTECODE emptied: where a machine sets it, every process the suite starts (its
+# workers, routers and CLIs) would compile the project's modules again, and pytest would
+# rewrite every test module's asserts again in each of its processes.
 test: install
-	$(VENV)/bin/pytest -q $(XDIST) --durations=25
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -q $(XDIST) --durations=25
 
 bench: install
 	$(PY) benchmarks/run_all.py

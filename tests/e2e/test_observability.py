@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
-DECODE_BLOCKS = 20  # the decode worker's --kv-blocks
+DECODE_BLOCKS = 10  # the decode worker's --kv-blocks
 BLOCK_TOKENS = CacheConfig().block_size  # the workers' default
 
 

@@ -17,13 +17,13 @@ from pdserve.client import Client, ClientOptions
 from pdserve.config import CacheConfig
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import WaitTimeout, wait_until
 from tests.helpers.worker_stats import worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 COMMON = ["--port", "0", "--threads", "1", "--token-budget", "256", "--max-chunk-tokens", "64"]
-KV_BLOCKS = 20  # each decode worker's --kv-blocks
+KV_BLOCKS = 12  # each decode worker's --kv-blocks
 BLOCK_TOKENS = CacheConfig().block_size  # the workers' default
 PROMPTS = [f"Tell me a long story about the city number {i}: its streets, its markets, its rivers and the people "
            "who live there." for i in range(6)]
@@ -110,8 +110,17 @@ def test_preemption_keeps_greedy_outputs_identical_and_each_worker_preempts_its_
         after = _preemptions_by_worker(cluster)
         return {name: {mode: after[name][mode] - before[name][mode] for mode in MODE.values()} for name in MODE}
 
-    wait_until(lambda: {mode: sum(d[mode] for d in by_worker().values()) for mode in MODE.values()} == counted, 30,
-               f"the decode workers' preemption counters at the streams' {counted}")
+    # every preemption a stream was told of was counted by its worker (a worker may count more: one
+    # told on a stream that broke and was resumed elsewhere reaches no client)
+    def told_were_counted() -> bool:
+        workers = by_worker()
+        return all(sum(d[mode] for d in workers.values()) >= n for mode, n in counted.items())
+
+    try:
+        wait_until(told_were_counted, 30, f"the decode workers' preemption counters at least the streams' {counted}")
+    except WaitTimeout as timeout:
+        raise AssertionError(f"{timeout}; the workers counted {by_worker()}; the streams' (swap, recompute) "
+                             f"{[(u.swap_preemptions, u.recompute_preemptions) for u in usages]}") from None
     print(f"preemptions by decode worker: {by_worker()}")
     for name, modes in by_worker().items():
         assert all(n == 0 for mode, n in modes.items() if mode != MODE[name]), (name, modes)
@@ -134,7 +143,7 @@ def test_hundred_random_cancellations_leave_no_active_block(cluster):
     rng, client = random.Random(7), cluster["client"]
 
     def cancel_after(i: int) -> None:
-        call = client.stream(f"Cancellation {i}: " + "word " * rng.randrange(5, 120), max_tokens=60, timeout_s=120,
+        call = client.stream(f"Cancellation {i}: " + "word " * rng.randrange(5, 60), max_tokens=60, timeout_s=120,
                              **GREEDY)
         time.sleep(rng.uniform(0.0, 2.5))
         call.cancel()

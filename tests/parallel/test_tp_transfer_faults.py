@@ -69,7 +69,7 @@ def test_a_prefill_follower_killed_during_a_transfer_fails_its_worker_and_frees_
         os.kill(decode_follower, signal.SIGSTOP)
         try:
             thread, outcome = generate_in_background(client)
-            wait_until(lambda: sending(addresses), 30, "prefill rank 1 sending the stopped decode rank its share")
+            wait_until(lambda: sending(addresses), 120, "prefill rank 1 sending the stopped decode rank its share")
             os.kill(prefill_follower, signal.SIGKILL)
             assert sup.wait_exit(prefill, 30) == EXIT_ENGINE_FAILED
         finally:
