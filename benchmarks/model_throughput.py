@@ -11,7 +11,9 @@ and every decode figure against the machine's roofline measured in the same run 
              positions on --layer-kernels and its decode steps fused where both are native, as the
              engine serves); with --deterministic one column more, `query/deterministic`: the
              deterministic mode's model (every projection in panels at every row count, the query
-             attention backend: every row alone over its context, prefill rows too)
+             attention backend: every row alone over its context, prefill rows too); with
+             --kv-dtypes float32,bfloat16 every column again over a half pool (`/kv-bfloat16`:
+             --kv-cache-dtype's, half the KV bytes read a step)
     bound:   the smaller of the compute bound (FLOPs / the peak matmul rate on the model's own
              projections, the fastest weight layout's, at that batch or 256 rows) and the memory
              bound (weights + KV read / bandwidth); "of bound" is tokens/s over it
@@ -37,6 +39,8 @@ transformers is then not timed.
     .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,64,128,256 --contexts 128
     .venv/bin/python benchmarks/model_throughput.py --threads 1 --batches 1,8,32 --contexts 2048 \
         --random-kv --no-transformers
+    .venv/bin/python benchmarks/model_throughput.py --threads 1 --backends torch-batched --weight-layouts auto \
+        --kv-dtypes float32,bfloat16 --batches 64,128,256 --no-prefill     # a half KV pool against float32
     .venv/bin/python benchmarks/model_throughput.py --threads 2 --backends torch-batched --weight-layouts auto \
         --deterministic --batches 1,8,64,128,256 --no-transformers      # deterministic against default
 """
@@ -98,11 +102,13 @@ class Row:
 class PagedRunner:
     """Sequences laid out in consecutive blocks; one ForwardBatch per pass."""
 
-    def __init__(self, loaded: LoadedModel, max_tokens: int, batch: int, backend: str = "torch"):
+    def __init__(self, loaded: LoadedModel, max_tokens: int, batch: int, backend: str = "torch",
+                 kv_dtype: torch.dtype = torch.float32):
         self.model = loaded.model
         blocks_per_seq = -(-max_tokens // BLOCK_SIZE)
-        self.kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), blocks_per_seq * batch, torch.float32, "cpu")
-        self.attn = make_attention_backend(backend, "cpu", torch.float32, deterministic=backend == QUERY)
+        self.kv = KVCache(loaded.config.kv_shape(BLOCK_SIZE), blocks_per_seq * batch, kv_dtype, "cpu")
+        self.attn = make_attention_backend(backend, "cpu", kv_dtype, deterministic=backend == QUERY,
+                                           compute_dtype=torch.float32)
         self.tables = [tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
         self.logits = HostLogits(loaded.config.vocab_size)  # as the engine's model runner reuses one
 
@@ -137,9 +143,10 @@ class Decoder:
     """One batch's pool, filled once (by a prefill, or with random K/V); each `run` decodes
     --steps tokens after the context again, so repeats do not prefill again."""
 
-    def __init__(self, loaded: LoadedModel, batch: list[list[int]], steps: int, backend: str, random_kv: bool):
+    def __init__(self, loaded: LoadedModel, batch: list[list[int]], steps: int, backend: str, random_kv: bool,
+                 kv_dtype: torch.dtype = torch.float32):
         self.context, self.steps, self.size = len(batch[0]), steps, len(batch)
-        self.runner = PagedRunner(loaded, self.context + steps, len(batch), backend)
+        self.runner = PagedRunner(loaded, self.context + steps, len(batch), backend, kv_dtype)
         if random_kv:
             self.runner.kv.data.normal_()
             self.first = [row[-1] for row in batch]
@@ -218,10 +225,16 @@ def load_reference(source: Path):
     return model.eval()
 
 
-def variants(args) -> list[tuple[str, str]]:
-    """(attention backend, weight layout) of every decode column, in order."""
-    columns = [(b, w) for w in args.weight_layouts.split(",") for b in args.backends.split(",")]
-    return columns + ([(QUERY, DETERMINISTIC)] if args.deterministic else [])
+def variants(args) -> list[tuple[str, str, str]]:
+    """(attention backend, weight layout, KV pool dtype) of every decode column, in order."""
+    columns = [(b, w, d) for d in args.kv_dtypes.split(",") for w in args.weight_layouts.split(",")
+               for b in args.backends.split(",")]
+    return columns + ([(QUERY, DETERMINISTIC, "float32")] if args.deterministic else [])
+
+
+def column(backend: str, layout: str, kv_dtype: str) -> str:
+    """A column's name: backend/layout, and the KV pool's dtype where it is not float32."""
+    return f"{backend}/{layout}" + ("" if kv_dtype == "float32" else f"/kv-{kv_dtype}")
 
 
 def decode_rows(args, layouts: dict[str, LoadedModel], reference, roofline: Roofline, sizes: list[int],
@@ -233,8 +246,8 @@ def decode_rows(args, layouts: dict[str, LoadedModel], reference, roofline: Roof
     theirs: dict[int, Callable[[], float] | None] = {}
     for size in sizes:
         batch = prompts(size, context, layouts["dense"].config.vocab_size, seed=size)
-        ours[size] = {f"{b}/{w}": Decoder(layouts[w], batch, args.steps, b, args.random_kv).run
-                      for b, w in variants(args)}
+        ours[size] = {column(b, w, d): Decoder(layouts[w], batch, args.steps, b, args.random_kv, getattr(torch, d)).run
+                      for b, w, d in variants(args)}
         theirs[size] = (ReferenceDecoder(reference, batch, args.steps).run
                         if reference and not args.random_kv else None)
     best = {size: dict.fromkeys(ours[size], 0.0) for size in sizes}
@@ -266,7 +279,7 @@ def cpu_line() -> str:
 
 
 def print_header(args, loaded: LoadedModel) -> None:
-    columns = [f"{b}/{w}" for b, w in variants(args)]
+    columns = [column(*v) for v in variants(args)]
     print(cpu_line())
     print(f"model {loaded.config.name}, fp32, {args.threads} threads, {args.steps} steps, best of {args.repeats}, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs{', random KV' if args.random_kv else ''}")
@@ -299,6 +312,9 @@ def main() -> None:
     parser.add_argument("--deterministic", action="store_true",
                         help="a column more: the deterministic mode's model and attention (query/deterministic)")
     parser.add_argument("--random-kv", action="store_true", help="random K/V as the context instead of a prefill")
+    parser.add_argument("--kv-dtypes", default="float32",
+                        help="KV pool dtypes to time each column with (float32, bfloat16, float16: "
+                             "--kv-cache-dtype's half pools below the float32 model)")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill row")
     parser.add_argument("--no-transformers", action="store_true", help="time pdserve only")
     args = parser.parse_args()
@@ -355,7 +371,7 @@ def prefill_row(args, layouts: dict[str, LoadedModel], reference) -> Row:
          for w, loaded in layouts.items()},
         (lambda: hf_prefill(reference, long_prompt)) if reference else None,
     )
-    return Row(f"prefill {args.prompt_tokens} tok", {f"{b}/{w}": ours[w] for b, w in variants(args)}, theirs)
+    return Row(f"prefill {args.prompt_tokens} tok", {column(b, w, d): ours[w] for b, w, d in variants(args)}, theirs)
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 # The names each engine choice takes (the flags' choices; the modules that act on them check them)
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # pdserve/model/dtypes.py
+KV_DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")  # the KV pool's elements; auto: the model's dtype
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer", "torch-batched")  # pdserve/attention/selection.py
 WEIGHT_PACKINGS = ("onednn", "mkl")  # in the order `auto` prefers them (pdserve/cpu/weight_layout.py)
 WEIGHT_LAYOUTS = ("auto", *WEIGHT_PACKINGS, "panels", "dense")
@@ -31,6 +32,7 @@ class CacheConfig:
     num_host_blocks: int = 2048  # host swap pool blocks
     watermark: float = 0.05  # fraction of device blocks kept free for running decodes
     prefix_cache: bool = True  # radix prefix cache, or none
+    kv_dtype: str = "auto"  # the pools' elements (KV_DTYPE_NAMES); a half pool below a float32 CPU model: half the bytes
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
-"""Batched decode attention over the paged pool in place (CPU, float32/float64); `torch-batched`.
+"""Batched decode attention over the paged pool in place (CPU, float32/float64, or a half pool below
+a float32 model); `torch-batched`.
 
 A second implementation of the torch backend's contract, for passes dominated by decode tokens:
 
   * every one-token sequence of the pass, whatever its context length, read where its keys and
     values lie in the pool: by the C kernel of pdserve/native/paged_decode.py (float32; each key
-    and value read once per layer), else in one sparse product per layer (pool_rows.py); no
-    per-layer gather of each sequence's K/V, no padding to the longest context;
+    and value read once per layer; a half pool's widened as read), else in one sparse product per
+    layer (pool_rows.py; float32/float64 pools), else (a half pool the kernel cannot read, or a
+    windowed layer's decodes over one) as the reference gathers them; no per-layer gather of each
+    sequence's K/V where the kernel or the products read them, no padding to the longest context;
   * each layer's new keys and values copied into the pool by that kernel's library where it
     runs (float32; one copy per token from the projection's output), else by KVCache.write;
   * every longer chunk exactly as the reference backend computes it (SDPA on the chunk, or on
@@ -30,9 +33,11 @@ import torch
 from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, layer_keys, plan_keys
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, block_tables, plan_pool_rows, pool_attention
-from pdserve.attention.torch_backend import Chunk, attend_chunk, plan_chunk
+from pdserve.attention.torch_backend import Chunk, DecodeGroup, attend_chunk, attend_decode, plan_chunk, plan_decode
 from pdserve.kv.kv_cache import KVCache
 from pdserve.native.paged_decode import NativeDecode, NativePlan
+
+HALF_POOLS = (torch.bfloat16, torch.float16)  # read below a float32 model, widened as read
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class _Plan:
     native: NativePlan | None = None  # the decodes' plan for the C kernel, when it runs them (full layers)
     native_writes: bool = False  # the C kernel's library copies K/V into the pool (slots checked)
     pools: dict[PlanKey, PoolRows] = field(default_factory=dict)  # else by group and kind, built on first use
+    gathered: dict[PlanKey, DecodeGroup] = field(default_factory=dict)  # else (a half pool) the reference's
     all_full: bool = True  # every layer of the pass is FULL_ATTENTION, in one group
 
 
@@ -64,8 +70,9 @@ class BatchedTorchBackend(AttentionBackend):
         self._keys: tuple[PlanKey, ...] = ()  # each layer's (group, kind), set by begin
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
-        if kv.data.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"torch-batched attention needs a float32/float64 KV pool, got {kv.data.dtype}")
+        if kv.data.dtype not in (*SUPPORTED_DTYPES, *HALF_POOLS):
+            raise ValueError(f"torch-batched attention reads a float32/float64/bfloat16/float16 KV pool, "
+                             f"not {kv.data.dtype}")
         if not kv.data.is_contiguous():
             raise ValueError("torch-batched attention reads the KV pool as one contiguous tensor")
         device, dtype, size = kv.data.device, kv.data.dtype, kv.block_size
@@ -78,7 +85,7 @@ class BatchedTorchBackend(AttentionBackend):
         rows = _rows([s.query_start for s in singles[0]], device) if singles[0] else None
         decodes = {g: _Decodes(rows, seqs) for g, seqs in singles.items()} if rows is not None else None
         native, writes, full = None, False, keys == ((0, FULL_ATTENTION),)
-        if self.native is not None and kv.data.dtype == torch.float32 and not kv.groups.windowed:
+        if self.native is not None and self.native.serves(kv.data.dtype) and not kv.groups.windowed:
             native = plan_native_decodes(self.native, singles[0], kv) if singles[0] and (0, FULL_ATTENTION) in keys \
                 else None
             writes = self.native.slots_problem(batch.slot_mapping, kv.data) is None  # else kv.write says what is wrong
@@ -120,6 +127,10 @@ class BatchedTorchBackend(AttentionBackend):
         kind = key[1]
         if plan.native is not None and kind == FULL_ATTENTION:
             return self.native.attend(q[decodes.rows], kv.data, layer, plan.native)
+        if kv.data.dtype not in SUPPORTED_DTYPES:  # a half pool: gathered and widened, as the reference does
+            if key not in plan.gathered:
+                plan.gathered[key] = plan_decode(list(decodes.seqs), kv.block_size, q.device, q.dtype, kind)
+            return attend_decode(q, kv.layer(layer), plan.gathered[key])
         if key not in plan.pools:
             plan.pools[key] = plan_pool_rows(list(decodes.seqs), kv, q.shape[1], kind.window)
         return pool_attention(q[decodes.rows], kv, kv.slot(layer), plan.pools[key], kind.scale)

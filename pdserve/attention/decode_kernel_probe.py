@@ -11,7 +11,6 @@ the kernel whose total is smaller; cached per machine and model shape (pdserve/m
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +19,11 @@ import torch
 from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.batched_backend import BatchedTorchBackend
+from pdserve.attention.pool_rows import SUPPORTED_DTYPES
 from pdserve.kv.kv_cache import KVCache
 from pdserve.kv.kv_shape import KVShape
 from pdserve.measurements import measured
+from pdserve.probe_clock import clock_name, probe_clock
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +51,15 @@ class DecodeKernelTimings:
         return cls(tuple(tuple(s) for s in data["shapes"]), tuple(data["native"]), tuple(data["sparse"]))
 
 
-def tune_decode_kernel(attn: AttentionBackend, shape: KVShape, heads: int) -> DecodeKernelTimings | None:
+def tune_decode_kernel(attn: AttentionBackend, shape: KVShape, heads: int,
+                       pool: torch.dtype = torch.float32) -> DecodeKernelTimings | None:
     """Keeps `attn`'s C kernel for decodes only where it measured faster here than the sparse
-    products, on torch's threads now; None where there is nothing to choose (another backend, or
-    no kernel built)."""
-    if not isinstance(attn, BatchedTorchBackend) or attn.native is None:
+    products, on torch's threads now; None where there is nothing to choose (another backend, no
+    kernel built, or a `pool` of half precision: the sparse products do not read one)."""
+    if not isinstance(attn, BatchedTorchBackend) or attn.native is None or pool not in SUPPORTED_DTYPES:
         return None
-    key = {"kernel": attn.native.library_name, "threads": torch.get_num_threads(), "heads": heads,
-           "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim, "block_size": shape.block_size,
+    key = {"kernel": attn.native.library_name, "threads": torch.get_num_threads(), "clock": clock_name(),
+           "heads": heads, "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim, "block_size": shape.block_size,
            "shapes": PROBE_SHAPES}
     timings = DecodeKernelTimings.from_json(measured("decode-attention", key,
                                                      lambda: measure_kernels(attn, shape, heads).to_json()))
@@ -99,7 +101,8 @@ def _case(batch: int, context: int, shape: KVShape, heads: int, gen: torch.Gener
 
 
 def _time(backend: BatchedTorchBackend, batch: ForwardBatch, kv: KVCache, q, k, v) -> float:
-    started = time.perf_counter()
+    clock = probe_clock()
+    started = clock()
     backend.begin(batch, kv)
     backend.forward(0, q, k, v, kv)
-    return time.perf_counter() - started
+    return clock() - started

@@ -3,7 +3,8 @@
     native: every row in one call of the C kernel (pdserve/native/paged_decode.c,
             `pdserve_paged_attend_from`): a row is one thread's, its positions taken in segments
             that end at position + 16, its block's end or its length, then one softmax and one
-            pass over the values (float32 pools); keys and values copied in by its library
+            pass over the values (float32 queries; float32 pools, or half ones widened as read);
+            keys and values copied in by its library (rounded into a half pool)
     torch:  a loop, one reference decode call per row (torch_backend.attend_decode): its keys
             gathered to whole blocks, the positions it does not see masked; every tensor's shape
             a function of the row's length alone, so the same row computes the same way in any

@@ -14,6 +14,13 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 BATCHED_DTYPES = SUPPORTED_DTYPES  # what torch-batched computes
 
 
+def batched_reads(pool: torch.dtype | None, compute: torch.dtype | None = None) -> bool:
+    """Whether torch-batched serves a pool of `pool` below a model computing in `compute` (None:
+    the pool's): one it computes in, or a half pool below a float32 model (widened as read)."""
+    compute = pool if compute is None else compute
+    return (pool in BATCHED_DTYPES and compute == pool) or (pool in HALF_DTYPES and compute == torch.float32)
+
+
 class AttentionBackendUnavailable(RuntimeError):
     """The named backend cannot run here (no CUDA, flashinfer not installed, unsupported dtype)."""
 
@@ -28,16 +35,17 @@ class BackendChoice:
 
 
 def choose_backend(name: str, device_kind: str, flashinfer_problem: str | None,
-                   dtype: torch.dtype | None = None) -> BackendChoice:
-    """`auto`: flashinfer when nothing stops it; on a CPU with a float32/float64 pool (`dtype`)
-    torch-batched; else torch. `flashinfer` with a problem raises AttentionBackendUnavailable; an
-    unknown name raises ValueError."""
+                   dtype: torch.dtype | None = None, compute: torch.dtype | None = None) -> BackendChoice:
+    """`auto`: flashinfer when nothing stops it; on a CPU with a float32/float64 pool (`dtype`),
+    or a half one below a float32 model (`compute`; None: the pool's dtype), torch-batched; else
+    torch. `flashinfer` with a problem raises AttentionBackendUnavailable; an unknown name raises
+    ValueError."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
     if name == "auto":
         if flashinfer_problem is None:
             return BackendChoice("flashinfer")
-        if device_kind == "cpu" and dtype in BATCHED_DTYPES:
+        if device_kind == "cpu" and batched_reads(dtype, compute):
             return BackendChoice("torch-batched")
         return BackendChoice("torch", flashinfer_problem if device_kind == "cuda" else None)
     if name == "flashinfer" and flashinfer_problem is not None:

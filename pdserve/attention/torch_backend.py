@@ -13,7 +13,10 @@ The pass is split into two kinds of work, planned once in `begin`:
 
 A layer with a window (LayerAttention) gets its own plan, the same work with masks that also hide
 the positions before its window; a pass plans once per kind of layer it holds, and per layer
-group of a hybrid model's pool (each group reads its own pages: ForwardBatch.group).
+group of a hybrid model's pool (each group reads its own pages: ForwardBatch.group). A pool of
+another dtype than the queries (a half pool below a float32 model) is read widened to theirs, the
+masks too; a fresh prompt attends its own k/v as the pool holds them (rounded), so that it
+computes the same in one chunk or in several.
 """
 
 from __future__ import annotations
@@ -145,29 +148,35 @@ def attend_decode(q: torch.Tensor, cache: torch.Tensor, group: DecodeGroup) -> t
     keys = _gather(cache[:, 0], group.block_table).view(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
     values = _gather(cache[:, 1], group.block_table).view(batch, -1, kv_heads, head_dim).transpose(1, 2)
     queries = q[group.rows].view(batch, kv_heads, num_heads // kv_heads, head_dim)  # [B, Hkv, G, D]
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
-                                         scale=group.scale)  # [B, Hkv, G, D]
+    out = F.scaled_dot_product_attention(queries, keys.to(q.dtype), values.to(q.dtype),
+                                         attn_mask=group.mask.to(q.dtype), scale=group.scale)  # [B, Hkv, G, D]
     return out.reshape(batch, num_heads, head_dim)
 
 
 def attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, chunk: Chunk) -> torch.Tensor:
     queries = q[chunk.rows].transpose(0, 1)[None]  # [1, H, Q, D]
     if chunk.blocks is None:
-        keys, values = k[chunk.rows], v[chunk.rows]  # [C, Hkv, D]
+        keys, values = (_as_stored(x[chunk.rows], cache.dtype) for x in (k, v))  # [C, Hkv, D]
     else:
         kv_heads, head_dim = cache.shape[3], cache.shape[4]
-        keys = _gather(cache[:, 0], chunk.blocks).view(-1, kv_heads, head_dim)[: chunk.context_len]
-        values = _gather(cache[:, 1], chunk.blocks).view(-1, kv_heads, head_dim)[: chunk.context_len]
+        keys = _gather(cache[:, 0], chunk.blocks).view(-1, kv_heads, head_dim)[: chunk.context_len].to(q.dtype)
+        values = _gather(cache[:, 1], chunk.blocks).view(-1, kv_heads, head_dim)[: chunk.context_len].to(q.dtype)
     out = F.scaled_dot_product_attention(
         queries,
         keys.transpose(0, 1)[None],
         values.transpose(0, 1)[None],
-        attn_mask=chunk.mask,
+        attn_mask=None if chunk.mask is None else chunk.mask.to(q.dtype),
         is_causal=chunk.mask is None,
         scale=chunk.scale,
         enable_gqa=True,
     )  # [1, H, Q, D]
     return out[0].transpose(0, 1)
+
+
+def _as_stored(x: torch.Tensor, pool: torch.dtype) -> torch.Tensor:
+    """`x` as a pool of `pool` holds it: rounded there and widened back where the pool is narrower
+    (so a prompt attends the same values in one chunk or in several)."""
+    return x if pool == x.dtype else x.to(pool).to(x.dtype)
 
 
 def _gather(pool: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:

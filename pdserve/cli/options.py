@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pdserve.config import (
     ATTENTION_BACKENDS,
     DTYPE_NAMES,
+    KV_DTYPE_NAMES,
     LAYER_KERNELS,
     WEIGHT_LAYOUTS,
     CacheConfig,
@@ -61,6 +62,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-blocks", type=int, default=cache.num_blocks, help="device KV blocks")
     g.add_argument("--host-kv-blocks", type=int, default=cache.num_host_blocks, help="host swap blocks")
     g.add_argument("--block-size", type=int, default=cache.block_size)
+    g.add_argument("--kv-cache-dtype", default=cache.kv_dtype, choices=KV_DTYPE_NAMES,
+                   help="the KV pools' elements; auto: the model's dtype; bfloat16 or float16 below a float32 "
+                        "model on a CPU: half the memory (twice the blocks for the same bytes), half the bytes "
+                        "moved and read by each decode step, keys and values rounded to nearest as stored "
+                        "(outputs may differ from a float32 cache's); every worker of a fleet holds the same")
     g.add_argument("--token-budget", type=int, default=None,
                    help=f"tokens per step, 256-8192 (default: {sched.token_budget} on a GPU, "
                         f"{CPU_TOKEN_BUDGET} on a CPU)")
@@ -113,7 +119,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         tensor_parallel_size=args.tensor_parallel_size,
         max_model_len=args.max_model_len, calibrate=True, deterministic=args.deterministic,
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.kv_blocks,
-                          num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache),
+                          num_host_blocks=args.host_kv_blocks, prefix_cache=not args.no_prefix_cache,
+                          kv_dtype=args.kv_cache_dtype),
         scheduler=SchedulerConfig(policy=args.policy, token_budget=budget, max_chunk_tokens=chunk,
                                   max_running=args.max_num_seqs, chunking=args.chunking,
                                   step_time_target_s=args.step_time_target_ms / 1e3,

@@ -35,8 +35,8 @@ from router.doors.stream_interval import add_stream_interval_flag, stream_interv
 
 TICK_S = 0.2
 
-ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "token_budget", "max_chunk_tokens",
-                "max_num_seqs",
+ENGINE_FLAGS = ("model", "kv_blocks", "host_kv_blocks", "block_size", "kv_cache_dtype", "token_budget",
+                "max_chunk_tokens", "max_num_seqs",
                 "policy", "max_model_len", "device", "dtype", "attention_backend", "weight_layout",
                 "layer_kernels", "recompute_below_tokens", "swap_above_tokens", "tensor_parallel_size",
                 "chunking", "step_time_target_ms", "min_chunk_tokens", "time_slice_s")

@@ -42,7 +42,7 @@ class FusedDecode:
         """layers: the model's DecoderLayers, each on NativeKernels with every projection in panels."""
         self._library, self.layers, self.config = library, layers, config
         self._table = (Layer * len(layers))(*(_layer(layer) for layer in layers))
-        self._kernels: tuple[NativeDecode, Kernels] | None = None  # for the attention kernel last seen
+        self._kernels: tuple[NativeDecode, torch.dtype, Kernels] | None = None  # for the kernel and pool last seen
         self._shapes: dict[int, Shape] = {}  # by the pool's block size
         attention = layers[0].self_attn
         self._layer_kernels: NativeKernels = attention.kernels
@@ -65,8 +65,9 @@ class FusedDecode:
         decode, plan = native
         shape = self._shape(kv)
         scratch = torch.empty(self._library.scratch_floats(shape, x.shape[0]), dtype=torch.float32)
-        self._library.run(self._kernels_for(decode), self._table, shape, _pass(kv, batch, plan, cos, sin),
-                          x.data_ptr(), x.shape[0], scratch.data_ptr())
+        kernels = self._kernels_for(decode, kv.data.dtype)
+        self._library.run(kernels, self._table, shape, _pass(kv, batch, plan, cos, sin), x.data_ptr(), x.shape[0],
+                          scratch.data_ptr())
         return x
 
     def _fits(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: KVCache) -> bool:
@@ -86,11 +87,12 @@ class FusedDecode:
         return Shape(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers,
                      kv.block_size, c.rms_norm_eps, 1 / math.sqrt(c.head_dim))
 
-    def _kernels_for(self, decode: NativeDecode) -> Kernels:
-        if self._kernels is None or self._kernels[0] is not decode:
-            self._kernels = (decode, Kernels(**self._layer_kernels.library.addresses(), gemm=self._panels.address,
-                                             **decode.addresses()))
-        return self._kernels[1]
+    def _kernels_for(self, decode: NativeDecode, pool: torch.dtype) -> Kernels:
+        """The kernels' table, the attention and K/V copy those of the pool's dtype."""
+        if self._kernels is None or self._kernels[:2] != (decode, pool):
+            self._kernels = (decode, pool, Kernels(**self._layer_kernels.library.addresses(),
+                                                   gemm=self._panels.address, **decode.addresses(pool)))
+        return self._kernels[2]
 
 
 def _layer(layer: nn.Module) -> Layer:

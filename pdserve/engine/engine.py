@@ -25,7 +25,7 @@ from pdserve.engine.model_runner import ModelRunner, Sampled
 from pdserve.engine.outputs import AbortResult, Detached, RequestOutput, StepResult
 from pdserve.validation import Limits, validate_age, validate_request, validate_resumed
 from pdserve.kv.kv_cache import kv_pools
-from pdserve.model.dtypes import serving_dtype
+from pdserve.model.dtypes import kv_cache_dtype, serving_dtype
 from pdserve.engine.engine_model import EngineModel, load_engine_model
 from pdserve.model.loader import LoadedModel
 from pdserve.requests import FinishReason, Priority, Request, RequestState, SamplingParams
@@ -57,6 +57,7 @@ class Engine:
         self._senders: set[Request] = set()  # live requests whose KV is sent on (Request.sends_kv)
         self.lock = threading.Lock()  # held while the scheduler's state changes (see step)
         dtype = serving_dtype(config.dtype, config.device)
+        kv_dtype = kv_cache_dtype(config.cache.kv_dtype, dtype, config.device)
         self.loaded = _engine_model(loaded) if loaded is not None else load_engine_model(config, phases)
         if config.deterministic and not row_independent(self.loaded.model):
             raise ValueError("deterministic mode: the model's projections are not laid out row by row "
@@ -66,9 +67,10 @@ class Engine:
                                  self.model_config.max_position_embeddings)
         groups = self.model_config.page_groups()
         self.kv, self.host_kv = kv_pools(self.model_config.kv_shape(config.cache.block_size), groups,
-                                         config.cache.num_blocks, config.cache.num_host_blocks, dtype, config.device)
-        attn = make_attention_backend(config.attention_backend, torch.device(config.device), dtype,
-                                      config.deterministic)
+                                         config.cache.num_blocks, config.cache.num_host_blocks, kv_dtype,
+                                         config.device)
+        attn = make_attention_backend(config.attention_backend, torch.device(config.device), kv_dtype,
+                                      config.deterministic, compute_dtype=dtype)
         self.runner = ModelRunner(self.loaded, self.kv, self.host_kv, attn, config.seed,
                                   GrammarMasks(lambda: grammar_backend(config.model, self.model_config)))
         phases.done("kv pools and runner")

@@ -43,7 +43,7 @@ def measure_at_start(config: EngineConfig, loaded: EngineModel, kv: KVCache, hos
     probe a phase of `phases`."""
     model = loaded.model
     identity = serving_identity(loaded.source_path, model, dtype)
-    kernel = tune_decode_kernel(attn, kv.shape, loaded.config.num_heads)
+    kernel = tune_decode_kernel(attn, kv.shape, loaded.config.num_heads, kv.data.dtype)
     phases.done("attention probe")
     fused = tune_fused_rows(model, kv, attn, identity) if config.weight_layout == "auto" else None
     phases.done("fused-rows probe")

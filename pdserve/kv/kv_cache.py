@@ -60,12 +60,13 @@ class KVCache:
         return self.data[:, self._slots[layer]]
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [T, num_kv_heads, head_dim] written at flat slots [T] (of the layer's group)."""
+        """k, v: [T, num_kv_heads, head_dim] written at flat slots [T] (of the layer's group), as
+        the pool's elements (a half pool below a float32 model: rounded to nearest)."""
         blocks = torch.div(slot_mapping, self.block_size, rounding_mode="floor")
         offsets = slot_mapping % self.block_size
-        slot = self._slots[layer]
-        self.data[blocks, slot, 0, offsets] = k
-        self.data[blocks, slot, 1, offsets] = v
+        slot, dtype = self._slots[layer], self.data.dtype
+        self.data[blocks, slot, 0, offsets] = k.to(dtype)
+        self.data[blocks, slot, 1, offsets] = v.to(dtype)
 
     def copy_blocks_to(self, dst: "KVCache", pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks src_id -> dst_id into another pool (swap out / swap in), one slice

@@ -1,7 +1,13 @@
-"""The serving dtype: the `--dtype` name resolved against what the device supports.
+"""The serving dtype: the `--dtype` name resolved against what the device supports; and the KV
+pool's (`--kv-cache-dtype`) against the serving dtype.
 
 `auto` is bfloat16 on CUDA (float16 where the GPU has no bfloat16) and float32 elsewhere. The
 resolution takes the device's facts as a value, so every branch is testable without a GPU.
+
+The KV pool holds the serving dtype (`auto`), or, below a float32 model on a CPU, bfloat16 or
+float16: keys and values rounded to nearest as they are stored, widened back as attention reads
+them (every sum in float32), so the pool, its swaps and its transfers take half the bytes and a
+decode step reads half the KV (on a CPU the decode attention is bound by that read).
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pdserve.config import DTYPE_NAMES
+from pdserve.config import DTYPE_NAMES, KV_DTYPE_NAMES
+
+HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -43,3 +51,23 @@ def resolve_dtype(name: str, facts: DeviceFacts) -> torch.dtype:
 def serving_dtype(name: str, device: str | torch.device) -> torch.dtype:
     """resolve_dtype for the device named, probed now."""
     return resolve_dtype(name, DeviceFacts.probe(device))
+
+
+def resolve_kv_dtype(name: str, serving: torch.dtype, facts: DeviceFacts) -> torch.dtype:
+    """The KV pool's dtype for `name` (one of KV_DTYPE_NAMES) below a model serving in `serving`.
+    ValueError for a pool attention cannot read there: another dtype than the model's, unless a
+    half one below a float32 model on a CPU."""
+    if name not in KV_DTYPE_NAMES:
+        raise ValueError(f"unknown KV cache dtype {name!r}; choose one of {', '.join(KV_DTYPE_NAMES)}")
+    if name == "auto":
+        return serving
+    dtype = getattr(torch, name)
+    if dtype == serving or (facts.kind == "cpu" and serving == torch.float32 and dtype in HALF):
+        return dtype
+    raise ValueError(f"a {name} KV cache below a {str(serving).removeprefix('torch.')} model on {facts.kind}: "
+                     "the KV cache holds the model's dtype, or bfloat16 or float16 below a float32 model on a CPU")
+
+
+def kv_cache_dtype(name: str, serving: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """resolve_kv_dtype for the device named, probed now."""
+    return resolve_kv_dtype(name, serving, DeviceFacts.probe(device))

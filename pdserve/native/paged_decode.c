@@ -1,6 +1,9 @@
 /* Decode attention over the paged KV pool, one pass over each sequence's keys and values.
  *
- * The pool is one float32 tensor [blocks, layers, 2 (k, v), block_size, kv_heads, head_dim].
+ * The pool is one tensor [blocks, layers, 2 (k, v), block_size, kv_heads, head_dim] of float32,
+ * bfloat16 or float16 (the `_bf16` and `_f16` entry points; float16 where the compiler has
+ * _Float16): keys and values are widened to float32 as they are loaded and every sum is float32,
+ * so a half pool reads half the bytes and computes as a float32 one over the same values.
  * Each sequence's positions are read in order, all KV heads of a position at once (they lie
  * side by side), so every key and value is read from memory once per layer, front to back:
  *
@@ -29,6 +32,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,8 +48,61 @@
 #define SEGMENT 8
 #endif
 
+/* The pool's element kinds. Every function below that reads or writes the pool takes its kind as
+ * a constant where it is inlined, so each kind compiles to its own loops. */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+
+static inline int64_t kind_size(const int kind) { return kind == KV_F32 ? 4 : 2; }
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Round to nearest, ties to even (as torch converts); a NaN stays a NaN. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+#ifdef __FLT16_MAX__
+#define HAVE_F16 1
+static inline float f16_to_float(uint16_t h) {
+    _Float16 x;
+    memcpy(&x, &h, sizeof x);
+    return (float)x;
+}
+
+static inline uint16_t float_to_f16(float f) {
+    _Float16 x = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &x, sizeof h);
+    return h;
+}
+#endif
+
+/* Element i of a pool row of `kind`, as a float. */
+static inline __attribute__((always_inline)) float kv_at(const unsigned char *row, int64_t i, const int kind) {
+    uint16_t h;
+    if (kind == KV_F32) {
+        float f;
+        memcpy(&f, row + 4 * i, sizeof f);
+        return f;
+    }
+    memcpy(&h, row + 2 * i, sizeof h);
+#ifdef HAVE_F16
+    if (kind == KV_F16) return f16_to_float(h);
+#endif
+    return bf16_to_float(h);
+}
+
 typedef struct {
-    const float *pool, *q;
+    const unsigned char *pool; /* elements of `kind` */
+    const float *q;
     int64_t q_stride; /* floats from one sequence's query heads to the next's */
     float *out;
     const int64_t *tables, *lens;
@@ -55,20 +112,23 @@ typedef struct {
     int64_t first, last; /* sequences [first, last) of this thread */
     const int64_t *starts; /* each sequence's first position; NULL: 0 */
     int status;
+    int kind; /* the pool's elements: KV_F32, KV_BF16, KV_F16 */
 } Work;
 
 /* Sequence b's first position. */
 static inline int64_t start_of(const Work *w, int64_t b) { return w->starts ? w->starts[b] : 0; }
 
-/* Lane-wise partial sums: vectorised without reassociating the float additions. */
-static float dot(const float *a, const float *b, int64_t n) {
+/* Lane-wise partial sums of a query and a pool row of `kind`: vectorised without reassociating
+ * the float additions. */
+static inline __attribute__((always_inline)) float dot(const float *a, const unsigned char *b, int64_t n,
+                                                       const int kind) {
     float acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * kv_at(b, i + j, kind);
     float sum = 0.0f;
     for (int j = 0; j < LANES; j++) sum += acc[j];
-    for (; i < n; i++) sum += a[i] * b[i];
+    for (; i < n; i++) sum += a[i] * kv_at(b, i, kind);
     return sum;
 }
 
@@ -83,11 +143,17 @@ static void softmax_rows(float *scores, int64_t rows, int64_t len, int64_t strid
     }
 }
 
-/* Position t's keys of every KV head: kv_heads * head_dim contiguous floats (its values follow
- * value_shift floats later), so a block's keys are read front to back. */
-static const float *keys_at(const Work *w, const int64_t *table, int64_t t) {
+/* Position t's keys of every KV head: kv_heads * head_dim contiguous elements (its values follow
+ * value_shift elements later), so a block's keys are read front to back. */
+static inline const unsigned char *keys_at(const Work *w, const int64_t *table, int64_t t) {
     int64_t block = table[t / w->block_size];
-    return w->pool + block * w->block_stride + w->layer_offset + (t % w->block_size) * w->kv_heads * w->head_dim;
+    return w->pool + (block * w->block_stride + w->layer_offset + (t % w->block_size) * w->kv_heads * w->head_dim) *
+                         kind_size(w->kind);
+}
+
+/* Where a row's values lie, from its keys. */
+static inline const unsigned char *values_of(const Work *w, const unsigned char *keys) {
+    return keys + w->value_shift * kind_size(w->kind);
 }
 
 /* The end of the segment starting at t: SEGMENT positions on, the end of t's block, or len. */
@@ -118,9 +184,9 @@ typedef struct {
 static inline Lines segment_lines(const Work *w, Cursor c) {
     Lines none = {0, 0, 0};
     if (c.b >= w->last) return none;
-    int64_t bytes = (segment_end(w, c.t, w->lens[c.b]) - c.t) * w->kv_heads * w->head_dim * (int64_t)sizeof(float);
+    int64_t bytes = (segment_end(w, c.t, w->lens[c.b]) - c.t) * w->kv_heads * w->head_dim * kind_size(w->kind);
     uintptr_t k = (uintptr_t)keys_at(w, w->tables + c.b * w->table_stride, c.t), first = k & ~(uintptr_t)63;
-    Lines lines = {first, (uintptr_t)w->value_shift * sizeof(float), (k + bytes - first + 63) / 64};
+    Lines lines = {first, (uintptr_t)(w->value_shift * kind_size(w->kind)), (k + bytes - first + 63) / 64};
     return lines;
 }
 
@@ -134,7 +200,8 @@ static inline void prefetch_part(const Lines *l, int64_t part, int64_t parts) {
 
 /* Any head_dim: one position at a time, the query heads of each KV head against its key. At
  * each segment's first position the segment AHEAD on is asked for, as the segment path does. */
-static void attend_positions(const Work *w, int64_t b, float *scores, Cursor *ahead) {
+static inline __attribute__((always_inline)) void attend_positions(const Work *w, int64_t b, float *scores,
+                                                                   Cursor *ahead, const int kind) {
     int64_t heads = w->heads, group = heads / w->kv_heads, dim = w->head_dim, len = w->lens[b];
     const int64_t *table = w->tables + b * w->table_stride;
     const float *q = w->q + b * w->q_stride;
@@ -147,18 +214,19 @@ static void attend_positions(const Work *w, int64_t b, float *scores, Cursor *ah
             prefetch_part(&next, 0, 1);
             cursor_next(w, ahead);
         }
-        const float *k = keys_at(w, table, t);
+        const unsigned char *k = keys_at(w, table, t);
         for (int64_t h = 0; h < heads; h++)
-            scores[h * w->max_len + t] = dot(q + h * dim, k + (h / group) * dim, dim) * w->scale;
+            scores[h * w->max_len + t] = dot(q + h * dim, k + (h / group) * dim * kind_size(kind), dim, kind) * w->scale;
     }
     softmax_rows(scores + start, heads, len - start, w->max_len);
     memset(out, 0, sizeof(float) * heads * dim);
     for (int64_t t = start; t < len; t++) {
-        const float *v = keys_at(w, table, t) + w->value_shift;
+        const unsigned char *v = values_of(w, keys_at(w, table, t));
         for (int64_t h = 0; h < heads; h++) {
-            const float p = scores[h * w->max_len + t], *vh = v + (h / group) * dim;
+            const float p = scores[h * w->max_len + t];
+            const unsigned char *vh = v + (h / group) * dim * kind_size(kind);
             float *o = out + h * dim;
-            for (int64_t d = 0; d < dim; d++) o[d] += p * vh[d];
+            for (int64_t d = 0; d < dim; d++) o[d] += p * kv_at(vh, d, kind);
         }
     }
 }
@@ -181,6 +249,34 @@ static inline vseg load_seg(const float *p) {
 }
 
 static inline void store_seg(float *p, vseg v) { memcpy(p, &v, sizeof v); }
+
+typedef uint16_t vhalf __attribute__((vector_size(SEGMENT * sizeof(uint16_t))));
+typedef uint32_t vword __attribute__((vector_size(SEGMENT * sizeof(uint32_t))));
+#ifdef HAVE_F16
+typedef _Float16 vf16 __attribute__((vector_size(SEGMENT * sizeof(_Float16))));
+#endif
+
+/* SEGMENT elements of a pool row of `kind`, widened to floats (a bfloat16 is the top half of its
+ * float: a widening and a shift). */
+static inline __attribute__((always_inline)) vseg load_kv_seg(const unsigned char *p, const int kind) {
+    vseg v;
+    if (kind == KV_F32) {
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+#ifdef HAVE_F16
+    if (kind == KV_F16) {
+        vf16 h;
+        memcpy(&h, p, sizeof h);
+        return __builtin_convertvector(h, vseg);
+    }
+#endif
+    vhalf h;
+    memcpy(&h, p, sizeof h);
+    vword u = __builtin_convertvector(h, vword) << 16;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
 
 /* One vector whose lane i is the sum of the lanes of part[i]: log2(SEGMENT) rounds, each adding the
  * two halves of pairs of vectors. The rounds leave the sums in bit-reversed order, so callers file
@@ -225,12 +321,13 @@ static inline vseg sum_lanes(const vseg part[SEGMENT]) {
 #endif
 
 /* Query heads [h0, h0 + span) of one KV head against the n (<= SEGMENT) keys of a segment, `stride`
- * floats apart: each key is loaded once for the span; scores[h * max_len + i]. `span` and `chunks`
+ * elements apart: each key is loaded once for the span; scores[h * max_len + i]. `span` and `chunks`
  * (head_dim / SEGMENT) are constants where the call is inlined. */
-static inline __attribute__((always_inline)) void score_span(const Work *w, const float *q, const float *keys,
-                                                             int64_t stride, int64_t n, float *scores, int64_t h0,
-                                                             const int64_t span, const int64_t chunks,
-                                                             const Lines *next, int64_t part, int64_t parts) {
+static inline __attribute__((always_inline)) void score_span(const Work *w, const float *q,
+                                                             const unsigned char *keys, int64_t stride, int64_t n,
+                                                             float *scores, int64_t h0, const int64_t span,
+                                                             const int64_t chunks, const Lines *next, int64_t part,
+                                                             int64_t parts, const int kind) {
     int64_t dim = w->head_dim;
     vseg qh[SPAN_VECTORS], sums_of[SPAN_HEADS][SEGMENT];
     for (int64_t g = 0; g < span; g++)
@@ -241,7 +338,8 @@ static inline __attribute__((always_inline)) void score_span(const Work *w, cons
         for (int64_t g = 0; g < span; g++) acc[g] = (vseg){0};
         if (i < n) {
             vseg k[SPAN_VECTORS];
-            for (int64_t c = 0; c < chunks; c++) k[c] = load_seg(keys + i * stride + SEGMENT * c);
+            for (int64_t c = 0; c < chunks; c++)
+                k[c] = load_kv_seg(keys + (i * stride + SEGMENT * c) * kind_size(kind), kind);
             for (int64_t g = 0; g < span; g++)
                 for (int64_t c = 0; c < chunks; c++) acc[g] += qh[g * chunks + c] * k[c];
         }
@@ -257,16 +355,18 @@ static inline __attribute__((always_inline)) void score_span(const Work *w, cons
 
 /* out[h] += sum over i < n of probs[h * max_len + i] * value i, for the query heads [h0, h0 + span)
  * of one KV head: each value is loaded once for the span. */
-static inline __attribute__((always_inline)) void value_span(const Work *w, const float *probs, const float *values,
-                                                             int64_t stride, int64_t n, float *out, int64_t h0,
-                                                             const int64_t span, const int64_t chunks) {
+static inline __attribute__((always_inline)) void value_span(const Work *w, const float *probs,
+                                                             const unsigned char *values, int64_t stride, int64_t n,
+                                                             float *out, int64_t h0, const int64_t span,
+                                                             const int64_t chunks, const int kind) {
     int64_t dim = w->head_dim;
     vseg acc[SPAN_VECTORS];
     for (int64_t g = 0; g < span; g++)
         for (int64_t c = 0; c < chunks; c++) acc[g * chunks + c] = load_seg(out + (h0 + g) * dim + SEGMENT * c);
     for (int64_t i = 0; i < n; i++) {
         vseg v[SPAN_VECTORS];
-        for (int64_t c = 0; c < chunks; c++) v[c] = load_seg(values + i * stride + SEGMENT * c);
+        for (int64_t c = 0; c < chunks; c++)
+            v[c] = load_kv_seg(values + (i * stride + SEGMENT * c) * kind_size(kind), kind);
         for (int64_t g = 0; g < span; g++) {
             float p = probs[(h0 + g) * w->max_len + i];
             for (int64_t c = 0; c < chunks; c++) acc[g * chunks + c] += p * v[c];
@@ -291,45 +391,51 @@ static inline int64_t most_heads(int64_t chunks) {
 
 /* Every span of query heads against a segment's keys; the lines of the segment `next` segments
  * on are asked for in as many parts as there are positions to score. */
-static inline __attribute__((always_inline)) void score_segment(const Work *w, const float *q, const float *keys,
-                                                                int64_t stride, int64_t n, float *scores,
-                                                                const int64_t chunks, Cursor ahead) {
+static inline __attribute__((always_inline)) void score_segment(const Work *w, const float *q,
+                                                                const unsigned char *keys, int64_t stride, int64_t n,
+                                                                float *scores, const int64_t chunks, Cursor ahead,
+                                                                const int kind) {
     Lines next = segment_lines(w, ahead);
     int64_t most = most_heads(chunks), group = w->heads / w->kv_heads;
     int64_t parts = w->kv_heads * ((group + most - 1) / most), part = 0;
     for (int64_t h0 = 0, span; h0 < w->heads; h0 += span, part++) {
-        const float *k = keys + (h0 / group) * w->head_dim;
+        const unsigned char *k = keys + (h0 / group) * w->head_dim * kind_size(kind);
         switch (span = span_at(w, h0, most)) { /* constant spans: their vectors stay in registers */
-        case 1: score_span(w, q, k, stride, n, scores, h0, 1, chunks, &next, part, parts); break;
+        case 1: score_span(w, q, k, stride, n, scores, h0, 1, chunks, &next, part, parts, kind); break;
         case 2:
-            if (2 * chunks <= SPAN_VECTORS) score_span(w, q, k, stride, n, scores, h0, 2, chunks, &next, part, parts);
+            if (2 * chunks <= SPAN_VECTORS)
+                score_span(w, q, k, stride, n, scores, h0, 2, chunks, &next, part, parts, kind);
             break;
         case 3:
-            if (3 * chunks <= SPAN_VECTORS) score_span(w, q, k, stride, n, scores, h0, 3, chunks, &next, part, parts);
+            if (3 * chunks <= SPAN_VECTORS)
+                score_span(w, q, k, stride, n, scores, h0, 3, chunks, &next, part, parts, kind);
             break;
         default:
-            if (4 * chunks <= SPAN_VECTORS) score_span(w, q, k, stride, n, scores, h0, 4, chunks, &next, part, parts);
+            if (4 * chunks <= SPAN_VECTORS)
+                score_span(w, q, k, stride, n, scores, h0, 4, chunks, &next, part, parts, kind);
         }
     }
 }
 
 static inline __attribute__((always_inline)) void value_segment(const Work *w, const float *probs,
-                                                                const float *values, int64_t stride, int64_t n,
-                                                                float *out, const int64_t chunks) {
+                                                                const unsigned char *values, int64_t stride,
+                                                                int64_t n, float *out, const int64_t chunks,
+                                                                const int kind) {
     int64_t most = most_heads(chunks), group = w->heads / w->kv_heads;
     for (int64_t h0 = 0, span; h0 < w->heads; h0 += span) {
-        const float *v = values + (h0 / group) * w->head_dim;
+        const unsigned char *v = values + (h0 / group) * w->head_dim * kind_size(kind);
         switch (span = span_at(w, h0, most)) {
-        case 1: value_span(w, probs, v, stride, n, out, h0, 1, chunks); break;
-        case 2: if (2 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 2, chunks); break;
-        case 3: if (3 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 3, chunks); break;
-        default: if (4 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 4, chunks);
+        case 1: value_span(w, probs, v, stride, n, out, h0, 1, chunks, kind); break;
+        case 2: if (2 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 2, chunks, kind); break;
+        case 3: if (3 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 3, chunks, kind); break;
+        default: if (4 * chunks <= SPAN_VECTORS) value_span(w, probs, v, stride, n, out, h0, 4, chunks, kind);
         }
     }
 }
 
 static inline __attribute__((always_inline)) void attend_segments(const Work *w, int64_t b, float *scores,
-                                                                  const int64_t chunks, Cursor *ahead) {
+                                                                  const int64_t chunks, Cursor *ahead,
+                                                                  const int kind) {
     int64_t heads = w->heads, dim = w->head_dim, len = w->lens[b], stride = w->kv_heads * dim;
     const int64_t *table = w->tables + b * w->table_stride;
     const float *q = w->q + b * w->q_stride;
@@ -337,31 +443,43 @@ static inline __attribute__((always_inline)) void attend_segments(const Work *w,
     int64_t start = start_of(w, b);
     for (int64_t t = start, end; t < len; t = end) {
         end = segment_end(w, t, len);
-        score_segment(w, q, keys_at(w, table, t), stride, end - t, scores + t, chunks, *ahead);
+        score_segment(w, q, keys_at(w, table, t), stride, end - t, scores + t, chunks, *ahead, kind);
         cursor_next(w, ahead);
     }
     softmax_rows(scores + start, heads, len - start, w->max_len);
     memset(out, 0, sizeof(float) * heads * dim);
     for (int64_t t = start, end; t < len; t = end) {
         end = segment_end(w, t, len);
-        value_segment(w, scores + t, keys_at(w, table, t) + w->value_shift, stride, end - t, out, chunks);
+        value_segment(w, scores + t, values_of(w, keys_at(w, table, t)), stride, end - t, out, chunks, kind);
     }
 }
 #endif
 
-static void attend_sequence(const Work *w, int64_t b, float *scores, Cursor *ahead) {
+static inline __attribute__((always_inline)) void attend_sequence_of(const Work *w, int64_t b, float *scores,
+                                                                     Cursor *ahead, const int kind) {
 #ifdef HAVE_SEGMENTS
     switch (w->head_dim) { /* constant chunk counts: a span's vectors stay in registers */
-    case 64: attend_segments(w, b, scores, 64 / SEGMENT, ahead); return;
-    case 128: attend_segments(w, b, scores, 128 / SEGMENT, ahead); return;
+    case 64: attend_segments(w, b, scores, 64 / SEGMENT, ahead, kind); return;
+    case 128: attend_segments(w, b, scores, 128 / SEGMENT, ahead, kind); return;
     default:
         if (w->head_dim % SEGMENT == 0 && w->head_dim / SEGMENT <= SPAN_VECTORS) {
-            attend_segments(w, b, scores, w->head_dim / SEGMENT, ahead);
+            attend_segments(w, b, scores, w->head_dim / SEGMENT, ahead, kind);
             return;
         }
     }
 #endif
-    attend_positions(w, b, scores, ahead);
+    attend_positions(w, b, scores, ahead, kind);
+}
+
+/* Each kind of pool its own compiled loops. */
+static void attend_sequence(const Work *w, int64_t b, float *scores, Cursor *ahead) {
+    switch (w->kind) {
+    case KV_BF16: attend_sequence_of(w, b, scores, ahead, KV_BF16); return;
+#ifdef HAVE_F16
+    case KV_F16: attend_sequence_of(w, b, scores, ahead, KV_F16); return;
+#endif
+    default: attend_sequence_of(w, b, scores, ahead, KV_F32);
+    }
 }
 
 static void *run(void *arg) {
@@ -384,18 +502,17 @@ static void *run(void *arg) {
 }
 
 /* Returns 0, or -1 when memory or a thread could not be had (nothing is then valid in out). */
-int pdserve_paged_attend_from(const float *pool, const float *q, int64_t q_stride, float *out,
-                              const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t batch,
-                              int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,
-                              int64_t num_layers, int64_t layer, float scale, int64_t max_len, int64_t threads,
-                              const int64_t *starts) {
+static int attend_from(const void *pool, const float *q, int64_t q_stride, float *out, const int64_t *tables,
+                       int64_t table_stride, const int64_t *lens, int64_t batch, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, int64_t block_size, int64_t num_layers, int64_t layer, float scale,
+                       int64_t max_len, int64_t threads, const int64_t *starts, int kind) {
     if (kv_heads < 1 || heads % kv_heads != 0) return -1;
     int64_t layer_size = 2 * block_size * kv_heads * head_dim;
     if (threads < 1) threads = 1;
     if (threads > batch) threads = batch > 0 ? batch : 1;
-    Work base = {pool, q, q_stride, out, tables, lens, table_stride, heads, kv_heads, head_dim, block_size,
-                 num_layers * layer_size, layer * layer_size, block_size * kv_heads * head_dim,
-                 max_len, scale, 0, 0, starts, 0};
+    Work base = {(const unsigned char *)pool, q, q_stride, out, tables, lens, table_stride, heads, kv_heads, head_dim,
+                 block_size, num_layers * layer_size, layer * layer_size, block_size * kv_heads * head_dim,
+                 max_len, scale, 0, 0, starts, 0, kind};
     Work work[threads];
     pthread_t ids[threads];
     int started[threads];
@@ -415,26 +532,78 @@ int pdserve_paged_attend_from(const float *pool, const float *q, int64_t q_strid
     return status;
 }
 
-/* Every sequence from position 0 (the fused decode step calls this one). */
-int pdserve_paged_decode(const float *pool, const float *q, int64_t q_stride, float *out,
-                         const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t batch, int64_t heads,
-                         int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t num_layers,
-                         int64_t layer, float scale, int64_t max_len, int64_t threads) {
-    return pdserve_paged_attend_from(pool, q, q_stride, out, tables, table_stride, lens, batch, heads, kv_heads,
-                                     head_dim, block_size, num_layers, layer, scale, max_len, threads, NULL);
+/* Each of `rows` tokens' keys and values (kv_heads * head_dim floats each, the tokens k_stride and
+ * v_stride floats apart) stored into `layer` of the pool at its flat slot (block * block_size +
+ * offset), as elements of `kind`. The caller checks every slot first. */
+static inline __attribute__((always_inline)) void store_row(unsigned char *dst, const float *src, int64_t n,
+                                                            const int kind) {
+    if (kind == KV_F32) {
+        memcpy(dst, src, sizeof(float) * n);
+        return;
+    }
+    uint16_t *h = (uint16_t *)dst;
+#ifdef HAVE_F16
+    if (kind == KV_F16) {
+        for (int64_t i = 0; i < n; i++) h[i] = float_to_f16(src[i]);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) h[i] = float_to_bf16(src[i]);
 }
 
-/* Each of `rows` tokens' keys and values (kv_heads * head_dim floats each, the tokens k_stride and
- * v_stride floats apart) copied into `layer` of the pool at its flat slot (block * block_size +
- * offset). The caller checks every slot first. */
-void pdserve_write_kv(float *pool, const float *k, int64_t k_stride, const float *v, int64_t v_stride,
-                      const int64_t *slots, int64_t rows, int64_t kv_heads, int64_t head_dim, int64_t block_size,
-                      int64_t num_layers, int64_t layer) {
-    int64_t row = kv_heads * head_dim, layer_size = 2 * block_size * row;
+static inline __attribute__((always_inline)) void write_kv(void *pool, const float *k, int64_t k_stride,
+                                                           const float *v, int64_t v_stride, const int64_t *slots,
+                                                           int64_t rows, int64_t kv_heads, int64_t head_dim,
+                                                           int64_t block_size, int64_t num_layers, int64_t layer,
+                                                           const int kind) {
+    int64_t row = kv_heads * head_dim, layer_size = 2 * block_size * row, size = kind_size(kind);
     for (int64_t t = 0; t < rows; t++) {
         int64_t block = slots[t] / block_size, offset = slots[t] % block_size;
-        float *keys = pool + block * num_layers * layer_size + layer * layer_size + offset * row;
-        memcpy(keys, k + t * k_stride, sizeof(float) * row);
-        memcpy(keys + block_size * row, v + t * v_stride, sizeof(float) * row);
+        unsigned char *keys =
+            (unsigned char *)pool + (block * num_layers * layer_size + layer * layer_size + offset * row) * size;
+        store_row(keys, k + t * k_stride, row, kind);
+        store_row(keys + block_size * row * size, v + t * v_stride, row, kind);
     }
+}
+
+/* The entry points, one set per kind of pool: attend from each sequence's first position `starts`
+ * (a window: t from starts[b] to lens[b]), attend every sequence from position 0 (the fused
+ * decode step calls this one), and store a layer's new keys and values. */
+#define ENTRY_POINTS(SUFFIX, KIND)                                                                                   \
+    int pdserve_paged_attend_from##SUFFIX(const void *pool, const float *q, int64_t q_stride, float *out,           \
+                                          const int64_t *tables, int64_t table_stride, const int64_t *lens,         \
+                                          int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,         \
+                                          int64_t block_size, int64_t num_layers, int64_t layer, float scale,       \
+                                          int64_t max_len, int64_t threads, const int64_t *starts) {                \
+        return attend_from(pool, q, q_stride, out, tables, table_stride, lens, batch, heads, kv_heads, head_dim,    \
+                           block_size, num_layers, layer, scale, max_len, threads, starts, KIND);                   \
+    }                                                                                                               \
+    int pdserve_paged_decode##SUFFIX(const void *pool, const float *q, int64_t q_stride, float *out,                \
+                                     const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t batch, \
+                                     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size,          \
+                                     int64_t num_layers, int64_t layer, float scale, int64_t max_len,                \
+                                     int64_t threads) {                                                              \
+        return attend_from(pool, q, q_stride, out, tables, table_stride, lens, batch, heads, kv_heads, head_dim,    \
+                           block_size, num_layers, layer, scale, max_len, threads, NULL, KIND);                     \
+    }                                                                                                               \
+    void pdserve_write_kv##SUFFIX(void *pool, const float *k, int64_t k_stride, const float *v, int64_t v_stride,   \
+                                  const int64_t *slots, int64_t rows, int64_t kv_heads, int64_t head_dim,           \
+                                  int64_t block_size, int64_t num_layers, int64_t layer) {                          \
+        write_kv(pool, k, k_stride, v, v_stride, slots, rows, kv_heads, head_dim, block_size, num_layers, layer,    \
+                 KIND);                                                                                              \
+    }
+
+ENTRY_POINTS(, KV_F32)
+ENTRY_POINTS(_bf16, KV_BF16)
+#ifdef HAVE_F16
+ENTRY_POINTS(_f16, KV_F16)
+#endif
+
+/* The kinds of pool this build serves: bit 0 float32, bit 1 bfloat16, bit 2 float16. */
+int pdserve_paged_kv_kinds(void) {
+#ifdef HAVE_F16
+    return 1 | 2 | 4;
+#else
+    return 1 | 2;
+#endif
 }

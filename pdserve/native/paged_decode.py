@@ -1,5 +1,6 @@
 """Decode attention by the C kernel of paged_decode.c: each sequence's keys and values read from
-the paged pool once per layer, the query heads of one KV head together (float32 pools).
+the paged pool once per layer, the query heads of one KV head together (float32 queries; pools of
+float32, bfloat16 or float16: `NativeDecode.serves(dtype)`, half pools widened as they are read).
 
 The second implementation of the decode half of `torch-batched`, beside the sparse products of
 pdserve/attention/pool_rows.py (which read every key once per query head). `load_native_decode()`
@@ -8,7 +9,7 @@ backend keeps the sparse products. tests/native/test_paged_decode.py compares th
 
 Every call takes the pool tensor itself, laid out as pdserve/kv/kv_cache.py has it:
 
-    pool: [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim] float32, contiguous
+    pool: [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim], contiguous
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGS = [_P, _P, _I, _P, _P, _I, _P] + [_I] * 7 + [ctypes.c_float] + [_I] * 2
 _FROM_ARGS = [*_ARGS, _P]  # and each sequence's first position
 _WRITE_ARGS = [_P, _P, _I, _P, _I, _P] + [_I] * 6
+_SUFFIXES = {torch.float32: "", torch.bfloat16: "_bf16", torch.float16: "_f16"}  # the entry points' names by pool
+_KIND_BITS = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 4}  # pdserve_paged_kv_kinds()'s bits
 
 
 @dataclass(frozen=True)
@@ -42,22 +45,34 @@ class NativePlan:
     starts: torch.Tensor | None = None  # [B] int64: each sequence's first position (a window); None: 0
 
 
+@dataclass(frozen=True)
+class _EntryPoints:
+    """The kernel's functions for one kind of pool."""
+
+    decode: ctypes._CFuncPtr
+    attend_from: ctypes._CFuncPtr
+    write: ctypes._CFuncPtr
+
+
 class NativeDecode:
     def __init__(self, library: ctypes.CDLL):
         self.library_name = Path(library._name).name  # names the source, compiler, flags and CPU it was built for
-        self._kernel = library.pdserve_paged_decode
-        self._kernel.argtypes = _ARGS
-        self._kernel.restype = ctypes.c_int
-        self._from = library.pdserve_paged_attend_from
-        self._from.argtypes, self._from.restype = _FROM_ARGS, ctypes.c_int
-        self._write = library.pdserve_write_kv
-        self._write.argtypes = _WRITE_ARGS
-        self._write.restype = None
+        kinds = library.pdserve_paged_kv_kinds
+        kinds.argtypes, kinds.restype = [], ctypes.c_int
+        served = kinds()
+        self._entries = {dtype: _entry_points(library, suffix) for dtype, suffix in _SUFFIXES.items()
+                         if served & _KIND_BITS[dtype]}
 
-    def addresses(self) -> dict[str, int]:
-        """The attention and K/V copy's C addresses, for a caller composing kernels in C
-        (pdserve/cpu/fused_decode.py)."""
-        return {"attend": function_address(self._kernel), "write_kv": function_address(self._write)}
+    def serves(self, dtype: torch.dtype) -> bool:
+        """Whether the kernel reads and writes pools of `dtype` (float16: where it was compiled
+        with _Float16)."""
+        return dtype in self._entries
+
+    def addresses(self, dtype: torch.dtype = torch.float32) -> dict[str, int]:
+        """The attention and K/V copy's C addresses for pools of `dtype`, for a caller composing
+        kernels in C (pdserve/cpu/fused_decode.py)."""
+        entries = self._entries[dtype]
+        return {"attend": function_address(entries.decode), "write_kv": function_address(entries.write)}
 
     def plan(self, tables: torch.Tensor, lens: list[int], pool: torch.Tensor,
              starts: list[int] | None = None) -> NativePlan:
@@ -89,7 +104,8 @@ class NativeDecode:
         args = (pool.data_ptr(), q.data_ptr(), q.stride(0), out.data_ptr(), plan.tables.data_ptr(),
                 plan.tables.shape[1], plan.lens.data_ptr(), batch, heads, kv_heads, dim, block_size,
                 layers, layer, 1 / math.sqrt(dim) if scale is None else scale, plan.max_len, plan.threads)
-        status = self._kernel(*args) if plan.starts is None else self._from(*args, plan.starts.data_ptr())
+        entries = self._entries[pool.dtype]
+        status = entries.decode(*args) if plan.starts is None else entries.attend_from(*args, plan.starts.data_ptr())
         if status != 0:
             raise MemoryError("the decode attention kernel could not allocate its scratch or threads")
         return out
@@ -106,12 +122,24 @@ class NativeDecode:
 
     def write(self, pool: torch.Tensor, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
-        """KVCache.write's copy for float32 pools, from k, v [T, Hkv, D] whose rows may be strided
-        (views of the fused projection's output), at slots `slots_problem` has passed."""
+        """KVCache.write's copy, from float32 k, v [T, Hkv, D] whose rows may be strided (views of
+        the fused projection's output) into the pool's elements (a half pool rounds them to nearest,
+        as torch converts), at slots `slots_problem` has passed."""
         _, layers, _, block_size, kv_heads, head_dim = pool.shape
         k, v = _rows(k), _rows(v)
-        self._write(pool.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slot_mapping.data_ptr(),
-                    slot_mapping.numel(), kv_heads, head_dim, block_size, layers, layer)
+        self._entries[pool.dtype].write(pool.data_ptr(), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                                        slot_mapping.data_ptr(), slot_mapping.numel(), kv_heads, head_dim, block_size,
+                                        layers, layer)
+
+
+def _entry_points(library: ctypes.CDLL, suffix: str) -> _EntryPoints:
+    decode = getattr(library, f"pdserve_paged_decode{suffix}")
+    decode.argtypes, decode.restype = _ARGS, ctypes.c_int
+    attend_from = getattr(library, f"pdserve_paged_attend_from{suffix}")
+    attend_from.argtypes, attend_from.restype = _FROM_ARGS, ctypes.c_int
+    write = getattr(library, f"pdserve_write_kv{suffix}")
+    write.argtypes, write.restype = _WRITE_ARGS, None
+    return _EntryPoints(decode, attend_from, write)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -72,15 +72,16 @@ def store_key(stage: str, rank: int) -> str:
 def build_state(spec: FollowerSpec, comm: Communicator) -> FollowerState:
     from pdserve.attention import make_attention_backend
     from pdserve.kv.kv_cache import kv_pools
-    from pdserve.model.dtypes import serving_dtype
+    from pdserve.model.dtypes import kv_cache_dtype, serving_dtype
     from pdserve.parallel.shard_load import load_model_shard
 
     cfg, device = spec.engine, rank_device(spec.engine.device, spec.rank)
     dtype = serving_dtype(cfg.dtype, device)
+    kv_dtype = kv_cache_dtype(cfg.cache.kv_dtype, dtype, device)
     loaded = load_model_shard(cfg.model, device, dtype, comm)
     kv, host_kv = kv_pools(loaded.config.kv_shape(cfg.cache.block_size), loaded.config.page_groups(),
-                           cfg.cache.num_blocks, cfg.cache.num_host_blocks, dtype, device)
-    attn = make_attention_backend(cfg.attention_backend, device, dtype)
+                           cfg.cache.num_blocks, cfg.cache.num_host_blocks, kv_dtype, device)
+    attn = make_attention_backend(cfg.attention_backend, device, kv_dtype, compute_dtype=dtype)
     return FollowerState(loaded.model, kv, host_kv, attn, device)
 
 

@@ -13,7 +13,7 @@ from pdserve.attention.torch_backend import TorchAttentionBackend
 from pdserve.kv.kv_cache import KVCache
 from pdserve.kv.kv_shape import KVShape
 from tests.attention.naive import naive_attention
-from tests.attention.test_attention_torch import LAYERS, Case, build, new_rows
+from tests.attention.test_attention_torch import LAYERS, Case, build, new_kv, new_rows
 
 DECODES = ["native", "sparse"]
 
@@ -35,11 +35,7 @@ def run_both(cases, heads, kv_heads, head_dim=16, block_size=4, seed=0, shuffle=
     ref.begin(batch, ref_kv)
     worst = 0.0
     for layer in range(LAYERS):
-        k = torch.empty(batch.num_tokens, kv_heads, head_dim)
-        v = torch.empty_like(k)
-        for i, case in enumerate(cases):
-            k[new_rows(batch, i)] = keys[i][layer, case.cached :]
-            v[new_rows(batch, i)] = values[i][layer, case.cached :]
+        k, v = new_kv(batch, cases, keys, values, layer)
         out = ours.forward(layer, q[layer], k, v, kv)
         expected_all = ref.forward(layer, q[layer], k, v, ref_kv)
         assert out.shape == q[layer].shape
@@ -113,16 +109,40 @@ def test_a_decode_in_the_last_block_of_the_pool_reads_inside_it(decodes):
 def test_factory_gives_it_on_cpu_and_refuses_elsewhere():
     assert isinstance(make_attention_backend("torch-batched", "cpu", torch.float32), BatchedTorchBackend)
     with pytest.raises(AttentionBackendUnavailable, match="float32/float64"):
-        make_attention_backend("torch-batched", "cpu", torch.bfloat16)
+        make_attention_backend("torch-batched", "cpu", torch.bfloat16)  # below a bfloat16 model
     with pytest.raises(AttentionBackendUnavailable, match="runs on the CPU"):
         make_attention_backend("torch-batched", "cuda", torch.float32)
 
 
-def test_a_half_precision_pool_is_refused_at_begin():
+def test_a_pool_of_another_kind_is_refused_at_begin():
     kv, batch, *_ = build([Case(3, 1)], 4, 2, 8, 4, seed=0)
-    kv.data = kv.data.to(torch.bfloat16)
-    with pytest.raises(ValueError, match="float32/float64"):
+    kv.data = kv.data.to(torch.int16)
+    with pytest.raises(ValueError, match="float32/float64/bfloat16/float16"):
         BatchedTorchBackend().begin(batch, kv)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seed", range(2))
+def test_a_half_pool_below_float32_queries_computes_as_the_reference_reads_it(dtype, seed, decodes):
+    """Chunks and decodes over a half pool (its keys and values rounded as stored, widened as
+    read): the same outputs as the reference backend over a copy of the pool, and the same pool
+    after (the C kernel's copy rounds as torch converts)."""
+    if decodes is not None and not decodes.serves(dtype):
+        pytest.skip(f"the kernel was compiled without {dtype}")
+    cases = [Case(0, 12), Case(7, 1), Case(20, 9), Case(0, 1), Case(33, 1), Case(9, 30)]
+    full, batch, q, keys, values = build(cases, 9, 3, 16, 4, seed, seed % 2 == 1)
+    pools = [KVCache(full.shape, full.num_blocks, dtype, "cpu") for _ in range(2)]
+    for kv in pools:
+        kv.data.copy_(full.data)
+    ours, ref = BatchedTorchBackend(decodes), TorchAttentionBackend()
+    for backend, kv in zip((ours, ref), pools):
+        backend.begin(batch, kv)
+    for layer in range(LAYERS):
+        k, v = new_kv(batch, cases, keys, values, layer)
+        out, expected = (backend.forward(layer, q[layer], k, v, kv) for backend, kv in zip((ours, ref), pools))
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(pools[0].data, pools[1].data)
 
 
 def test_forward_before_begin_is_an_error():

@@ -85,7 +85,7 @@ def test_flashinfer_backend_wiring_against_a_documented_stand_in(fake_flashinfer
     """The backend plans once per pass, passes the strided per-layer pool view, and returns rows
     in batch order: checked on CPU against dense attention through a fake of flashinfer's API."""
     from pdserve.attention.flashinfer_backend import FlashInferBackend
-    from tests.attention.test_attention_torch import LAYERS, Case, build, new_rows
+    from tests.attention.test_attention_torch import LAYERS, Case, build, new_kv, new_rows
 
     cases = [Case(0, 7), Case(9, 1), Case(20, 6), Case(3, 1)]
     kv, batch, q, keys, values = build(cases, 6, 2, 16, 4, seed=2, shuffle=shuffle)
@@ -93,11 +93,7 @@ def test_flashinfer_backend_wiring_against_a_documented_stand_in(fake_flashinfer
     backend = FlashInferBackend("cpu")
     backend.begin(batch, kv)
     for layer in range(LAYERS):
-        k = torch.empty(batch.num_tokens, 2, 16)
-        v = torch.empty_like(k)
-        for i, case in enumerate(cases):
-            k[new_rows(batch, i)] = keys[i][layer, case.cached :]
-            v[new_rows(batch, i)] = values[i][layer, case.cached :]
+        k, v = new_kv(batch, cases, keys, values, layer)
         out = backend.forward(layer, q[layer].bfloat16(), k.bfloat16(), v.bfloat16(), kv)
         for i, case in enumerate(cases):
             expected = naive_attention(q[layer][new_rows(batch, i)], keys[i][layer], values[i][layer], case.cached)

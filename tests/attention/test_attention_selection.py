@@ -38,6 +38,16 @@ def test_auto_on_the_cpu_is_torch_batched_for_full_precision_and_torch_otherwise
     assert choose_backend("auto", "cpu", "device cpu is not CUDA") == BackendChoice("torch")
 
 
+@pytest.mark.parametrize("pool", [torch.bfloat16, torch.float16])
+def test_auto_on_the_cpu_is_torch_batched_for_a_half_pool_below_a_float32_model_only(pool):
+    cpu = "device cpu is not CUDA"
+    assert choose_backend("auto", "cpu", cpu, pool, torch.float32) == BackendChoice("torch-batched")
+    assert choose_backend("auto", "cpu", cpu, pool, pool) == BackendChoice("torch")  # a half model: the reference
+    assert isinstance(make_attention_backend("auto", "cpu", pool, compute_dtype=torch.float32), BatchedTorchBackend)
+    with pytest.raises(AttentionBackendUnavailable, match="a half KV pool below a float32 model"):
+        make_attention_backend("torch-batched", "cpu", pool, compute_dtype=pool)
+
+
 @pytest.mark.parametrize("name", ["torch", "torch-batched"])
 def test_a_named_backend_is_taken_as_given(name):
     assert choose_backend(name, "cuda", None) == BackendChoice(name)

@@ -70,16 +70,22 @@ def new_rows(batch: ForwardBatch, index: int) -> slice:
     return slice(span.query_start, span.query_start + span.query_len)
 
 
+def new_kv(batch: ForwardBatch, cases, keys, values, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pass's new keys and values of `layer` ([tokens, Hkv, D] each): every case's past its cache."""
+    k = torch.empty(batch.num_tokens, *keys[0].shape[2:])
+    v = torch.empty_like(k)
+    for i, case in enumerate(cases):
+        k[new_rows(batch, i)] = keys[i][layer, case.cached :]
+        v[new_rows(batch, i)] = values[i][layer, case.cached :]
+    return k, v
+
+
 def run_and_check(cases, heads, kv_heads, head_dim=16, block_size=4, seed=0, shuffle=False):
     kv, batch, q, keys, values = build(cases, heads, kv_heads, head_dim, block_size, seed, shuffle)
     backend = TorchAttentionBackend()
     backend.begin(batch, kv)
     for layer in range(LAYERS):
-        k = torch.empty(batch.num_tokens, kv_heads, head_dim)
-        v = torch.empty_like(k)
-        for i, case in enumerate(cases):
-            k[new_rows(batch, i)] = keys[i][layer, case.cached :]
-            v[new_rows(batch, i)] = values[i][layer, case.cached :]
+        k, v = new_kv(batch, cases, keys, values, layer)
         out = backend.forward(layer, q[layer], k, v, kv)
         assert out.shape == q[layer].shape
         for i, case in enumerate(cases):

@@ -1,4 +1,5 @@
-"""The serving dtype by device, with the device's facts given (no GPU needed)."""
+"""The serving dtype by device, and the KV cache's below it, with the device's facts given (no GPU
+needed)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from pdserve.config import DTYPE_NAMES
-from pdserve.model.dtypes import DeviceFacts, resolve_dtype, serving_dtype
+from pdserve.model.dtypes import DeviceFacts, resolve_dtype, resolve_kv_dtype, serving_dtype
 
 CPU = DeviceFacts("cpu")
 AMPERE = DeviceFacts("cuda", bf16_supported=True)
@@ -47,3 +48,30 @@ def test_probing_a_cuda_device_reads_bf16_support(monkeypatch, supported):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback without CUDA")
 def test_a_cuda_device_without_cuda_reports_no_bf16():
     assert DeviceFacts.probe("cuda") == TURING
+
+
+
+@pytest.mark.parametrize("serving", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_kv_cache_holds_the_models_dtype_by_default(serving):
+    assert resolve_kv_dtype("auto", serving, CPU) == serving and resolve_kv_dtype("auto", serving, AMPERE) == serving
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_a_half_kv_cache_below_a_float32_model_on_a_cpu(name):
+    assert resolve_kv_dtype(name, torch.float32, CPU) == getattr(torch, name)
+
+
+@pytest.mark.parametrize(("name", "serving", "facts"), [
+    ("bfloat16", torch.float32, AMPERE),  # flashinfer reads the queries' dtype
+    ("float16", torch.bfloat16, AMPERE),
+    ("float32", torch.bfloat16, CPU),  # a wider cache than the model: nothing reads it
+    ("float16", torch.bfloat16, CPU),
+])
+def test_any_other_kv_cache_is_refused_saying_what_is_served(name, serving, facts):
+    with pytest.raises(ValueError, match="bfloat16 or float16 below a float32 model on a CPU"):
+        resolve_kv_dtype(name, serving, facts)
+
+
+def test_an_unknown_kv_cache_dtype_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="auto, float32, bfloat16, float16"):
+        resolve_kv_dtype("fp8", torch.float32, CPU)

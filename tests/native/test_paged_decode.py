@@ -2,8 +2,9 @@
 segments (64, 128, any multiple of 16 up to 256) and that go a position at a time (a lane tail, or
 over 256), block sizes below, at and above a segment, query-head groups that make one span, several
 (full and a remainder) or single heads, threads; the plan refusing what the kernel could not
-read safely; a machine where the kernel cannot be built keeps torch-batched working on its sparse
-products, saying why once."""
+read safely; pools of bfloat16 and float16 (each element widened to float32 as it is read, every
+sum float32; the kernel's copy into them rounding as torch converts); a machine where the kernel
+cannot be built keeps torch-batched working on its sparse products, saying why once."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.attention.naive import naive_attention
 from tests.helpers.kernels import decode_kernel
 
 LAYERS = 3
+POOL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +33,12 @@ def native_decode() -> NativeDecode:
     return decode_kernel()
 
 
-def random_pool(lengths, heads, kv_heads, head_dim, block_size, seed):
+def random_pool(lengths, heads, kv_heads, head_dim, block_size, seed, dtype=torch.float32):
     """A pool of random K/V, each sequence on shuffled blocks; returns kv, spans, q [L, B, H, D]."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-n // block_size) for n in lengths]
-    kv = KVCache(KVShape(LAYERS, kv_heads, head_dim, block_size), sum(need) + 2, torch.float32, "cpu")
-    kv.data.normal_(generator=gen)
+    kv = KVCache(KVShape(LAYERS, kv_heads, head_dim, block_size), sum(need) + 2, dtype, "cpu")
+    kv.data.copy_(torch.randn(kv.data.shape, generator=gen))
     order = torch.randperm(kv.num_blocks, generator=gen).tolist()
     spans, start = [], 0
     for i, (n, blocks) in enumerate(zip(lengths, need)):
@@ -58,14 +60,19 @@ def dense_context(kv: KVCache, span: SeqSpan, layer: int):
                           (5, 1, 64), (12, 12, 64), (4, 2, 256), (2, 1, 272)])
 @pytest.mark.parametrize("block_size", [16, 8, 32])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_kernel_equals_dense_attention(native_decode, heads, kv_heads, head_dim, block_size, threads):
+@pytest.mark.parametrize("dtype", POOL_DTYPES)
+def test_the_kernel_equals_dense_attention(native_decode, heads, kv_heads, head_dim, block_size, threads, dtype):
+    """A half pool's keys and values are compared as what they hold: the same values in float64."""
+    if not native_decode.serves(dtype):
+        pytest.skip(f"the kernel was compiled without {dtype} (no _Float16 in this compiler)")
     lengths = [1, 5, 16, 17, 31, 33, 63, 130]
-    kv, spans, q = random_pool(lengths, heads, kv_heads, head_dim, block_size, seed=heads + head_dim + block_size)
+    kv, spans, q = random_pool(lengths, heads, kv_heads, head_dim, block_size, seed=heads + head_dim + block_size,
+                               dtype=dtype)
     plan = dataclasses.replace(plan_native_decodes(native_decode, spans, kv), threads=threads)
     for layer in range(LAYERS):
         out = native_decode.attend(q[layer], kv.data, layer, plan)
         for b, span in enumerate(spans):
-            keys, values = dense_context(kv, span, layer)
+            keys, values = (x.float() for x in dense_context(kv, span, layer))
             expected = naive_attention(q[layer][b : b + 1], keys, values, span.context_len - 1)
             torch.testing.assert_close(out[b : b + 1].double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -136,9 +143,14 @@ def test_loading_the_kernel_leaves_the_process_floating_point_state_alone(native
     assert np.float32(1e-38) / np.float32(1000) > 0
 
 
-def test_the_kernels_copy_into_the_pool_equals_kv_write(native_decode):
-    kv, _, _ = random_pool([40], 4, 2, 16, block_size=8, seed=5)
-    expected = KVCache(kv.shape, kv.num_blocks, torch.float32, "cpu")
+@pytest.mark.parametrize("dtype", POOL_DTYPES)
+def test_the_kernels_copy_into_the_pool_equals_kv_write(native_decode, dtype):
+    """Into a half pool too, bit for bit: the kernel rounds a float to nearest, ties to even, as
+    torch converts (KVCache.write)."""
+    if not native_decode.serves(dtype):
+        pytest.skip(f"the kernel was compiled without {dtype} (no _Float16 in this compiler)")
+    kv, _, _ = random_pool([40], 4, 2, 16, block_size=8, seed=5, dtype=dtype)
+    expected = KVCache(kv.shape, kv.num_blocks, dtype, "cpu")
     expected.data.copy_(kv.data)
     fused = torch.randn(6, 8 * 16)  # as the qkv projection's output: q heads, then k, then v
     k, v = fused[:, 4 * 16 : 6 * 16].view(6, 2, 16), fused[:, 6 * 16 :].view(6, 2, 16)  # strided rows
