@@ -21,8 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "pdserve/procs", "pdserve/native"),
     # memory and measurement: KV blocks, sampling, structured output's grammars, the machine's figures,
     # telemetry
-    ("pdserve/kv", "pdserve/sampling", "pdserve/grammar", "pdserve/measurements.py", "pdserve/probe_clock.py",
-     "pdserve/telemetry"),
+    ("pdserve/kv", "pdserve/sampling", "pdserve/grammar", "pdserve/measurements.py", "pdserve/telemetry"),
     # request checks (a constraint's grammar included)
     ("pdserve/validation.py",),
     # the engine's parts: scheduling, attention, checkpoints read without torch, KV transfer; admission

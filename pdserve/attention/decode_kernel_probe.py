@@ -11,6 +11,7 @@ the kernel whose total is smaller; cached per machine and model shape (pdserve/m
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,6 @@ from pdserve.attention.pool_rows import SUPPORTED_DTYPES
 from pdserve.kv.kv_cache import KVCache
 from pdserve.kv.kv_shape import KVShape
 from pdserve.measurements import measured
-from pdserve.probe_clock import clock_name, probe_clock
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ def tune_decode_kernel(attn: AttentionBackend, shape: KVShape, heads: int,
     kernel built, or a `pool` of half precision: the sparse products do not read one)."""
     if not isinstance(attn, BatchedTorchBackend) or attn.native is None or pool not in SUPPORTED_DTYPES:
         return None
-    key = {"kernel": attn.native.library_name, "threads": torch.get_num_threads(), "clock": clock_name(),
-           "heads": heads, "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim, "block_size": shape.block_size,
+    key = {"kernel": attn.native.library_name, "threads": torch.get_num_threads(), "heads": heads,
+           "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim, "block_size": shape.block_size,
            "shapes": PROBE_SHAPES}
     timings = DecodeKernelTimings.from_json(measured("decode-attention", key,
                                                      lambda: measure_kernels(attn, shape, heads).to_json()))
@@ -101,8 +101,7 @@ def _case(batch: int, context: int, shape: KVShape, heads: int, gen: torch.Gener
 
 
 def _time(backend: BatchedTorchBackend, batch: ForwardBatch, kv: KVCache, q, k, v) -> float:
-    clock = probe_clock()
-    started = clock()
+    started = time.perf_counter()
     backend.begin(batch, kv)
     backend.forward(0, q, k, v, kv)
-    return clock() - started
+    return time.perf_counter() - started

@@ -16,6 +16,7 @@ them per machine (pdserve/measurements.py); `pdserve info` prints them.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from pdserve.probe_clock import probe_clock
 from pdserve.model.layers import Linear
 from pdserve.model.row_route import PACKED, PANEL_MAX_ROWS, PANELS, RowRoute
 
@@ -119,14 +119,12 @@ def probe_products(shapes: dict[tuple[int, int], int], layouts: dict[str, Pack],
 
 
 def _time(product: Callable[..., torch.Tensor], x: torch.Tensor) -> float:
-    """Mean seconds of one product, over as many as take MIN_SECONDS (the first not counted), by
-    the probe's clock (pdserve/cpu/probe_clock.py)."""
+    """Mean seconds of one product, over as many as take MIN_SECONDS (the first not counted)."""
     product(x, None)
-    clock = probe_clock()
-    calls, started = 0, clock()
+    calls, started = 0, time.perf_counter()
     while True:
         product(x, None)
         calls += 1
-        took = clock() - started
+        took = time.perf_counter() - started
         if took >= MIN_SECONDS:
             return took / calls

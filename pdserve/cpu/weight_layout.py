@@ -41,7 +41,6 @@ from pdserve.model.layers import Linear
 from pdserve.model.row_route import DEFAULT_ROUTE, DENSE, MIN_PACKED_ROWS, PACKED, RowRoute
 from pdserve.model.row_route import PANELS as PANEL_ROUTE
 from pdserve.native.row_panels import RowPanels
-from pdserve.probe_clock import clock_name
 
 # the packings in the order `auto` prefers them (measured: docs/BENCHMARKS.md, "oneDNN weights and a segment kernel")
 _PACKING_TYPES: dict[str, type[PackedWeight]] = {"onednn": OneDnnWeight, "mkl": MklPanels}
@@ -179,7 +178,7 @@ def measure_head(head: Linear, layout: WeightLayout, panels: RowPanels | None) -
 
 def _measured(kind: str, shapes: dict[tuple[int, int], int], layouts: dict[str, Pack], panels: RowPanels | None,
               rows: tuple[int, ...]) -> ProductRates:
-    depends_on = {"shapes": sorted(shapes.items()), "layouts": sorted(layouts), "threads": torch.get_num_threads(), "clock": clock_name(),
+    depends_on = {"shapes": sorted(shapes.items()), "layouts": sorted(layouts), "threads": torch.get_num_threads(),
                   "panels": panels.library_name if panels is not None else None}
     if rows != PROBE_ROWS:
         depends_on["rows"] = list(rows)

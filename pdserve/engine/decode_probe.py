@@ -18,6 +18,7 @@ as anyone's KV.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,6 @@ from pdserve.attention.base import AttentionBackend
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.kv.kv_cache import KVCache
 from pdserve.measurements import measured
-from pdserve.probe_clock import clock_name, probe_clock
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def tune_fused_rows(model, kv: KVCache, attn: AttentionBackend, depends_on: dict
         fused.max_rows = 0  # it never serves a pass here: say so
         return None
     batches = tuple(b for b in PROBE_BATCHES if b <= fused.max_rows)
-    key = {**depends_on, "batches": batches, "block_size": kv.block_size, "clock": clock_name()}
+    key = {**depends_on, "batches": batches, "block_size": kv.block_size}
     timings = DecodeTimings.from_json(measured("fused-decode", key,
                                                lambda: measure_decode(model, kv, attn, batches).to_json()))
     fused.max_rows = fused_rows(timings)
@@ -130,7 +130,6 @@ def _fuses(model, kv: KVCache, attn: AttentionBackend) -> bool:
 
 
 def _time(model, batch: ForwardBatch, kv: KVCache, attn: AttentionBackend) -> float:
-    clock = probe_clock()
-    started = clock()
+    started = time.perf_counter()
     model.forward(batch, kv, attn)
-    return clock() - started
+    return time.perf_counter() - started
