@@ -269,9 +269,14 @@ def test_a_router_sigkilled_as_a_drain_moves_its_streams_loses_no_token(fleet):
     http = fleet.routers[0].http_port
     drained: list[Child] = []
 
-    def drain_then_kill() -> None:  # a decode worker that holds some of them (which: the router's choice)
-        drained.append(next(d for d in fleet.decode
-                            if worker_stats(f"127.0.0.1:{d.port}", "decode").requests_running > 0))
+    def running_some() -> Child | None:
+        return next((d for d in fleet.decode if worker_stats(f"127.0.0.1:{d.port}", "decode").requests_running > 0),
+                    None)
+
+    def drain_then_kill() -> None:  # a decode worker that decodes some of them (which: the router's choice)
+        # a first token comes from the prefill worker: a stream may still be receiving its KV, or
+        # queued, on its decode worker then
+        drained.append(wait_for(running_some, 60, "a decode worker decoding some of the streams"))
         fleet.sup.kill(drained[0], signal.SIGTERM)
         wait_for(lambda: sum(counters(http, "pdserve_departures").values()) > 0, 60, "router 0 moving streams")
         fleet.sup.kill(fleet.routers[0])
