@@ -1,12 +1,15 @@
-"""A fleet whose workers hold bfloat16 KV below a float32 model (`--kv-cache-dtype bfloat16`): the
-prefill worker's half blocks travel to the decode worker, which decodes over them; greedy outputs
-follow transformers over a cache rounded alike (tests/engine/test_engine_kv_dtype.py says why up
-to near ties), and the decode worker's pool holds half the bytes a float32 one would."""
+"""A fleet whose workers hold bfloat16 KV below a float32 model (`--kv-cache-dtype bfloat16`), one
+prefill and two decode workers: the prefill worker's half blocks travel to a decode worker, which
+decodes over them; greedy outputs follow transformers over a cache rounded alike
+(tests/engine/test_engine_kv_dtype.py says why up to near ties), also for streams whose decode
+worker is killed under them (resumed on the other), every worker left at zero active blocks; a
+prompt moves two bytes an element."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from pdserve.client import Client, ClientOptions
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.reference import hf_greedy, parted_off_a_tie
-from tests.helpers.waiting import wait_until
+from tests.helpers.waiting import wait_for, wait_until
 from tests.helpers.worker_stats import worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(600)]
@@ -41,14 +44,16 @@ def fleet(tiny):
              "--host-kv-blocks", "16", "--token-budget", "256", "--max-chunk-tokens", "16",
              "--kv-cache-dtype", "bfloat16", *cluster_flags(sup.workdir)]
     try:
-        workers = [sup.spawn(role, [role, *flags]) for role in ("prefill", "decode")]
-        p, d = (f"127.0.0.1:{sup.wait_ready(w, 300)}" for w in workers)
-        router = sup.spawn("router", ["router", "--port", "0", "--model", str(tiny), "--prefill-workers", p,
-                                      "--decode-workers", d, *cluster_flags(sup.workdir)])
+        workers = {name: sup.spawn(name, [name.split("-")[0], *flags]) for name in ("prefill", "decode-0", "decode-1")}
+        addresses = {name: f"127.0.0.1:{sup.wait_ready(w, 300)}" for name, w in workers.items()}
+        decodes = ",".join(addresses[n] for n in ("decode-0", "decode-1"))
+        router = sup.spawn("router", ["router", "--port", "0", "--model", str(tiny), "--prefill-workers",
+                                      addresses["prefill"], "--decode-workers", decodes, *cluster_flags(sup.workdir)])
         address = f"127.0.0.1:{sup.wait_ready(router, 300)}"
         wait_serving(address, 60)
         with Client(address, ClientOptions(timeout_s=300)) as client:
-            yield {"client": client, "prefill": p, "decode": d}
+            yield {"client": client, "sup": sup, "workers": workers, "prefill": addresses["prefill"],
+                   "decode": addresses["decode-0"], "decodes": {n: addresses[n] for n in ("decode-0", "decode-1")}}
     finally:
         sup.stop()
 
@@ -65,8 +70,7 @@ def test_greedy_through_a_bfloat16_fleet_follows_transformers_over_a_cache_round
         theirs = hf_greedy(model, prompt, NEW_TOKENS, torch.bfloat16)
         problem = parted_off_a_tie(model, prompt, list(result.token_ids), theirs, torch.bfloat16, MARGIN_TOLERANCE)
         assert problem is None, problem
-    wait_until(lambda: all(worker_stats(fleet[r], r).blocks_active == 0 for r in ("prefill", "decode")), 30,
-               "every worker back to zero active blocks")
+    _idle(fleet, fleet["decodes"].values())
 
 
 def test_the_workers_say_they_hold_bfloat16_kv_and_a_prompt_moves_two_bytes_an_element(tiny, fleet):
@@ -79,3 +83,33 @@ def test_the_workers_say_they_hold_bfloat16_kv_and_a_prompt_moves_two_bytes_an_e
     prompt = list(range(50, 87))  # 37 tokens: three blocks of 16
     result = fleet["client"].generate(token_ids=prompt, max_tokens=2, temperature=0, ignore_eos=True)
     assert result.usage.kv_transfer_bytes == 3 * block_bytes
+
+
+def test_streams_whose_decode_worker_is_killed_resume_over_the_other_and_follow_transformers(tiny, fleet):
+    """Run last: it kills a decode worker. The streams resume on the other (their prompt and tokens
+    so far prefilled again, the half blocks sent there); each still follows transformers."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    prompts, tokens = [list(range(100 + 7 * i, 140 + 7 * i)) for i in range(4)], 400  # 440 of 512 positions
+
+    def busy() -> str | None:
+        return next((n for n, a in fleet["decodes"].items() if worker_stats(a, "decode").requests_running > 0), None)
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(fleet["client"].generate, token_ids=p, max_tokens=tokens, temperature=0,
+                               ignore_eos=True) for p in prompts]
+        victim = wait_for(busy, 120, "a decode worker decoding some of the streams")
+        fleet["sup"].kill(fleet["workers"][victim], signal.SIGKILL)
+        results = [f.result() for f in futures]
+    for prompt, result in zip(prompts, results):
+        theirs = hf_greedy(model, prompt, tokens, torch.bfloat16)
+        problem = parted_off_a_tie(model, prompt, list(result.token_ids), theirs, torch.bfloat16, MARGIN_TOLERANCE)
+        assert problem is None, problem
+    _idle(fleet, [a for n, a in fleet["decodes"].items() if n != victim])
+
+
+def _idle(fleet, decodes) -> None:
+    wait_until(lambda: worker_stats(fleet["prefill"], "prefill").blocks_active == 0
+               and all(worker_stats(a, "decode").blocks_active == 0 for a in decodes), 30,
+               "every worker back to zero active blocks")
