@@ -36,7 +36,7 @@ $(GRPCURL): | $(STAMP)
 	mv $@.part $@
 
 run: install
-	$(VENV)/bin/pdserve up --demo
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pdserve up --demo
 
 # TEST_PROCESSES: pytest-xdist processes (tests/conftest.py keeps each module, and the fleets that
 # serve the embedded model, in one process): 707 s against 1083 s on a 2-core machine.
@@ -46,9 +46,10 @@ run: install
 TEST_PROCESSES ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadgroup --max-worker-restart=0)
 
-# PYTHONDONTWRITEBYTECODE emptied: where a machine sets it, every process the suite starts (its
-# workers, routers and CLIs) would compile the project's modules again, and pytest would
-# rewrite every test module's asserts again in each of its processes.
+# PYTHONDONTWRITEBYTECODE emptied (here and for `run`): where a machine sets it, every process the
+# suite starts (its workers, routers and CLIs) would compile the project's modules again (0.5 s a
+# worker's start on a 2-core VM), and pytest would rewrite every test module's asserts again in
+# each of its processes.
 test: install
 	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -q $(XDIST) --durations=25
 
