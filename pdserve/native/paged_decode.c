@@ -69,7 +69,16 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-#ifdef __FLT16_MAX__
+/* float16: the F16C instructions where the target has them (every AVX2 part), else the compiler's
+ * _Float16 (whose conversions, without F16C, are calls: a float16 pool then reads slower than a
+ * float32 one). */
+#if defined(__F16C__)
+#include <immintrin.h>
+#define HAVE_F16 1
+static inline float f16_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+static inline uint16_t float_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+#elif defined(__FLT16_MAX__)
 #define HAVE_F16 1
 static inline float f16_to_float(uint16_t h) {
     _Float16 x;
@@ -252,8 +261,27 @@ static inline void store_seg(float *p, vseg v) { memcpy(p, &v, sizeof v); }
 
 typedef uint16_t vhalf __attribute__((vector_size(SEGMENT * sizeof(uint16_t))));
 typedef uint32_t vword __attribute__((vector_size(SEGMENT * sizeof(uint32_t))));
-#ifdef HAVE_F16
+#if defined(HAVE_F16) && !defined(__F16C__)
 typedef _Float16 vf16 __attribute__((vector_size(SEGMENT * sizeof(_Float16))));
+#endif
+
+/* SEGMENT float16s widened: one vcvtph2ps where the target has F16C. */
+#ifdef HAVE_F16
+static inline __attribute__((always_inline)) vseg widen_f16(const unsigned char *p) {
+    vseg v;
+#if defined(__F16C__) && SEGMENT == 16
+    __m512 w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    memcpy(&v, &w, sizeof v);
+#elif defined(__F16C__) && SEGMENT == 8
+    __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    memcpy(&v, &w, sizeof v);
+#else
+    vf16 h;
+    memcpy(&h, p, sizeof h);
+    v = __builtin_convertvector(h, vseg);
+#endif
+    return v;
+}
 #endif
 
 /* SEGMENT elements of a pool row of `kind`, widened to floats (a bfloat16 is the top half of its
@@ -265,11 +293,7 @@ static inline __attribute__((always_inline)) vseg load_kv_seg(const unsigned cha
         return v;
     }
 #ifdef HAVE_F16
-    if (kind == KV_F16) {
-        vf16 h;
-        memcpy(&h, p, sizeof h);
-        return __builtin_convertvector(h, vseg);
-    }
+    if (kind == KV_F16) return widen_f16(p);
 #endif
     vhalf h;
     memcpy(&h, p, sizeof h);
