@@ -10,7 +10,8 @@ A second implementation of the torch backend's contract, for passes dominated by
     windowed layer's decodes over one) as the reference gathers them; no per-layer gather of each
     sequence's K/V where the kernel or the products read them, no padding to the longest context;
   * each layer's new keys and values copied into the pool by that kernel's library where it
-    runs (float32; one copy per token from the projection's output), else by KVCache.write;
+    runs (one copy per token from the projection's output, rounded into a half pool), else by
+    KVCache.write;
   * every longer chunk exactly as the reference backend computes it (SDPA on the chunk, or on
     its context read from the pool), which is compute-bound and already runs at the matmul rate.
 
