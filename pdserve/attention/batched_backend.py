@@ -34,11 +34,10 @@ import torch
 from pdserve.attention.base import AttentionBackend, FULL_ATTENTION, LayerAttention, PlanKey, layer_keys, plan_keys
 from pdserve.attention.batch import ForwardBatch, SeqSpan
 from pdserve.attention.pool_rows import SUPPORTED_DTYPES, PoolRows, block_tables, plan_pool_rows, pool_attention
+from pdserve.attention.selection import HALF_DTYPES
 from pdserve.attention.torch_backend import Chunk, DecodeGroup, attend_chunk, attend_decode, plan_chunk, plan_decode
 from pdserve.kv.kv_cache import KVCache
 from pdserve.native.paged_decode import NativeDecode, NativePlan
-
-HALF_POOLS = (torch.bfloat16, torch.float16)  # read below a float32 model, widened as read
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class BatchedTorchBackend(AttentionBackend):
         self._keys: tuple[PlanKey, ...] = ()  # each layer's (group, kind), set by begin
 
     def begin(self, batch: ForwardBatch, kv: KVCache, layers: Sequence[LayerAttention] = ()) -> None:
-        if kv.data.dtype not in (*SUPPORTED_DTYPES, *HALF_POOLS):
+        if kv.data.dtype not in (*SUPPORTED_DTYPES, *HALF_DTYPES):
             raise ValueError(f"torch-batched attention reads a float32/float64/bfloat16/float16 KV pool, "
                              f"not {kv.data.dtype}")
         if not kv.data.is_contiguous():

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pdserve.attention.selection import HALF_DTYPES
 from pdserve.config import DTYPE_NAMES, KV_DTYPE_NAMES
-
-HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def resolve_kv_dtype(name: str, serving: torch.dtype, facts: DeviceFacts) -> tor
     if name == "auto":
         return serving
     dtype = getattr(torch, name)
-    if dtype == serving or (facts.kind == "cpu" and serving == torch.float32 and dtype in HALF):
+    if dtype == serving or (facts.kind == "cpu" and serving == torch.float32 and dtype in HALF_DTYPES):
         return dtype
     raise ValueError(f"a {name} KV cache below a {str(serving).removeprefix('torch.')} model on {facts.kind}: "
                      "the KV cache holds the model's dtype, or bfloat16 or float16 below a float32 model on a CPU")

@@ -13,6 +13,8 @@ a bfloat16 run parted at a gap of 0.006, its log-probabilities moved by about th
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -62,7 +64,7 @@ def test_greedy_follows_transformers_over_a_cache_rounded_alike(hf, prompts, kv_
 
 def test_a_half_pool_holds_half_the_bytes_of_a_float32_one():
     cache = CacheConfig(num_blocks=8, num_host_blocks=4)
-    full, half = (LLM(EngineConfig(attention_backend="torch", cache=CacheConfig(**{**cache.__dict__, "kv_dtype": d})))
+    full, half = (LLM(EngineConfig(attention_backend="torch", cache=dataclasses.replace(cache, kv_dtype=d)))
                   for d in ("auto", "bfloat16"))
     try:
         assert full.engine.kv.data.dtype == torch.float32 and half.engine.kv.data.dtype == torch.bfloat16
