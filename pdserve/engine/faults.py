@@ -8,7 +8,9 @@
 Injection is for tests and the chaos harness, and off unless PDSERVE_FAULT_INJECT_FILE names a
 path: before each step the engine claims that file if it exists (renames it away, then deletes
 it) and the step raises. An empty file injects a fatal fault; a file reading `request <id>`
-injects a RequestFault for that request. `{pid}` in the path stands for the process id, so one
+injects a RequestFault for that request; one reading `pace <seconds>` raises nothing but makes
+every later step wait that long first (a slow device: a test's streams last however fast the
+machine is), until a file reads `pace 0`. `{pid}` in the path stands for the process id, so one
 setting shared by several workers still aims at one of them. Unset, a step pays nothing (no
 file is looked at).
 """
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 INJECT_ENV = "PDSERVE_FAULT_INJECT_FILE"
@@ -54,14 +57,21 @@ class NoFaults(FaultInjector):
 class FileTrigger(FaultInjector):
     """Injects one fault each time `path` appears."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, sleep: Callable[[float], None] = time.sleep):
         self.path = path
+        self.sleep = sleep
+        self.pace_s = 0.0  # each step waits this long first (`pace <seconds>`)
         self._claimed = path.with_name(f"{path.name}.{os.getpid()}.claimed")
 
     def check(self) -> None:
         text = claim_file(self.path, self._claimed)
         if text is not None:
-            raise _fault_for(text)
+            kind, _, argument = text.partition(" ")
+            if kind != "pace":
+                raise _fault_for(text)
+            self.pace_s = max(0.0, float(argument))
+        if self.pace_s:
+            self.sleep(self.pace_s)
 
 
 def claim_file(path: Path, claimed: Path) -> str | None:

@@ -13,8 +13,11 @@ owner (tenant, client id: pdserve/aborts.py) of each attempt it holds, so the wo
     a request refused or ended by a worker's abort (ABORTED): its router has every worker forget
     the owner's tombstones (FORGET), then ends it with finish ABORT: the id serves again
 
-Each call is bounded by `timeout_s`; a worker that does not answer holds nothing of a live
-request (its requests fail over) and keeps no tombstone. A worker that restarts forgets its
+Each call is bounded by `timeout_s`: as long as a channel's keepalive takes to call a silent
+worker gone (pdserve/rpc/channels.py), since a worker too loaded to answer within a second is not
+dead, and one that did not answer may still apply the Abort late (the first call ending the request,
+the second then finding none: PENDING for a request that was aborted). A worker that does not
+answer holds nothing of a live request (its requests fail over) and keeps no tombstone. A worker that restarts forgets its
 tombstones: an Abort overtaking its Generate is then missed (the Generate runs).
 """
 
@@ -28,7 +31,7 @@ from router.doors.tombstones import AbortOutcome
 from router.fleet.clients import WorkerClients
 from router.fleet.workers import WorkerPool
 
-ABORT_TIMEOUT_S = 1.0  # each worker's answer to an Abort by owner
+ABORT_TIMEOUT_S = 4.0  # each worker's answer to an Abort by owner: keepalive time + timeout
 
 
 @dataclass(frozen=True)

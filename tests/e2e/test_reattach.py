@@ -21,6 +21,7 @@ import pytest
 from pdserve.cli.supervisor import Supervisor
 from pdserve.client import Client, ClientOptions, PdserveError
 from pdserve.procs.health import serving, wait_serving
+from pdserve.engine.faults import INJECT_ENV
 from pdserve.procs.supervisor import Child
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.metrics import counters, gauge
@@ -38,6 +39,7 @@ MAX_TOKENS = 1500
 KV_BLOCKS = 2048  # each worker's: every stream of a test at once (16 + 1500 tokens in blocks of 16, 16 streams)
 GRACE_S = 20.0  # the decode workers' --reattach-grace-s
 KV_TIMEOUT_S = 5.0  # the routers' --kv-timeout: a departed request's KV waits this long for its move
+PACE_S = 0.004  # the drain test's decode steps: at most 250 a second
 GREEDY = {"temperature": 0, "ignore_eos": True, "max_tokens": MAX_TOKENS}
 
 
@@ -62,6 +64,10 @@ class Fleet:
         return {w.name: getattr(worker_stats(f"127.0.0.1:{w.port}", role), field_name)
                 for w, role in self.workers() if not w.exited()}
 
+    def pace(self, worker: Child, step_s: float) -> None:
+        """Every engine step of `worker` from its next one waits `step_s` first (pdserve/engine/faults.py)."""
+        (self.sup.workdir / f"inject-{worker.process.pid}").write_text(f"pace {step_s}")
+
     def restart_router(self, i: int) -> None:
         """Start a dead router again on its ports, and wait until it serves."""
         router = self.routers[i]
@@ -78,6 +84,7 @@ def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reattach")
     model = str(tiny_qwen2_bias(tmp / "qwen2", max_positions=MAX_POSITIONS))
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    sup.env[INJECT_ENV] = str(sup.workdir / "inject-{pid}")  # Fleet.pace
     secured = cluster_flags(sup.workdir)
     engine = ["--model", model, "--threads", "1", "--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "16",
               "--token-budget", "256", "--max-chunk-tokens", "64"]
@@ -262,9 +269,13 @@ def fleet_decode_reserved(fleet: Fleet) -> list[int]:
 
 def test_a_router_sigkilled_as_a_drain_moves_its_streams_loses_no_token(fleet):
     """decode-0 drains (SIGTERM): its streams leave with their KV for decode-1; router 0 dies as it
-    moves them (which step each stream is at is the machine's choice; every one ends whole)."""
+    moves them (which step each stream is at is the machine's choice; every one ends whole). The
+    decode workers are paced (a step at most every 4 ms: 6 s a stream) so that the streams still
+    run when the drain is noticed, however fast this machine decodes."""
     prompts = [_prompt(30 + i) for i in range(6)]
     _references(fleet, prompts)
+    for decode in fleet.decode:
+        fleet.pace(decode, PACE_S)
     runs = [GrpcRun(p, (0, 1)) for p in prompts]
     http = fleet.routers[0].http_port
     drained: list[Child] = []
@@ -286,6 +297,8 @@ def test_a_router_sigkilled_as_a_drain_moves_its_streams_loses_no_token(fleet):
     drained[0].process.wait(90)
     fleet.sup.respawn(drained[0])
     fleet.sup.wait_ready(drained[0], 300)
+    for decode in fleet.decode:
+        fleet.pace(decode, 0)
     fleet.restart_router(0)
     _no_blocks_held(fleet, KV_TIMEOUT_S + 90)
 

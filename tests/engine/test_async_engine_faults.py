@@ -42,3 +42,16 @@ def test_a_file_naming_a_request_injects_a_fault_of_that_request(tmp_path):
     with pytest.raises(RequestFault) as caught:
         trigger.check()
     assert caught.value.request_id == "chat-7" and isinstance(caught.value.cause, InjectedFault)
+
+
+def test_a_pace_file_makes_every_later_step_wait_until_pace_zero(tmp_path):
+    slept: list[float] = []
+    trigger = FileTrigger(tmp_path / "f", sleep=slept.append)
+    trigger.check()
+    trigger.path.write_text("pace 0.25\n")
+    trigger.check()
+    trigger.check()
+    assert slept == [0.25, 0.25] and list(tmp_path.iterdir()) == []
+    trigger.path.write_text("pace 0")
+    trigger.check()
+    assert slept == [0.25, 0.25]

@@ -301,8 +301,10 @@ class FakeFleet(WorkerClients):
 
     async def abort(self, address: str, role: str, owner: Owner, scope: AbortScope, timeout_s: float) -> bool | None:
         worker = self.workers[address]
-        if worker.stalled:
+        if worker.stalled or worker.abort_answer_s > timeout_s:
             await asyncio.sleep(timeout_s)
+            return None
+        await asyncio.sleep(worker.abort_answer_s)
         return None if worker.killed or worker.stalled else worker.abort(owner, scope)
 
     async def forget(self, address: str) -> None:

@@ -157,6 +157,7 @@ class FakeWorker:
         self.reserving = asyncio.Event()  # cleared by a test: its reservations (decode) or prefills wait, queued
         self.reserving.set()
         self.tombstones = RecentIds()  # owners aborted before a request of theirs came (as ClientAborts)
+        self.abort_answer_s = 0.0  # how long its answer to an Abort by owner takes (set by a test: a loaded worker)
 
     def cached_prefix(self, token_ids: tuple[int, ...]) -> int | None:
         """What MatchPrefix answers: the longest cached prefix set by a test; None while down."""

@@ -178,3 +178,18 @@ def test_an_abort_is_not_held_up_by_a_dead_worker(tokenizer, tmp_path):
     (outcome, outputs), blocks, tombstones = _run(tokenizer, tmp_path, body)
     assert outcome == AbortOutcome.ABORTED and outputs[-1].finish.reason == FinishReason.ABORT
     assert not any(blocks.values()) and tombstones == 0
+
+
+def test_an_abort_waits_for_workers_slow_to_answer_not_dead(tokenizer, tmp_path):
+    """Workers that answer in 2 s (loaded: their Stats still answer) are waited for: the request
+    is found and aborted, not answered PENDING with tombstones left behind."""
+    async def body(fleet, a, b):
+        stream = asyncio.ensure_future(_generate(a, "a", "long", HELD_TOKENS))
+        await _running(fleet, stream)
+        for worker in fleet.workers.values():
+            worker.abort_answer_s = 2.0
+        return await b.abort(_as("a"), "long"), await stream
+
+    (outcome, outputs), blocks, tombstones = _run(tokenizer, tmp_path, body)
+    assert outcome == AbortOutcome.ABORTED and outputs[-1].finish.reason == FinishReason.ABORT
+    assert not any(blocks.values()) and tombstones == 0
