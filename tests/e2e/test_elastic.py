@@ -4,7 +4,9 @@ outputs equal the reference's, nothing is lost, every
 worker returns to zero active blocks. A kill and a cancel during a change, too.
 
 Fleet: a prefill worker P, a decode worker D and an elastic worker E (started as decode), one
-router listing D and E as decode workers: it learns E's role from E's Stats.
+router listing D and E as decode workers: it learns E's role from E's Stats. They serve a tiny
+random model, each step paced to the embedded model's pace here (pdserve/engine/faults.py), so a
+stream lasts as long as on the embedded model by construction while the workers spend almost no CPU.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from tests.helpers.cluster import cluster_flags, cluster_metadata
 from tests.helpers.outcomes import outcome
+from tests.helpers.pacing import allow_pacing, greedy_outputs, pace
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
-pytestmark = [pytest.mark.e2e, pytest.mark.small_fleet, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(900)]
 
 ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--token-budget", "256",
           "--max-chunk-tokens", "128"]
@@ -36,24 +39,35 @@ PROMPTS = [f"Write a short story about a lighthouse keeper named Keeper {i}." fo
 LATER = [f"Describe the harbour town of Port {i} in spring." for i in range(4)]  # cached nowhere before
 MAX_TOKENS = 96
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 @pytest.fixture(scope="module")
-def reference(reference_llm):
-    from pdserve.requests import SamplingParams
+def model(tmp_path_factory) -> str:
+    from tests.helpers.tiny_models import tiny_qwen2_bias
 
-    outputs = [tuple(c.token_ids) for c in reference_llm.generate(PROMPTS + LATER, SamplingParams(**GREEDY))]
+    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("elastic") / "qwen2"))
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    outputs = greedy_outputs(model, PROMPTS + LATER, MAX_TOKENS)
     return outputs[:len(PROMPTS)], outputs[len(PROMPTS):]
 
 
 @pytest.fixture()
-def fleet():
-    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+def fleet(model):
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    allow_pacing(sup)
     secured = cluster_flags(sup.workdir)
-    children = {name: sup.spawn(name, [role, "--port", "0", *ENGINE, *secured, *extra])
+    engine = [*ENGINE, "--model", model]
+    children = {name: sup.spawn(name, [role, "--port", "0", *engine, *secured, *extra])
                 for name, role, extra in (("P", "prefill", []), ("D", "decode", []), ("E", "decode", ["--elastic"]))}
+    for child in children.values():
+        pace(sup, child, STEP_S)
     ports = {name: sup.wait_ready(child, 240) for name, child in children.items()}
-    router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{ports['P']}",
+    router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--prefill-workers",
+                                  f"127.0.0.1:{ports['P']}",
                                   "--decode-workers", f"127.0.0.1:{ports['D']},127.0.0.1:{ports['E']}", *secured])
     target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
     wait_serving(target, 60)

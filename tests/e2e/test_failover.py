@@ -1,4 +1,8 @@
-"""A decode worker killed mid-stream: its requests resume elsewhere (or fail cleanly), others go on."""
+"""A decode worker killed mid-stream: its requests resume elsewhere (or fail cleanly), others go on;
+a prefill worker killed mid-prompt: the request is retried on another.
+
+The workers serve a tiny random model, each step paced to about the embedded model's pace here
+(tests/helpers/pacing.py): a stream lasts as long by construction while the workers spend almost no CPU."""
 
 from __future__ import annotations
 
@@ -15,24 +19,46 @@ from pdserve.client.results import Collector, now
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.outcomes import outcome
+from tests.helpers.pacing import allow_pacing, greedy_outputs, pace
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(900)]
 
 ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--token-budget", "256",
           "--max-chunk-tokens", "128"]
-PROMPTS = [f"Write a short story about a robot named Unit {i}." for i in range(4)]
+PROMPTS = [f"Unit {i} is a robot. Write a short story about it." for i in range(4)]  # no shared first tokens
 MAX_TOKENS = 96  # long enough that the victim holds two streams at once, however fast it decodes
+STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
-def _start(failover: str):
-    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    from tests.helpers.tiny_models import tiny_qwen2_bias
+
+    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("failover") / "qwen2", max_positions=2048))
+
+
+def _paced(model: str, names: tuple[str, ...], extra: tuple[str, ...] = ()):
+    """A supervisor and its paced workers, named role-index, started."""
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    allow_pacing(sup)
     secured = cluster_flags(sup.workdir)
-    children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, *secured])
-                for n in ("prefill-0", "decode-0", "decode-1")]
-    ports = [sup.wait_ready(c, 240) for c in children]
-    router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", f"127.0.0.1:{ports[0]}",
+    try:
+        children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--model", model, *extra, *secured])
+                    for n in names]
+        for child in children:
+            pace(sup, child, STEP_S)
+        return sup, secured, children, [sup.wait_ready(c, 240) for c in children]
+    except BaseException:
+        sup.stop()
+        raise
+
+
+def _start(model: str, failover: str):
+    sup, secured, children, ports = _paced(model, ("prefill-0", "decode-0", "decode-1"))
+    router = sup.spawn("router", ["router", "--port", "0", "--model", model,
+                                  "--prefill-workers", f"127.0.0.1:{ports[0]}",
                                   "--decode-workers", f"127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}",
                                   "--decode-failover", failover, "--metrics-port", "0", *secured])
     target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
@@ -53,11 +79,8 @@ GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def reference(reference_llm):
-    from pdserve.requests import SamplingParams
-
-    return [c.token_ids for c in reference_llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                                                ignore_eos=True))]
+def reference(model):
+    return greedy_outputs(model, PROMPTS, MAX_TOKENS)
 
 
 def _read(client: Client, prompt: str) -> Completion:
@@ -102,8 +125,8 @@ def _running(decode, count: int, timeout_s: float = 120.0):
     return wait_for(found, timeout_s, f"a decode worker running {count} requests")
 
 
-def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(reference):
-    sup, target, children = _start("resume")
+def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(model, reference):
+    sup, target, children = _start(model, "resume")
     try:
         results, held = _run_and_kill(target, children[1:3])
         for result, expected in zip(results, reference):
@@ -119,8 +142,8 @@ def test_killed_decode_worker_resumes_requests_with_identical_greedy_output(refe
         sup.stop()
 
 
-def test_killed_decode_worker_fails_its_streams_unavailable_others_finish():
-    sup, target, children = _start("fail")
+def test_killed_decode_worker_fails_its_streams_unavailable_others_finish(model):
+    sup, target, children = _start(model, "fail")
     try:
         results, held = _run_and_kill(target, children[1:3])
         failed = [r for r in results if isinstance(r, PdserveError)]
@@ -136,22 +159,16 @@ def test_killed_decode_worker_fails_its_streams_unavailable_others_finish():
         sup.stop()
 
 
-# 950 tokens: 60 prefill steps of 16-token chunks, the window in which the test finds the prefill worker busy
-LONG_PROMPT = " ".join(f"Line {i}: the prefill worker computes this prompt in small chunks." for i in range(60))
+# About 1,000 tokens: 60 paced prefill steps of 16-token chunks, the window in which the test finds the
+# prefill worker busy
+LONG_PROMPT = " ".join(f"Line {i}: the prefill worker computes this prompt in small chunks." for i in range(25))
 
 
-def test_killed_prefill_worker_is_retried_on_another(reference_llm):
-    from pdserve.requests import SamplingParams
-
-    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+def test_killed_prefill_worker_is_retried_on_another(model):
+    expected = greedy_outputs(model, [LONG_PROMPT], MAX_TOKENS)[0]
+    sup, secured, children, ports = _paced(model, ("prefill-0", "prefill-1", "decode-0"), ("--max-chunk-tokens", "16"))
     try:
-        secured = cluster_flags(sup.workdir)
-        children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--max-chunk-tokens", "16", *secured])
-                    for n in ("prefill-0", "prefill-1", "decode-0")]
-        expected = reference_llm.generate([LONG_PROMPT], SamplingParams(max_tokens=MAX_TOKENS, temperature=0,
-                                                                        ignore_eos=True))[0].token_ids  # while they start
-        ports = [sup.wait_ready(c, 240) for c in children]
-        router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers",
+        router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--prefill-workers",
                                       f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
                                       "--decode-workers", f"127.0.0.1:{ports[2]}", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"

@@ -21,10 +21,10 @@ import pytest
 from pdserve.cli.supervisor import Supervisor
 from pdserve.client import Client, ClientOptions, PdserveError
 from pdserve.procs.health import serving, wait_serving
-from pdserve.engine.faults import INJECT_ENV
 from pdserve.procs.supervisor import Child
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.metrics import counters, gauge
+from tests.helpers.pacing import allow_pacing, pace
 from tests.helpers.sse import stream_completion
 from tests.helpers.waiting import wait_for, wait_until
 from tests.helpers.worker_stats import worker_stats
@@ -64,10 +64,6 @@ class Fleet:
         return {w.name: getattr(worker_stats(f"127.0.0.1:{w.port}", role), field_name)
                 for w, role in self.workers() if not w.exited()}
 
-    def pace(self, worker: Child, step_s: float) -> None:
-        """Every engine step of `worker` from its next one waits `step_s` first (pdserve/engine/faults.py)."""
-        (self.sup.workdir / f"inject-{worker.process.pid}").write_text(f"pace {step_s}")
-
     def restart_router(self, i: int) -> None:
         """Start a dead router again on its ports, and wait until it serves."""
         router = self.routers[i]
@@ -84,7 +80,7 @@ def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reattach")
     model = str(tiny_qwen2_bias(tmp / "qwen2", max_positions=MAX_POSITIONS))
     sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
-    sup.env[INJECT_ENV] = str(sup.workdir / "inject-{pid}")  # Fleet.pace
+    allow_pacing(sup)
     secured = cluster_flags(sup.workdir)
     engine = ["--model", model, "--threads", "1", "--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "16",
               "--token-budget", "256", "--max-chunk-tokens", "64"]
@@ -275,7 +271,7 @@ def test_a_router_sigkilled_as_a_drain_moves_its_streams_loses_no_token(fleet):
     prompts = [_prompt(30 + i) for i in range(6)]
     _references(fleet, prompts)
     for decode in fleet.decode:
-        fleet.pace(decode, PACE_S)
+        pace(fleet.sup, decode, PACE_S)
     runs = [GrpcRun(p, (0, 1)) for p in prompts]
     http = fleet.routers[0].http_port
     drained: list[Child] = []
@@ -298,7 +294,7 @@ def test_a_router_sigkilled_as_a_drain_moves_its_streams_loses_no_token(fleet):
     fleet.sup.respawn(drained[0])
     fleet.sup.wait_ready(drained[0], 300)
     for decode in fleet.decode:
-        fleet.pace(decode, 0)
+        pace(fleet.sup, decode, 0)
     fleet.restart_router(0)
     _no_blocks_held(fleet, KV_TIMEOUT_S + 90)
 
