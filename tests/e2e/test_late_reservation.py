@@ -4,7 +4,9 @@ that computed it, holding no decode block, until the decode worker reserves; tha
 SIGKILLed or SIGSTOPped while it holds the KV loses nothing, and every worker ends holding nothing.
 
 Built so the hold lasts by construction: a long stream's 400-token prompt takes 25 of the decode
-worker's 34 blocks (of 16 tokens) until it ends, and the second request's 200-token prompt needs 13."""
+worker's 34 blocks (of 16 tokens) until it ends, and the second request's 200-token prompt needs 13.
+The workers serve a tiny random model, each step paced to about the embedded model's pace here
+(tests/helpers/pacing.py), so the filler decodes for seconds while the workers spend almost no CPU."""
 
 from __future__ import annotations
 
@@ -20,26 +22,33 @@ from pdserve.client import Client, ClientOptions
 from pdserve.procs.health import wait_serving
 from pdserve.v1 import worker_pb2 as wpb
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.pacing import allow_pacing, pace
+from tests.helpers.tiny_models import VOCAB_SIZE
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_stats import worker_stats
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(600)]
 
 ENGINE = ["--threads", "1", "--host-kv-blocks", "0", "--token-budget", "256", "--max-chunk-tokens", "64"]
 ROLES = {"prefill-0": "prefill", "prefill-1": "prefill", "decode-0": "decode"}
 FILLER_PROMPT, LONG = 400, 100  # the filler: 25 blocks at first, 32 at its end, of the decode worker's 34
 HELD_PROMPT = 200  # 13 blocks: more than the filler ever leaves free
+STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 class Fleet:
-    def __init__(self, sup: Supervisor):
+    def __init__(self, sup: Supervisor, model: str):
         self.sup = sup
+        allow_pacing(sup)
         secured = cluster_flags(sup.workdir)
-        self.children = {n: sup.spawn(n, [role, "--port", "0", *ENGINE, "--kv-blocks",
+        self.children = {n: sup.spawn(n, [role, "--port", "0", *ENGINE, "--model", model, "--kv-blocks",
                                           "34" if role == "decode" else "256", *secured])
                          for n, role in ROLES.items()}
+        for child in self.children.values():
+            pace(sup, child, STEP_S)
         self.ports = {n: sup.wait_ready(c, 240) for n, c in self.children.items()}
-        router = sup.spawn("router", ["router", "--port", "0", "--kv-timeout", "10", "--reserve-at", "prefill",
+        router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--kv-timeout", "10",
+                                      "--reserve-at", "prefill",
                                       "--prefill-workers", ",".join(self.address(n) for n in ("prefill-0", "prefill-1")),
                                       "--decode-workers", self.address("decode-0"), *secured])
         self.target = f"127.0.0.1:{sup.wait_ready(router, 240)}"
@@ -59,11 +68,18 @@ class Fleet:
         return None
 
 
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    from tests.helpers.tiny_models import tiny_qwen2_bias
+
+    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("late") / "qwen2"))
+
+
 @pytest.fixture()
-def fleet():
-    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+def fleet(model):
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
     try:
-        yield Fleet(sup)
+        yield Fleet(sup, model)
     finally:
         sup.stop()
 
@@ -75,7 +91,7 @@ def _decoding(stats: wpb.WorkerStats) -> bool:
 
 def _ids(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(300, 40_000) for _ in range(n)]
+    return [rng.randrange(3, VOCAB_SIZE) for _ in range(n)]  # no special token
 
 
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
