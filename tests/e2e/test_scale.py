@@ -1,5 +1,7 @@
 """2 prefill + 2 decode workers with tiny KV pools: preemption through the service, each decode
-worker's of its own kind, and 100 random cancellations that must leave no block behind."""
+worker's of its own kind, and 100 random cancellations that must leave no block behind. The workers
+serve a tiny random model, each step paced to about the embedded model's pace here
+(tests/helpers/pacing.py): the cancellations land mid-stream while the workers spend almost no CPU."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from pdserve.client import Client, ClientOptions
 from pdserve.config import CacheConfig
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
+from tests.helpers.pacing import allow_pacing, greedy_outputs, pace
 from tests.helpers.waiting import WaitTimeout, wait_until
 from tests.helpers.worker_stats import worker_stats
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(900)]
 
 COMMON = ["--port", "0", "--threads", "1", "--token-budget", "256", "--max-chunk-tokens", "64"]
 KV_BLOCKS = 12  # each decode worker's --kv-blocks
@@ -37,19 +40,31 @@ DECODE = {"decode-0": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", str(HO
           "decode-1": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "64", "--recompute-below-tokens", "100000",
                        "--time-slice-s", "0"]}
 MODE = {"decode-0": "swap", "decode-1": "recompute"}
+STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+def model(tmp_path_factory) -> str:
+    from tests.helpers.tiny_models import tiny_qwen2_bias
+
+    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("scale") / "qwen2"))
+
+
+@pytest.fixture(scope="module")
+def cluster(model):
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    allow_pacing(sup)
     secured = cluster_flags(sup.workdir)
+    common = [*COMMON, "--model", model]
     try:
-        prefill = [sup.spawn(f"prefill-{i}", ["prefill", *COMMON, "--kv-blocks", "256", *secured]) for i in range(2)]
-        decode = {name: sup.spawn(name, ["decode", *COMMON, *flags, "--metrics-port", "0", *secured])
+        prefill = [sup.spawn(f"prefill-{i}", ["prefill", *common, "--kv-blocks", "256", *secured]) for i in range(2)]
+        decode = {name: sup.spawn(name, ["decode", *common, *flags, "--metrics-port", "0", *secured])
                   for name, flags in DECODE.items()}
+        for child in (*prefill, *decode.values()):
+            pace(sup, child, STEP_S)
         p = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in prefill]
         d = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in decode.values()]
-        router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", ",".join(p),
+        router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--prefill-workers", ",".join(p),
                                       "--decode-workers", ",".join(d), "--kv-timeout", "10",
                                       "--rebalance-interval-s", "0",  # a stream stays on its worker: each preempts its way
                                       *secured])
@@ -63,15 +78,15 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def long_streams(reference_llm):
+def long_streams(model):
     """Every stream's tokens and the greedy reference. Each stream ends holding all but one block
     of a decode pool, and holds at least two from its start, so no two of them fit one pool to
     their ends: a decode worker that admits a second stream while the first still runs (below
     its last two blocks, all the admission watermark leaves it) must preempt one of them, by
     arithmetic, however fast or slow it decodes."""
-    from pdserve.requests import SamplingParams
+    from pdserve.tokenizer import load_tokenizer
 
-    prompts = [reference_llm.encode(p) for p in PROMPTS]
+    prompts = [load_tokenizer(model).encode(p) for p in PROMPTS]
     # a stream's KV at its end: its prompt and every output but the last
     max_tokens = (KV_BLOCKS - 1) * BLOCK_TOKENS - max(map(len, prompts)) + 1
     final = [-(-(len(p) + max_tokens - 1) // BLOCK_TOKENS) for p in prompts]
@@ -79,8 +94,7 @@ def long_streams(reference_llm):
     assert max(final) < KV_BLOCKS  # one stream alone fits a pool
     assert min(final) + min(first) > KV_BLOCKS  # two on one pool do not
     assert HOST_BLOCKS >= sum(final)  # decode-0 never lacks host blocks to swap into
-    expected = reference_llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-    return {"prompts": prompts, "max_tokens": max_tokens, "expected": [c.token_ids for c in expected]}
+    return {"prompts": prompts, "max_tokens": max_tokens, "expected": greedy_outputs(model, prompts, max_tokens)}
 
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
