@@ -4,7 +4,8 @@ the drained worker exits at once, and every worker left holds no block. The stre
 JSON schema, so the worker they move to rebuilds each one's grammar from its tokens: their
 outputs still equal the reference's, token for token.
 
-Fleet: one prefill worker, decode workers D0 and D1, a router with its metrics exported."""
+Fleet: one prefill worker, decode workers D0 and D1, a router with its metrics exported, on a tiny
+random model, each step paced to about the embedded model's pace here (tests/helpers/pacing.py)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from pdserve.requests import Constraint, ConstraintKind
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.metrics import counters
 from tests.helpers.outcomes import outcome
+from tests.helpers.pacing import allow_pacing, engine_outputs, pace
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
-pytestmark = [pytest.mark.e2e, pytest.mark.small_fleet, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(900)]
 
 ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--token-budget", "256",
           "--max-chunk-tokens", "128"]
@@ -36,11 +38,21 @@ NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum"
 GREEDY = {"max_tokens": 192, "temperature": 0, "constraint": Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(NUMBERS))}
 
 
+STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
+
+
 @pytest.fixture(scope="module")
-def reference(reference_llm):
+def model(tmp_path_factory) -> str:
+    from tests.helpers.tiny_models import tiny_qwen2_bias
+
+    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("departures") / "qwen2"))
+
+
+@pytest.fixture(scope="module")
+def reference(model):
     from pdserve.requests import SamplingParams
 
-    return [tuple(c.token_ids) for c in reference_llm.generate(PROMPTS, SamplingParams(**GREEDY))]
+    return engine_outputs(model, PROMPTS, SamplingParams(**GREEDY))
 
 
 def _departures(router) -> dict[str, float]:
@@ -54,15 +66,20 @@ def _read(client: Client, prompt: str):
     return collector.completion
 
 
-def test_a_drained_decode_worker_moves_its_streams_with_their_kv(reference):
-    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"})
+def test_a_drained_decode_worker_moves_its_streams_with_their_kv(model, reference):
+    sup = Supervisor(env={**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "HF_HUB_OFFLINE": "1"})
+    allow_pacing(sup)
     try:
         secured = cluster_flags(sup.workdir)
         names = ("prefill-0", "decode-0", "decode-1")
-        children = {n: sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, *secured, "--drain-timeout-s", "60"])
+        children = {n: sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--model", model, *secured,
+                                     "--drain-timeout-s", "60"])
                     for n in names}
+        for child in children.values():
+            pace(sup, child, STEP_S)
         address = {n: f"127.0.0.1:{sup.wait_ready(c, 240)}" for n, c in children.items()}
-        router = sup.spawn("router", ["router", "--port", "0", "--prefill-workers", address["prefill-0"],
+        router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--prefill-workers",
+                                      address["prefill-0"],
                                       "--decode-workers", f"{address['decode-0']},{address['decode-1']}",
                                       "--metrics-port", "0", *secured])
         target = f"127.0.0.1:{sup.wait_ready(router, 240)}"

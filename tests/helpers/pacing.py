@@ -19,15 +19,20 @@ def pace(sup: Supervisor, worker: Child, step_s: float) -> None:
 
 
 def greedy_outputs(model: str, prompts: list, max_tokens: int) -> list[tuple[int, ...]]:
-    """The prompts' greedy outputs (EOS ignored) from one in-process engine on `model`, in one batch:
-    the references of a paced tiny-model fleet (that engine is checked against transformers elsewhere)."""
+    """The prompts' greedy outputs (EOS ignored): see engine_outputs."""
+    from pdserve.requests import SamplingParams
+
+    return engine_outputs(model, prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+
+
+def engine_outputs(model: str, prompts: list, sampling) -> list[tuple[int, ...]]:
+    """The prompts' outputs from one in-process engine on `model`, in one batch: the references of a
+    paced tiny-model fleet (that engine is checked against transformers elsewhere)."""
     from pdserve.config import CacheConfig, EngineConfig
     from pdserve.engine.llm import LLM
-    from pdserve.requests import SamplingParams
 
     llm = LLM(EngineConfig(model=model, cache=CacheConfig(num_blocks=512)))
     try:
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         return [tuple(c.token_ids) for c in llm.generate(list(prompts), sampling)]
     finally:
         llm.close()
