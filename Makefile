@@ -39,13 +39,11 @@ run: install
 	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pdserve up --demo
 
 # TEST_PROCESSES: pytest-xdist processes (tests/conftest.py keeps each module, and the fleets that
-# serve the embedded model, in one process): 707 s against 1083 s on a 2-core machine with 2. Three
-# on two cores: the fault tests' fleets are paced (tests/helpers/pacing.py), so they wait more than
-# they compute, and a third process computes meanwhile.
+# serve the embedded model, in one process): 707 s against 1083 s on a 2-core machine.
 # TEST_PROCESSES=0 runs the suite in one pytest process.
 # A process that crashes fails the run (--max-worker-restart=0): with a replacement, pytest-xdist
 # 3.8's loadgroup scheduling waits forever at the end of the run.
-TEST_PROCESSES ?= 3
+TEST_PROCESSES ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_PROCESSES)),-n $(TEST_PROCESSES) --dist loadgroup --max-worker-restart=0)
 
 # PYTHONDONTWRITEBYTECODE emptied (here and for `run`): where a machine sets it, every process the
