@@ -17,8 +17,9 @@ Each call is bounded by `timeout_s`: as long as a channel's keepalive takes to c
 worker gone (pdserve/rpc/channels.py), since a worker too loaded to answer within a second is not
 dead, and one that did not answer may still apply the Abort late (the first call ending the request,
 the second then finding none: PENDING for a request that was aborted). A worker that does not
-answer holds nothing of a live request (its requests fail over) and keeps no tombstone. A worker that restarts forgets its
-tombstones: an Abort overtaking its Generate is then missed (the Generate runs).
+answer holds nothing of a live request (its requests fail over) and keeps no tombstone. A worker
+that restarts forgets its tombstones: an Abort overtaking its Generate is then missed (the Generate
+runs).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from pdserve.requests import Constraint, ConstraintKind
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.metrics import counters
 from tests.helpers.outcomes import outcome
-from tests.helpers.pacing import allow_pacing, engine_outputs, pace
+from tests.helpers.pacing import allow_pacing, engine_outputs, pace_all, tiny_model
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
@@ -38,14 +38,11 @@ NUMBERS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum"
 GREEDY = {"max_tokens": 192, "temperature": 0, "constraint": Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(NUMBERS))}
 
 
-STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import tiny_qwen2_bias
-
-    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("departures") / "qwen2"))
+    return tiny_model(tmp_path_factory, "departures")
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +72,7 @@ def test_a_drained_decode_worker_moves_its_streams_with_their_kv(model, referenc
         children = {n: sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--model", model, *secured,
                                      "--drain-timeout-s", "60"])
                     for n in names}
-        for child in children.values():
-            pace(sup, child, STEP_S)
+        pace_all(sup, children.values())
         address = {n: f"127.0.0.1:{sup.wait_ready(c, 240)}" for n, c in children.items()}
         router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--prefill-workers",
                                       address["prefill-0"],

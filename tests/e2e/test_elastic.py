@@ -27,7 +27,7 @@ from pdserve.v1 import worker_pb2 as wpb
 from pdserve.v1 import worker_pb2_grpc
 from tests.helpers.cluster import cluster_flags, cluster_metadata
 from tests.helpers.outcomes import outcome
-from tests.helpers.pacing import allow_pacing, greedy_outputs, pace
+from tests.helpers.pacing import allow_pacing, greedy_outputs, pace_all, tiny_model
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
@@ -39,14 +39,11 @@ PROMPTS = [f"Write a short story about a lighthouse keeper named Keeper {i}." fo
 LATER = [f"Describe the harbour town of Port {i} in spring." for i in range(4)]  # cached nowhere before
 MAX_TOKENS = 96
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
-STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import tiny_qwen2_bias
-
-    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("elastic") / "qwen2"))
+    return tiny_model(tmp_path_factory, "elastic")
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +60,7 @@ def fleet(model):
     engine = [*ENGINE, "--model", model]
     children = {name: sup.spawn(name, [role, "--port", "0", *engine, *secured, *extra])
                 for name, role, extra in (("P", "prefill", []), ("D", "decode", []), ("E", "decode", ["--elastic"]))}
-    for child in children.values():
-        pace(sup, child, STEP_S)
+    pace_all(sup, children.values())
     ports = {name: sup.wait_ready(child, 240) for name, child in children.items()}
     router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--prefill-workers",
                                   f"127.0.0.1:{ports['P']}",

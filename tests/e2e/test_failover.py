@@ -19,7 +19,7 @@ from pdserve.client.results import Collector, now
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
 from tests.helpers.outcomes import outcome
-from tests.helpers.pacing import allow_pacing, greedy_outputs, pace
+from tests.helpers.pacing import allow_pacing, greedy_outputs, pace_all, tiny_model
 from tests.helpers.waiting import wait_for
 from tests.helpers.worker_stats import worker_stats
 
@@ -29,14 +29,11 @@ ENGINE = ["--threads", "1", "--kv-blocks", "192", "--host-kv-blocks", "64", "--t
           "--max-chunk-tokens", "128"]
 PROMPTS = [f"Unit {i} is a robot. Write a short story about it." for i in range(4)]  # no shared first tokens
 MAX_TOKENS = 96  # long enough that the victim holds two streams at once, however fast it decodes
-STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import tiny_qwen2_bias
-
-    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("failover") / "qwen2", max_positions=2048))
+    return tiny_model(tmp_path_factory, "failover", max_positions=2048)
 
 
 def _paced(model: str, names: tuple[str, ...], extra: tuple[str, ...] = ()):
@@ -47,8 +44,7 @@ def _paced(model: str, names: tuple[str, ...], extra: tuple[str, ...] = ()):
     try:
         children = [sup.spawn(n, [n.split("-")[0], "--port", "0", *ENGINE, "--model", model, *extra, *secured])
                     for n in names]
-        for child in children:
-            pace(sup, child, STEP_S)
+        pace_all(sup, children)
         return sup, secured, children, [sup.wait_ready(c, 240) for c in children]
     except BaseException:
         sup.stop()

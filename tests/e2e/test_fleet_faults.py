@@ -23,7 +23,7 @@ from pdserve.procs.health import wait_serving
 from pdserve.requests import Constraint, ConstraintKind
 from pdserve.v1 import worker_pb2 as wpb
 from tests.helpers.cluster import cluster_flags
-from tests.helpers.pacing import allow_pacing, greedy_outputs, pace
+from tests.helpers.pacing import allow_pacing, greedy_outputs, pace_all, tiny_model
 from tests.helpers.outcomes import outcome, succeeded
 from tests.helpers.waiting import wait_for, wait_until
 from tests.helpers.worker_stats import worker_stats
@@ -33,7 +33,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.tiny_fleet, pytest.mark.timeout(600)]
 ENGINE = ["--threads", "1", "--kv-blocks", "256", "--host-kv-blocks", "64", "--token-budget", "256",
           "--max-chunk-tokens", "128"]
 ROLES = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
-STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 class Fleet:
@@ -44,8 +43,7 @@ class Fleet:
         self.secured = cluster_flags(sup.workdir)
         self.children = {n: self.sup.spawn(n, [role, "--port", "0", *ENGINE, "--model", model, *self.secured])
                          for n, role in ROLES.items()}
-        for child in self.children.values():
-            pace(sup, child, STEP_S)
+        pace_all(sup, self.children.values())
         self.ports = {n: self.sup.wait_ready(c, 240) for n, c in self.children.items()}
         router = self.sup.spawn("router", ["router", "--port", "0", "--model", model, "--kv-timeout", "10",
                                            "--prefill-workers", f"127.0.0.1:{self.ports['prefill-0']}",
@@ -59,7 +57,7 @@ class Fleet:
         """Start a worker again on the port it had (a platform rescheduling it)."""
         child = self.sup.spawn(f"{name}-again", [ROLES[name], "--port", str(self.ports[name]), *ENGINE,
                                                  "--model", self.model, *self.secured])
-        pace(self.sup, child, STEP_S)
+        pace_all(self.sup, [child])
         self.sup.wait_ready(child, 240)
         self.children[name] = child
 
@@ -78,9 +76,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import tiny_qwen2_bias
-
-    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("faults") / "qwen2", max_positions=4096))
+    return tiny_model(tmp_path_factory, "faults", max_positions=4096)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from pdserve.client import Client, ClientOptions
 from pdserve.procs.health import wait_serving
 from pdserve.v1 import worker_pb2 as wpb
 from tests.helpers.cluster import cluster_flags
-from tests.helpers.pacing import allow_pacing, pace
+from tests.helpers.pacing import allow_pacing, pace_all, tiny_model
 from tests.helpers.tiny_models import VOCAB_SIZE
 from tests.helpers.waiting import wait_until
 from tests.helpers.worker_stats import worker_stats
@@ -33,7 +33,6 @@ ENGINE = ["--threads", "1", "--host-kv-blocks", "0", "--token-budget", "256", "-
 ROLES = {"prefill-0": "prefill", "prefill-1": "prefill", "decode-0": "decode"}
 FILLER_PROMPT, LONG = 400, 100  # the filler: 25 blocks at first, 32 at its end, of the decode worker's 34
 HELD_PROMPT = 200  # 13 blocks: more than the filler ever leaves free
-STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 class Fleet:
@@ -44,8 +43,7 @@ class Fleet:
         self.children = {n: sup.spawn(n, [role, "--port", "0", *ENGINE, "--model", model, "--kv-blocks",
                                           "34" if role == "decode" else "256", *secured])
                          for n, role in ROLES.items()}
-        for child in self.children.values():
-            pace(sup, child, STEP_S)
+        pace_all(sup, self.children.values())
         self.ports = {n: sup.wait_ready(c, 240) for n, c in self.children.items()}
         router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--kv-timeout", "10",
                                       "--reserve-at", "prefill",
@@ -70,9 +68,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import tiny_qwen2_bias
-
-    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("late") / "qwen2"))
+    return tiny_model(tmp_path_factory, "late")
 
 
 @pytest.fixture()

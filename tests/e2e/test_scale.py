@@ -19,7 +19,7 @@ from pdserve.client import Client, ClientOptions
 from pdserve.config import CacheConfig
 from pdserve.procs.health import wait_serving
 from tests.helpers.cluster import cluster_flags
-from tests.helpers.pacing import allow_pacing, greedy_outputs, pace
+from tests.helpers.pacing import allow_pacing, greedy_outputs, pace_all, tiny_model
 from tests.helpers.waiting import WaitTimeout, wait_until
 from tests.helpers.worker_stats import worker_stats
 
@@ -40,14 +40,11 @@ DECODE = {"decode-0": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", str(HO
           "decode-1": ["--kv-blocks", str(KV_BLOCKS), "--host-kv-blocks", "64", "--recompute-below-tokens", "100000",
                        "--time-slice-s", "0"]}
 MODE = {"decode-0": "swap", "decode-1": "recompute"}
-STEP_S = 0.05  # each worker step waits this long first: about the embedded model's decode step here
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import tiny_qwen2_bias
-
-    return str(tiny_qwen2_bias(tmp_path_factory.mktemp("scale") / "qwen2"))
+    return tiny_model(tmp_path_factory, "scale")
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +57,7 @@ def cluster(model):
         prefill = [sup.spawn(f"prefill-{i}", ["prefill", *common, "--kv-blocks", "256", *secured]) for i in range(2)]
         decode = {name: sup.spawn(name, ["decode", *common, *flags, "--metrics-port", "0", *secured])
                   for name, flags in DECODE.items()}
-        for child in (*prefill, *decode.values()):
-            pace(sup, child, STEP_S)
+        pace_all(sup, (*prefill, *decode.values()))
         p = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in prefill]
         d = [f"127.0.0.1:{sup.wait_ready(c, 300)}" for c in decode.values()]
         router = sup.spawn("router", ["router", "--port", "0", "--model", model, "--prefill-workers", ",".join(p),
